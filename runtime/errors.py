@@ -1,0 +1,111 @@
+"""One exception root for signoff.
+
+Every error a caller can provoke is a subclass of :class:`SignoffError` and
+carries a stable ``code``. The gateway maps each class to one HTTP/WS status
+(see ``gateway/errors.py``); nothing below the gateway knows about HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SignoffError(Exception):
+    """Root of every signoff error."""
+
+    code: str = "error"
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail: dict[str, Any] = detail
+
+
+class InvalidInput(SignoffError):
+    """A payload that does not match its schema (I9: 422)."""
+
+    code = "invalid_input"
+
+
+class ToolValidationError(InvalidInput):
+    """A tool's ``prepare`` refused the model's arguments; the message goes back to the model."""
+
+    code = "tool_validation"
+
+
+class Unauthenticated(SignoffError):
+    """Missing, expired or forged credentials (401)."""
+
+    code = "unauthenticated"
+
+
+class BadSignature(Unauthenticated):
+    """A channel webhook whose signature does not verify (401)."""
+
+    code = "bad_signature"
+
+
+class Forbidden(SignoffError):
+    """Authenticated, but not allowed (403)."""
+
+    code = "forbidden"
+
+
+class NotOwner(Forbidden):
+    """Only the card's owner decides (I3)."""
+
+    code = "not_owner"
+
+
+class OriginRejected(Forbidden):
+    code = "origin_rejected"
+
+
+class NotFound(SignoffError):
+    code = "not_found"
+
+
+class CardNotFound(NotFound):
+    code = "card_not_found"
+
+
+class Conflict(SignoffError):
+    """The request lost a race or arrived too late (409)."""
+
+    code = "conflict"
+
+
+class AlreadyDecided(Conflict):
+    code = "already_decided"
+
+
+class StaleCard(Conflict):
+    """The decision carried a snapshot hash other than the card's (I2)."""
+
+    code = "stale_hash"
+
+
+class IllegalTransition(Conflict):
+    """A move the card state machine does not allow."""
+
+    code = "illegal_transition"
+
+
+class Expired(SignoffError):
+    """The card's deadline passed, as judged by the database clock (I7) (410)."""
+
+    code = "expired"
+
+
+class RateLimited(SignoffError):
+    code = "rate_limited"
+
+
+class Unavailable(SignoffError):
+    """A backing service (Postgres, Redis) did not answer; retry later (503)."""
+
+    code = "unavailable"
+
+
+class ConfigError(SignoffError):
+    code = "config"
