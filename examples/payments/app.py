@@ -1,0 +1,64 @@
+"""The payments desk demo app: tools + policy + the demo provider."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from examples.payments.provider import Provider
+from examples.payments.tools import ALL_TOOLS
+from runtime.app import App
+from runtime.policy import Policy, Rule, Verdict
+from runtime.tools import Registry
+
+PIX_LIMIT_CENTS = 1_000_000  # R$ 10.000,00: above this the agent may not even ask
+
+SYSTEM = (
+    "You are the assistant of a small Brazilian merchant's payments desk. Answer in the user's "
+    "language. Read tools run at once. Write tools (Pix charges, refunds, cancellations, e-mail "
+    "changes) only propose: the system shows the user a confirmation card and tells you the "
+    "outcome. You cannot approve anything; never claim something was done before the tool "
+    "result says it was executed."
+)
+
+
+def demo_policy() -> Policy:
+    return Policy(
+        [
+            Rule(
+                Verdict.DENY,
+                tool="create_pix_charge",
+                when=lambda a: int(a.get("amount_cents", 0)) > PIX_LIMIT_CENTS,
+                reason="Pix charges above R$ 10.000,00 are not allowed from chat",
+            ),
+            Rule(Verdict.ASK, tool="create_pix_charge"),
+            Rule(Verdict.ASK, tool="refund_sale"),
+            Rule(Verdict.ASK, tool="cancel_appointment"),
+            Rule(Verdict.ASK, tool="update_email"),
+        ]
+    )
+
+
+@dataclass
+class _Holder:
+    provider: Provider | None = None
+
+
+def build(tenants: tuple[str, ...] = ("demo",)) -> App:
+    """The demo app. ``setup`` connects the provider and seeds each tenant."""
+    holder = _Holder()
+    app = App(name="payments", tools=Registry(ALL_TOOLS), policy=demo_policy(), system=SYSTEM)
+
+    async def setup(database_url: str) -> Provider:
+        holder.provider = await Provider.connect(database_url)
+        for tenant in tenants:
+            await holder.provider.seed(tenant)
+        app.services = holder.provider
+        return holder.provider
+
+    async def teardown() -> None:
+        if holder.provider is not None:
+            await holder.provider.close()
+
+    app.setup = setup
+    app.teardown = teardown
+    return app

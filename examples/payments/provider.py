@@ -1,0 +1,243 @@
+"""The demo payments provider: a tiny "bank" in Postgres.
+
+Its charges and refunds tables have a unique idempotency key, so a test can
+count that each approved charge exists exactly once at the provider (I4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS demo_customers (
+    id        text PRIMARY KEY,
+    tenant    text NOT NULL,
+    name      text NOT NULL,
+    cpf       text NOT NULL,
+    email     text NOT NULL,
+    active    boolean NOT NULL DEFAULT true
+);
+CREATE TABLE IF NOT EXISTS demo_accounts (
+    tenant    text PRIMARY KEY,
+    balance   bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS demo_sales (
+    id          text PRIMARY KEY,
+    tenant      text NOT NULL,
+    customer_id text NOT NULL REFERENCES demo_customers (id),
+    amount      bigint NOT NULL,
+    refunded    bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS demo_appointments (
+    id          text PRIMARY KEY,
+    tenant      text NOT NULL,
+    customer_id text NOT NULL REFERENCES demo_customers (id),
+    at          text NOT NULL,
+    status      text NOT NULL DEFAULT 'scheduled'
+);
+CREATE TABLE IF NOT EXISTS demo_charges (
+    id               bigserial PRIMARY KEY,
+    idempotency_key  text NOT NULL UNIQUE,
+    tenant           text NOT NULL,
+    customer_id      text NOT NULL,
+    amount           bigint NOT NULL,
+    description      text NOT NULL DEFAULT '',
+    created_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS demo_refunds (
+    id               bigserial PRIMARY KEY,
+    idempotency_key  text NOT NULL UNIQUE,
+    tenant           text NOT NULL,
+    sale_id          text NOT NULL,
+    amount           bigint NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+SEED_CUSTOMERS = [
+    ("c-joao", "João Silva", "123.123.456-78", "joao@example.com"),
+    ("c-maria", "Maria Souza", "987.654.321-00", "maria@example.com"),
+    ("c-ana", "Ana Lima", "111.222.333-44", "ana@example.com"),
+]
+
+
+class Provider:
+    """The demo app's service handle, passed to tools as ``ctx.services``."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def connect(cls, url: str) -> Provider:
+        pool = await asyncpg.create_pool(url, min_size=1, max_size=5)
+        async with pool.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock(7401553902)")
+            try:
+                await conn.execute(SCHEMA)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(7401553902)")
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def seed(self, tenant: str, balance: int = 500_000) -> None:
+        """Idempotent demo data for a tenant (customers, a balance, sales, appointments)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            for cid, name, cpf, email in SEED_CUSTOMERS:
+                await conn.execute(
+                    "INSERT INTO demo_customers (id, tenant, name, cpf, email) "
+                    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                    f"{tenant}:{cid}",
+                    tenant,
+                    name,
+                    cpf,
+                    email,
+                )
+            await conn.execute(
+                "INSERT INTO demo_accounts (tenant, balance) VALUES ($1, $2) "
+                "ON CONFLICT (tenant) DO NOTHING",
+                tenant,
+                balance,
+            )
+            for i, (cid, amount) in enumerate([("c-joao", 15000), ("c-maria", 8990)], start=1):
+                await conn.execute(
+                    "INSERT INTO demo_sales (id, tenant, customer_id, amount) VALUES ($1, $2, $3, $4) "
+                    "ON CONFLICT (id) DO NOTHING",
+                    f"V{i:03d}",
+                    tenant,
+                    f"{tenant}:{cid}",
+                    amount,
+                )
+            for i, (cid, at) in enumerate(
+                [("c-joao", "2026-12-02 14:00"), ("c-ana", "2026-12-03 09:30")], start=1
+            ):
+                await conn.execute(
+                    "INSERT INTO demo_appointments (id, tenant, customer_id, at) "
+                    "VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+                    f"A{i:03d}",
+                    tenant,
+                    f"{tenant}:{cid}",
+                    at,
+                )
+
+    async def find_customers(self, tenant: str, query: str) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(
+            "SELECT id, name, cpf, email, active FROM demo_customers "
+            "WHERE tenant = $1 AND (name ILIKE $2 OR id = $3) ORDER BY name",
+            tenant,
+            f"%{query}%",
+            query,
+        )
+        return [dict(r) for r in rows]
+
+    async def customer(self, customer_id: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(
+            "SELECT id, tenant, name, cpf, email, active FROM demo_customers WHERE id = $1",
+            customer_id,
+        )
+        return None if row is None else dict(row)
+
+    async def balance(self, tenant: str) -> int:
+        value = await self.pool.fetchval(
+            "SELECT balance FROM demo_accounts WHERE tenant = $1", tenant
+        )
+        return int(value or 0)
+
+    async def set_balance(self, tenant: str, balance: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO demo_accounts (tenant, balance) VALUES ($1, $2) "
+            "ON CONFLICT (tenant) DO UPDATE SET balance = EXCLUDED.balance",
+            tenant,
+            balance,
+        )
+
+    async def sale(self, tenant: str, sale_id: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(
+            "SELECT s.id, s.amount, s.refunded, c.name, c.cpf FROM demo_sales s "
+            "JOIN demo_customers c ON c.id = s.customer_id WHERE s.tenant = $1 AND s.id = $2",
+            tenant,
+            sale_id,
+        )
+        return None if row is None else dict(row)
+
+    async def appointment(self, tenant: str, appointment_id: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(
+            "SELECT a.id, a.at, a.status, c.name FROM demo_appointments a "
+            "JOIN demo_customers c ON c.id = a.customer_id WHERE a.tenant = $1 AND a.id = $2",
+            tenant,
+            appointment_id,
+        )
+        return None if row is None else dict(row)
+
+    async def create_charge(
+        self, key: str, tenant: str, customer_id: str, amount: int, description: str
+    ) -> dict[str, Any]:
+        """Idempotent by key: the same key returns the first charge, never a second one."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "INSERT INTO demo_charges (idempotency_key, tenant, customer_id, amount, description) "
+                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (idempotency_key) DO NOTHING "
+                "RETURNING id, amount",
+                key,
+                tenant,
+                customer_id,
+                amount,
+                description,
+            )
+            if row is None:
+                row = await conn.fetchrow(
+                    "SELECT id, amount FROM demo_charges WHERE idempotency_key = $1", key
+                )
+        return {
+            "charge_id": f"pix-{row['id']}",
+            "amount": row["amount"],
+            "copy_paste": f"00020126PIX{row['id']:08d}",
+        }
+
+    async def refund(self, key: str, tenant: str, sale_id: str, amount: int) -> dict[str, Any]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "INSERT INTO demo_refunds (idempotency_key, tenant, sale_id, amount) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
+                key,
+                tenant,
+                sale_id,
+                amount,
+            )
+            if row is not None:
+                await conn.execute(
+                    "UPDATE demo_accounts SET balance = balance - $2 WHERE tenant = $1",
+                    tenant,
+                    amount,
+                )
+                await conn.execute(
+                    "UPDATE demo_sales SET refunded = refunded + $2 WHERE id = $1", sale_id, amount
+                )
+            else:
+                row = await conn.fetchrow(
+                    "SELECT id FROM demo_refunds WHERE idempotency_key = $1", key
+                )
+        return {"refund_id": f"rf-{row['id']}", "amount": amount}
+
+    async def cancel_appointment(self, tenant: str, appointment_id: str) -> dict[str, Any]:
+        await self.pool.execute(
+            "UPDATE demo_appointments SET status = 'cancelled' WHERE tenant = $1 AND id = $2",
+            tenant,
+            appointment_id,
+        )
+        return {"appointment_id": appointment_id, "status": "cancelled"}
+
+    async def update_email(self, customer_id: str, email: str) -> dict[str, Any]:
+        await self.pool.execute(
+            "UPDATE demo_customers SET email = $2 WHERE id = $1", customer_id, email
+        )
+        return {"customer_id": customer_id, "email": email}
+
+    async def charges_by_key(self) -> dict[str, int]:
+        rows = await self.pool.fetch(
+            "SELECT idempotency_key, count(*) AS n FROM demo_charges GROUP BY idempotency_key"
+        )
+        return {r["idempotency_key"]: r["n"] for r in rows}

@@ -1,0 +1,270 @@
+"""The payments desk tools: two reads, two reversible writes, two critical writes."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+
+from examples.payments.money import brl, mask_cpf, parse_amount
+from examples.payments.provider import Provider
+from runtime.cards import Risk
+from runtime.errors import ToolValidationError
+from runtime.tools import Prepared, Revalidation, Tool, ToolContext
+
+EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+
+def _provider(ctx: ToolContext) -> Provider:
+    services = ctx.services
+    if not isinstance(services, Provider):
+        raise ToolValidationError("the payments provider is not configured")
+    return services
+
+
+async def _resolve_customer(ctx: ToolContext, name: str) -> dict[str, Any]:
+    matches = await _provider(ctx).find_customers(ctx.tenant, name.strip())
+    active = [m for m in matches if m["active"]]
+    if not active:
+        raise ToolValidationError(f"no customer matches {name!r}")
+    if len(active) > 1:
+        names = ", ".join(m["name"] for m in active)
+        raise ToolValidationError(f"{name!r} is ambiguous: {names}; ask the user which one")
+    return active[0]
+
+
+class Empty(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class CustomerQuery(msgspec.Struct, forbid_unknown_fields=True):
+    query: str
+
+
+class PixChargeIn(msgspec.Struct, forbid_unknown_fields=True):
+    customer: str
+    amount: str | float
+    description: str = ""
+
+
+class RefundIn(msgspec.Struct, forbid_unknown_fields=True):
+    sale_id: str
+    amount: str | float | None = None
+
+
+class CancelIn(msgspec.Struct, forbid_unknown_fields=True):
+    appointment_id: str
+
+
+class EmailIn(msgspec.Struct, forbid_unknown_fields=True):
+    customer: str
+    email: str
+
+
+class GetBalance(Tool):
+    name = "get_balance"
+    description = "Current balance of the merchant account, in BRL."
+    risk = Risk.READ
+    input_type = Empty
+
+    async def execute(
+        self, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> dict[str, Any]:
+        cents = await _provider(ctx).balance(ctx.tenant)
+        return {"balance_cents": cents, "balance": brl(cents)}
+
+
+class FindCustomer(Tool):
+    name = "find_customer"
+    description = "Find customers by (part of) their name."
+    risk = Risk.READ
+    input_type = CustomerQuery
+
+    async def execute(
+        self, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> dict[str, Any]:
+        found = await _provider(ctx).find_customers(ctx.tenant, str(args["query"]))
+        return {
+            "customers": [
+                {"id": c["id"], "name": c["name"], "cpf": mask_cpf(c["cpf"])} for c in found
+            ]
+        }
+
+
+class CreatePixCharge(Tool):
+    name = "create_pix_charge"
+    description = (
+        "Create a Pix charge for a customer. amount is in reais (e.g. '150' or '150,00'). "
+        "The user is asked to confirm before anything is created."
+    )
+    risk = Risk.CRITICAL
+    input_type = PixChargeIn
+    editable = frozenset({"amount", "description"})
+
+    async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
+        assert isinstance(data, PixChargeIn)
+        customer = await _resolve_customer(ctx, data.customer)
+        cents = parse_amount(data.amount)
+        description = data.description.strip()[:140]
+        summary = (
+            f"Gerar cobrança Pix · Cliente: {customer['name']} (CPF {mask_cpf(customer['cpf'])})"
+            f" · Valor: {brl(cents)}" + (f" · Descrição: {description}" if description else "")
+        )
+        args = {"customer_id": customer["id"], "amount_cents": cents, "description": description}
+        impact = {
+            "amount_cents": cents,
+            "amount": brl(cents),
+            "target": customer["name"],
+            "reversible": False,
+            "side_effects": ["Pix charge sent to the customer"],
+        }
+        return Prepared(args=args, summary=summary, impact=impact)
+
+    async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
+        customer = await _provider(ctx).customer(args["customer_id"])
+        if customer is None or not customer["active"]:
+            return Revalidation.changed(
+                "the customer is no longer active",
+                {"field": "customer.active", "approved": True, "current": False},
+            )
+        return Revalidation.passed()
+
+    async def execute(
+        self, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> dict[str, Any]:
+        return await _provider(ctx).create_charge(
+            operation_id,
+            ctx.tenant,
+            args["customer_id"],
+            int(args["amount_cents"]),
+            str(args.get("description", "")),
+        )
+
+
+class RefundSale(Tool):
+    name = "refund_sale"
+    description = "Refund a sale (all of it, or part with amount in reais). Needs confirmation."
+    risk = Risk.CRITICAL
+    input_type = RefundIn
+    editable = frozenset({"amount"})
+
+    async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
+        assert isinstance(data, RefundIn)
+        provider = _provider(ctx)
+        sale = await provider.sale(ctx.tenant, data.sale_id.strip().upper())
+        if sale is None:
+            raise ToolValidationError(f"no sale {data.sale_id!r}")
+        left = sale["amount"] - sale["refunded"]
+        cents = left if data.amount is None else parse_amount(data.amount)
+        if cents > left:
+            raise ToolValidationError(f"only {brl(left)} of sale {sale['id']} can be refunded")
+        balance = await provider.balance(ctx.tenant)
+        if cents > balance:
+            raise ToolValidationError(f"the balance ({brl(balance)}) does not cover {brl(cents)}")
+        summary = (
+            f"Estornar venda {sale['id']} · Cliente: {sale['name']} (CPF {mask_cpf(sale['cpf'])})"
+            f" · Valor: {brl(cents)}"
+        )
+        args = {"sale_id": sale["id"], "amount_cents": cents, "balance_seen": balance}
+        impact = {
+            "amount_cents": cents,
+            "amount": brl(cents),
+            "target": sale["name"],
+            "reversible": False,
+            "side_effects": ["money leaves the merchant account"],
+        }
+        return Prepared(args=args, summary=summary, impact=impact)
+
+    async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
+        balance = await _provider(ctx).balance(ctx.tenant)
+        if balance < int(args["amount_cents"]):
+            return Revalidation.changed(
+                "the balance no longer covers the refund",
+                {
+                    "field": "balance",
+                    "approved": brl(int(args["balance_seen"])),
+                    "current": brl(balance),
+                },
+            )
+        return Revalidation.passed()
+
+    async def execute(
+        self, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> dict[str, Any]:
+        return await _provider(ctx).refund(
+            operation_id, ctx.tenant, str(args["sale_id"]), int(args["amount_cents"])
+        )
+
+
+class CancelAppointment(Tool):
+    name = "cancel_appointment"
+    description = "Cancel a scheduled appointment by its id (e.g. A001). Needs confirmation."
+    risk = Risk.REVERSIBLE
+    input_type = CancelIn
+    ttl = timedelta(minutes=30)
+
+    async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
+        assert isinstance(data, CancelIn)
+        appt = await _provider(ctx).appointment(ctx.tenant, data.appointment_id.strip().upper())
+        if appt is None:
+            raise ToolValidationError(f"no appointment {data.appointment_id!r}")
+        if appt["status"] != "scheduled":
+            raise ToolValidationError(f"appointment {appt['id']} is {appt['status']}")
+        summary = f"Cancelar consulta {appt['id']} · Cliente: {appt['name']} · Data: {appt['at']}"
+        impact = {"target": appt["name"], "reversible": True, "side_effects": ["the slot is freed"]}
+        return Prepared(args={"appointment_id": appt["id"]}, summary=summary, impact=impact)
+
+    async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
+        appt = await _provider(ctx).appointment(ctx.tenant, args["appointment_id"])
+        if appt is None or appt["status"] != "scheduled":
+            current = "missing" if appt is None else appt["status"]
+            return Revalidation.changed(
+                "the appointment is no longer scheduled",
+                {"field": "status", "approved": "scheduled", "current": current},
+            )
+        return Revalidation.passed()
+
+    async def execute(
+        self, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> dict[str, Any]:
+        return await _provider(ctx).cancel_appointment(ctx.tenant, str(args["appointment_id"]))
+
+
+class UpdateEmail(Tool):
+    name = "update_email"
+    description = "Change a customer's e-mail address. Needs confirmation."
+    risk = Risk.REVERSIBLE
+    input_type = EmailIn
+    editable = frozenset({"email"})
+
+    async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
+        assert isinstance(data, EmailIn)
+        email = data.email.strip().lower()
+        if not EMAIL.match(email):
+            raise ToolValidationError(f"{data.email!r} is not an e-mail address")
+        customer = await _resolve_customer(ctx, data.customer)
+        summary = f"Alterar e-mail · Cliente: {customer['name']} · De: {customer['email']} · Para: {email}"
+        impact = {
+            "target": customer["name"],
+            "reversible": True,
+            "side_effects": ["receipts go to the new address"],
+        }
+        args = {"customer_id": customer["id"], "email": email, "previous": customer["email"]}
+        return Prepared(args=args, summary=summary, impact=impact)
+
+    async def execute(
+        self, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> dict[str, Any]:
+        return await _provider(ctx).update_email(str(args["customer_id"]), str(args["email"]))
+
+
+ALL_TOOLS: list[Tool] = [
+    GetBalance(),
+    FindCustomer(),
+    CreatePixCharge(),
+    RefundSale(),
+    CancelAppointment(),
+    UpdateEmail(),
+]

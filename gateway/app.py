@@ -1,0 +1,83 @@
+"""The gateway's Starlette application."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from gateway.auth import Tokens
+from gateway.feed import Feeds
+from gateway.http import HttpApi, json_response
+from gateway.openapi import build_openapi
+from gateway.service import GatewayService
+from gateway.ws import websocket_endpoint
+from runtime.bus import Bus
+from runtime.config import Settings
+from runtime.decisions import Decisions
+from runtime.errors import SignoffError
+from runtime.keys import Keys
+from store.postgres import PostgresStore
+
+
+def build_app(
+    *,
+    settings: Settings,
+    store: PostgresStore,
+    bus: Bus,
+    decisions: Decisions,
+    tokens: Tokens,
+    extra_routes: list[Any] | None = None,
+) -> Starlette:
+    service = GatewayService(store=store, bus=bus, decisions=decisions)
+    feeds = Feeds(bus, Keys(settings.key_prefix))
+    api = HttpApi(service, tokens)
+    openapi = build_openapi()
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"ok": True})
+
+    async def readyz(request: Request) -> Response:
+        try:
+            await store.ping()
+        except (SignoffError, OSError) as exc:
+            return json_response({"ok": False, "error": str(exc)}, 503)
+        return json_response({"ok": True})
+
+    async def openapi_json(request: Request) -> Response:
+        return json_response(openapi)
+
+    async def index(request: Request) -> Response:
+        page = resources.files("gateway.static").joinpath("index.html")
+        if not page.is_file():
+            return HTMLResponse("<h1>signoff</h1><p>API at /v1, docs at /openapi.json</p>")
+        return HTMLResponse(page.read_text())
+
+    async def ws(websocket: WebSocket) -> None:
+        await websocket_endpoint(
+            websocket,
+            service=service,
+            feeds=feeds,
+            tokens=tokens,
+            allowed_origins=settings.allowed_origins,
+            max_bytes=settings.max_ws_message_bytes,
+        )
+
+    routes: list[Any] = [
+        Route("/", index),
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/openapi.json", openapi_json),
+        WebSocketRoute("/v1/ws", ws),
+        *api.routes(),
+        *(extra_routes or []),
+    ]
+    app = Starlette(routes=routes)
+    app.state.feeds = feeds
+    app.state.service = service
+    return app

@@ -1,0 +1,67 @@
+"""Signed bearer tokens (HS256 JWT) and the authenticated principal."""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+import msgspec
+
+from runtime.errors import ConfigError, Unauthenticated
+
+ISSUER = "signoff"
+
+
+class Principal(msgspec.Struct, frozen=True):
+    user: str
+    tenant: str
+    role: str = "user"
+
+
+class Tokens:
+    def __init__(self, secret: str, ttl_seconds: int = 12 * 3600) -> None:
+        if len(secret) < 32:
+            raise ConfigError("SIGNOFF_SECRET must be at least 32 characters")
+        self._secret = secret
+        self._ttl = ttl_seconds
+
+    def issue(self, user: str, tenant: str, role: str = "user", ttl: int | None = None) -> str:
+        now = int(time.time())
+        claims = {
+            "iss": ISSUER,
+            "sub": user,
+            "tenant": tenant,
+            "role": role,
+            "iat": now,
+            "exp": now + (ttl if ttl is not None else self._ttl),
+        }
+        return jwt.encode(claims, self._secret, algorithm="HS256")
+
+    def verify(self, token: str | None) -> Principal:
+        if not token:
+            raise Unauthenticated("missing bearer token")
+        try:
+            claims = jwt.decode(
+                token,
+                self._secret,
+                algorithms=["HS256"],
+                issuer=ISSUER,
+                options={"require": ["exp", "sub", "iss"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise Unauthenticated("token expired") from exc
+        except jwt.PyJWTError as exc:
+            raise Unauthenticated(f"invalid token: {exc}") from exc
+        sub, tenant, role = claims.get("sub"), claims.get("tenant"), claims.get("role", "user")
+        if not isinstance(sub, str) or not sub or not isinstance(tenant, str):
+            raise Unauthenticated("token lacks a user or tenant")
+        return Principal(user=sub, tenant=tenant, role=str(role))
+
+
+def bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()

@@ -1,0 +1,33 @@
+"""The one place where error types become HTTP statuses and WS error codes (I9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime import errors as e
+
+STATUS: list[tuple[type[e.SignoffError], int]] = [
+    (e.InvalidInput, 422),
+    (e.Unauthenticated, 401),
+    (e.Forbidden, 403),
+    (e.NotFound, 404),
+    (e.Expired, 410),
+    (e.Conflict, 409),
+    (e.RateLimited, 429),
+    (e.Unavailable, 503),
+    (e.ConfigError, 500),
+]
+
+
+def status_of(exc: e.SignoffError) -> int:
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_body(exc: e.SignoffError) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": exc.code, "message": exc.message}
+    if exc.detail:
+        body["detail"] = exc.detail
+    return body

@@ -1,0 +1,92 @@
+"""Thread feeds: one bus subscription per thread per gateway, fanned out to its sockets.
+
+A hint on the thread channel only says "something changed"; each listener
+re-reads the log from Postgres after the last seq it delivered, so a lost or
+reordered hint never loses or duplicates an event. Text deltas are the one
+thing carried by the hint itself (they are ephemeral, never stored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from runtime.agent import Hint
+from runtime.bus import Bus
+from runtime.keys import Keys
+
+log = logging.getLogger("signoff.feed")
+
+Listener = Callable[[Hint], Awaitable[None]]
+_hint = msgspec.json.Decoder(Hint)
+
+
+class Feeds:
+    def __init__(self, bus: Bus, keys: Keys) -> None:
+        self._bus = bus
+        self._keys = keys
+        self._listeners: dict[str, set[Listener]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ready: dict[str, asyncio.Event] = {}
+
+    async def add(self, thread_id: str, listener: Listener) -> None:
+        """Register a listener; returns once the thread's subscription is live."""
+        self._listeners.setdefault(thread_id, set()).add(listener)
+        if thread_id not in self._tasks:
+            ready = self._ready[thread_id] = asyncio.Event()
+            self._tasks[thread_id] = asyncio.create_task(self._follow(thread_id))
+        else:
+            ready = self._ready[thread_id]
+        await asyncio.wait_for(ready.wait(), 10)
+
+    def remove(self, thread_id: str, listener: Listener) -> None:
+        listeners = self._listeners.get(thread_id)
+        if listeners is None:
+            return
+        listeners.discard(listener)
+        if not listeners:
+            del self._listeners[thread_id]
+            self._ready.pop(thread_id, None)
+            task = self._tasks.pop(thread_id, None)
+            if task is not None:
+                task.cancel()
+
+    async def _follow(self, thread_id: str) -> None:
+        channel = self._keys.thread_channel(thread_id)
+        while thread_id in self._listeners:
+            try:
+                async with self._bus.subscribe(channel) as sub:
+                    self._ready[thread_id].set()
+                    # (Re)subscribed: let every listener re-read the log.
+                    await self._dispatch(thread_id, Hint(seq=-1))
+                    async for raw in sub:
+                        try:
+                            hint = _hint.decode(raw)
+                        except msgspec.DecodeError:
+                            continue
+                        await self._dispatch(thread_id, hint)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("thread feed %s dropped (%s); re-subscribing", thread_id, exc)
+                await asyncio.sleep(0.2)
+
+    async def _dispatch(self, thread_id: str, hint: Hint) -> None:
+        for listener in list(self._listeners.get(thread_id, ())):
+            try:
+                await listener(hint)
+            except Exception as exc:
+                log.debug("listener failed: %s", exc)
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        self._listeners.clear()

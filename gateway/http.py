@@ -1,0 +1,113 @@
+"""HTTP API ``/v1`` (DESIGN.md §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.auth import Principal, Tokens, bearer
+from gateway.errors import error_body, status_of
+from gateway.service import BatchIn, GatewayService, MessageIn, ResolveIn, parse
+from runtime.errors import InvalidInput, SignoffError, Unavailable
+
+MAX_BODY = 256 * 1024
+
+_enc = msgspec.json.Encoder()
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(_enc.encode(data), status_code=status, media_type="application/json")
+
+
+def error_response(exc: SignoffError) -> Response:
+    return json_response(error_body(exc), status_of(exc))
+
+
+Handler = Callable[[Request, Principal], Awaitable[Response]]
+
+
+class HttpApi:
+    def __init__(self, service: GatewayService, tokens: Tokens) -> None:
+        self.service = service
+        self.tokens = tokens
+
+    def authed(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                who = self.tokens.verify(bearer(request.headers.get("authorization")))
+                return await handler(request, who)
+            except SignoffError as exc:
+                return error_response(exc)
+            except OSError as exc:
+                return error_response(Unavailable(f"backing service unavailable: {exc}"))
+
+        return endpoint
+
+    async def body(self, request: Request) -> bytes:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+            raise InvalidInput(f"body larger than {MAX_BODY} bytes")
+        data = await request.body()
+        if len(data) > MAX_BODY:
+            raise InvalidInput(f"body larger than {MAX_BODY} bytes")
+        return data
+
+    # -- endpoints ----------------------------------------------------------------------
+
+    async def create_thread(self, request: Request, who: Principal) -> Response:
+        thread = await self.service.create_thread(who)
+        return json_response({"thread": msgspec.to_builtins(thread)}, 201)
+
+    async def get_thread(self, request: Request, who: Principal) -> Response:
+        return json_response(await self.service.thread_state(request.path_params["thread_id"], who))
+
+    async def post_message(self, request: Request, who: Principal) -> Response:
+        body: MessageIn = parse(await self.body(request), MessageIn)
+        delivery = await self.service.post_message(
+            request.path_params["thread_id"], body.text, who, "http"
+        )
+        return json_response({"accepted": True, "delivery": delivery}, 202)
+
+    async def events(self, request: Request, who: Principal) -> Response:
+        raw = request.query_params.get("after_seq", "0")
+        if not raw.lstrip("-").isdigit():
+            raise InvalidInput("after_seq must be an integer")
+        events = await self.service.events(request.path_params["thread_id"], int(raw), who)
+        return json_response({"events": events})
+
+    async def get_card(self, request: Request, who: Principal) -> Response:
+        return json_response(
+            {"card": await self.service.get_card(request.path_params["card_id"], who)}
+        )
+
+    async def card_events(self, request: Request, who: Principal) -> Response:
+        audit = await self.service.card_audit(request.path_params["card_id"], who)
+        return json_response({"events": audit})
+
+    async def resolve(self, request: Request, who: Principal) -> Response:
+        body: ResolveIn = parse(await self.body(request), ResolveIn)
+        outcome = await self.service.resolve(request.path_params["card_id"], body, who, "http")
+        return json_response(msgspec.to_builtins(outcome))
+
+    async def batch(self, request: Request, who: Principal) -> Response:
+        body: BatchIn = parse(await self.body(request), BatchIn)
+        results = await self.service.batch(request.path_params["run_id"], body, who, "http")
+        return json_response({"results": results})
+
+    def routes(self) -> list[Route]:
+        a = self.authed
+        return [
+            Route("/v1/threads", a(self.create_thread), methods=["POST"]),
+            Route("/v1/threads/{thread_id}", a(self.get_thread), methods=["GET"]),
+            Route("/v1/threads/{thread_id}/messages", a(self.post_message), methods=["POST"]),
+            Route("/v1/threads/{thread_id}/events", a(self.events), methods=["GET"]),
+            Route("/v1/cards/{card_id}", a(self.get_card), methods=["GET"]),
+            Route("/v1/cards/{card_id}/events", a(self.card_events), methods=["GET"]),
+            Route("/v1/cards/{card_id}/resolve", a(self.resolve), methods=["POST"]),
+            Route("/v1/runs/{run_id}/decisions", a(self.batch), methods=["POST"]),
+        ]

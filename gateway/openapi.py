@@ -1,0 +1,151 @@
+"""``/openapi.json``: the HTTP API described from the same msgspec types that parse it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gateway.service import BatchIn, MessageIn, ResolveIn
+
+ERRORS = {
+    "401": "missing, expired or forged token",
+    "403": "not the owner",
+    "404": "unknown thread, card or run",
+    "409": "already decided, or stale snapshot_hash",
+    "410": "the card expired (database clock)",
+    "422": "invalid payload",
+    "503": "a backing service is unavailable; retry",
+}
+
+
+def _responses(ok: str, code: str = "200") -> dict[str, Any]:
+    out: dict[str, Any] = {code: {"description": ok}}
+    err = {"$ref": "#/components/schemas/Error"}
+    for status, text in ERRORS.items():
+        out[status] = {"description": text, "content": {"application/json": {"schema": err}}}
+    return out
+
+
+def _body(name: str) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{name}"}
+    return {"required": True, "content": {"application/json": {"schema": ref}}}
+
+
+def _param(name: str, where: str = "path") -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "required": where == "path",
+        "schema": {"type": "integer" if name == "after_seq" else "string"},
+    }
+
+
+def build_openapi() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(
+        [MessageIn, ResolveIn, BatchIn], ref_template="#/components/schemas/{name}"
+    )
+    components["Error"] = {
+        "type": "object",
+        "required": ["error", "message"],
+        "properties": {
+            "error": {"type": "string"},
+            "message": {"type": "string"},
+            "detail": {"type": "object"},
+        },
+    }
+    sec = [{"bearer": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "signoff",
+            "version": "0.1.0",
+            "description": "Human-in-the-loop runtime: threads, cards, decisions.",
+        },
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+            },
+        },
+        "paths": {
+            "/v1/threads": {
+                "post": {
+                    "summary": "Create a thread",
+                    "security": sec,
+                    "responses": _responses("created", "201"),
+                }
+            },
+            "/v1/threads/{thread_id}": {
+                "get": {
+                    "summary": "Thread state with pending cards",
+                    "security": sec,
+                    "parameters": [_param("thread_id")],
+                    "responses": _responses("state"),
+                }
+            },
+            "/v1/threads/{thread_id}/messages": {
+                "post": {
+                    "summary": "Post a user message (runs a turn)",
+                    "security": sec,
+                    "parameters": [_param("thread_id")],
+                    "requestBody": _body("MessageIn"),
+                    "responses": _responses("accepted", "202"),
+                }
+            },
+            "/v1/threads/{thread_id}/events": {
+                "get": {
+                    "summary": "Thread events after a seq",
+                    "security": sec,
+                    "parameters": [_param("thread_id"), _param("after_seq", "query")],
+                    "responses": _responses("events"),
+                }
+            },
+            "/v1/cards/{card_id}": {
+                "get": {
+                    "summary": "A confirmation card",
+                    "security": sec,
+                    "parameters": [_param("card_id")],
+                    "responses": _responses("card"),
+                }
+            },
+            "/v1/cards/{card_id}/events": {
+                "get": {
+                    "summary": "The card's audit trail",
+                    "security": sec,
+                    "parameters": [_param("card_id")],
+                    "responses": _responses("audit"),
+                }
+            },
+            "/v1/cards/{card_id}/resolve": {
+                "post": {
+                    "summary": "Approve, reject or edit a card",
+                    "security": sec,
+                    "parameters": [_param("card_id")],
+                    "requestBody": _body("ResolveIn"),
+                    "responses": _responses("decided"),
+                }
+            },
+            "/v1/runs/{run_id}/decisions": {
+                "post": {
+                    "summary": "Decide several cards of one run",
+                    "security": sec,
+                    "parameters": [_param("run_id")],
+                    "requestBody": _body("BatchIn"),
+                    "responses": _responses("results"),
+                }
+            },
+            "/healthz": {
+                "get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness (Postgres answers)",
+                    "responses": {
+                        "200": {"description": "ready"},
+                        "503": {"description": "not ready"},
+                    },
+                }
+            },
+        },
+    }

@@ -1,0 +1,151 @@
+"""What the gateway does for an authenticated principal, shared by HTTP and WebSocket."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gateway.auth import Principal
+from runtime.bus import Bus, Job
+from runtime.cards import Decision
+from runtime.decisions import Decisions, Outcome, Resolution
+from runtime.errors import Forbidden, InvalidInput, NotOwner
+from runtime.records import Entry, Thread
+from store.postgres import PostgresStore
+
+MAX_TEXT = 8000
+
+
+class MessageIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    text: str
+
+
+class ResolveIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    decision: Decision
+    snapshot_hash: str
+    reason: str | None = None
+    edits: dict[str, Any] | None = None
+
+
+class BatchItem(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    card_id: str
+    decision: Decision
+    snapshot_hash: str
+    reason: str | None = None
+
+
+class BatchIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    decisions: list[BatchItem]
+
+
+def event_of(entry: Entry) -> dict[str, Any]:
+    """A log entry as a client sees it (WS ``event`` and HTTP event lists)."""
+    return {
+        "thread_id": entry.thread_id,
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "run_id": entry.run_id,
+        "data": entry.body,
+        "at": entry.created_at.isoformat(),
+    }
+
+
+def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
+    """Decode and validate a payload; any mismatch is a 422 that changes nothing."""
+    try:
+        if isinstance(data, bytes | bytearray):
+            return msgspec.json.decode(data, type=typ)
+        return msgspec.convert(data, typ)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise InvalidInput(f"invalid payload: {exc}") from exc
+
+
+class GatewayService:
+    def __init__(self, *, store: PostgresStore, bus: Bus, decisions: Decisions) -> None:
+        self.store = store
+        self.bus = bus
+        self.decisions = decisions
+
+    async def own_thread(self, thread_id: str, who: Principal) -> Thread:
+        thread = await self.store.get_thread(thread_id)
+        if thread.owner != who.user or thread.tenant != who.tenant:
+            raise Forbidden("not your thread", thread_id=thread_id)
+        return thread
+
+    async def create_thread(self, who: Principal) -> Thread:
+        return await self.store.create_thread(who.tenant, who.user)
+
+    async def post_message(self, thread_id: str, text: str, who: Principal, channel: str) -> str:
+        text = text.strip()
+        if not text:
+            raise InvalidInput("message text is empty")
+        if len(text) > MAX_TEXT:
+            raise InvalidInput(f"message longer than {MAX_TEXT} characters")
+        await self.own_thread(thread_id, who)
+        return await self.bus.enqueue(
+            Job(
+                thread_id=thread_id,
+                text=text,
+                user=who.user,
+                tenant=who.tenant,
+                role=who.role,
+                channel=channel,
+            )
+        )
+
+    async def thread_state(self, thread_id: str, who: Principal) -> dict[str, Any]:
+        thread = await self.own_thread(thread_id, who)
+        pending = await self.store.pending_cards(thread_id)
+        run = await self.store.active_run(thread_id)
+        return {
+            "thread": msgspec.to_builtins(thread),
+            "last_seq": thread.last_seq,
+            "pending_cards": [c.public() for c in pending],
+            "run": None if run is None else {"id": run.id, "status": str(run.status)},
+        }
+
+    async def events(
+        self, thread_id: str, after_seq: int, who: Principal, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        await self.own_thread(thread_id, who)
+        return [event_of(e) for e in await self.store.entries_after(thread_id, after_seq, limit)]
+
+    async def get_card(self, card_id: str, who: Principal) -> dict[str, Any]:
+        card = await self.store.get_card(card_id)
+        if card.owner != who.user:
+            raise NotOwner("not your card", card_id=card_id)
+        return card.public()
+
+    async def card_audit(self, card_id: str, who: Principal) -> list[dict[str, Any]]:
+        await self.get_card(card_id, who)
+        return [msgspec.to_builtins(e) for e in await self.store.card_events(card_id)]
+
+    async def resolve(self, card_id: str, body: ResolveIn, who: Principal, channel: str) -> Outcome:
+        res = Resolution(
+            decision=body.decision,
+            snapshot_hash=body.snapshot_hash,
+            reason=body.reason,
+            edits=body.edits,
+        )
+        return await self.decisions.resolve(card_id, res, principal=who.user, channel=channel)
+
+    async def batch(
+        self, run_id: str, body: BatchIn, who: Principal, channel: str
+    ) -> list[dict[str, Any]]:
+        if not body.decisions:
+            raise InvalidInput("no decisions given")
+        if len(body.decisions) > 100:
+            raise InvalidInput("at most 100 decisions per batch")
+        if any(d.decision is Decision.EDIT for d in body.decisions):
+            raise InvalidInput("edits are not accepted in a batch")
+        items = [
+            (
+                d.card_id,
+                Resolution(decision=d.decision, snapshot_hash=d.snapshot_hash, reason=d.reason),
+            )
+            for d in body.decisions
+        ]
+        return await self.decisions.resolve_batch(
+            run_id, items, principal=who.user, channel=channel
+        )

@@ -1,0 +1,63 @@
+"""The Bus protocol: the fast path between gateways and workers.
+
+A bus carries hints, never truth: a lost message costs latency, not a
+decision, because every receiver re-reads Postgres (DESIGN.md I6). Backends:
+``runtime.bus_memory`` (one process) and ``runtime.bus_redis`` (pools).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+import msgspec
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """A user message to run, as carried by the inbox."""
+
+    thread_id: str
+    text: str
+    user: str
+    tenant: str
+    role: str = "user"
+    channel: str = "http"
+    kind: str = "message"  # "message" (a user turn) or "resume" (continue a parked run)
+
+
+class Delivery(msgspec.Struct, frozen=True):
+    """A job taken from the inbox; ``ack`` it once its step is stored."""
+
+    id: str
+    job: Job
+
+
+class Subscription(Protocol):
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+
+class Bus(Protocol):
+    async def publish(self, channel: str, message: bytes) -> int:
+        """Send to every current subscriber; the count that heard it (0: nobody did)."""
+        ...
+
+    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
+        """Subscribe; the subscription is live (confirmed) when the context is entered."""
+        ...
+
+    async def set_wait(self, card_id: str, worker_id: str, ttl_ms: int) -> None: ...
+
+    async def clear_wait(self, card_id: str) -> None: ...
+
+    async def wait_owner(self, card_id: str) -> str | None: ...
+
+    async def heartbeat(self, worker_id: str, ttl_ms: int) -> None: ...
+
+    async def enqueue(self, job: Job) -> str: ...
+
+    async def take(self, consumer: str, timeout: float) -> list[Delivery]: ...
+
+    async def ack(self, delivery_id: str) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,80 @@
+"""In-process bus: the same protocol as Redis, for one process (``signoff dev``, unit tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from runtime.bus import Delivery, Job, Subscription
+
+
+class _Sub:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            yield await self.queue.get()
+
+
+class MemoryBus:
+    def __init__(self) -> None:
+        self._subs: dict[str, set[_Sub]] = {}
+        self._waits: dict[str, tuple[str, float]] = {}
+        self._beats: dict[str, float] = {}
+        self._inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._ids = itertools.count(1)
+
+    async def publish(self, channel: str, message: bytes) -> int:
+        subs = self._subs.get(channel, set())
+        for sub in subs:
+            sub.queue.put_nowait(message)
+        return len(subs)
+
+    @asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
+        sub = _Sub()
+        self._subs.setdefault(channel, set()).add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self._subs.get(channel)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[channel]
+
+    async def set_wait(self, card_id: str, worker_id: str, ttl_ms: int) -> None:
+        self._waits[card_id] = (worker_id, time.monotonic() + ttl_ms / 1000)
+
+    async def clear_wait(self, card_id: str) -> None:
+        self._waits.pop(card_id, None)
+
+    async def wait_owner(self, card_id: str) -> str | None:
+        item = self._waits.get(card_id)
+        if item is None or item[1] < time.monotonic():
+            return None
+        return item[0]
+
+    async def heartbeat(self, worker_id: str, ttl_ms: int) -> None:
+        self._beats[worker_id] = time.monotonic() + ttl_ms / 1000
+
+    async def enqueue(self, job: Job) -> str:
+        delivery = Delivery(str(next(self._ids)), job)
+        self._inbox.put_nowait(delivery)
+        return delivery.id
+
+    async def take(self, consumer: str, timeout: float) -> list[Delivery]:
+        try:
+            return [await asyncio.wait_for(self._inbox.get(), timeout)]
+        except TimeoutError:
+            return []
+
+    async def ack(self, delivery_id: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._subs.clear()

@@ -1,0 +1,253 @@
+"""The ``signoff`` command line. Every flag also has a ``SIGNOFF_*`` variable (``--help``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from runtime import config as cfg
+from runtime.app import App
+from runtime.errors import SignoffError
+
+ENV_HELP = "\n".join(f"  {var:<30} {name}" for name, var in cfg.env_names().items())
+
+
+def _demo_app(settings: cfg.Settings) -> App:
+    from examples.payments.app import build
+
+    return build((settings.tenant,))
+
+
+def _settings(args: argparse.Namespace) -> cfg.Settings:
+    overrides: dict[str, Any] = {}
+    for name in ("host", "port", "database_url", "redis_url", "worker_id", "data_dir"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    if getattr(args, "offline", False):
+        overrides["offline_model"] = True
+    return cfg.from_env(**overrides)
+
+
+async def _dev(args: argparse.Namespace) -> int:
+    from gateway.auth import Tokens
+    from runtime.node import dev_secret, embedded_urls, running, serve_gateway
+
+    t0 = time.monotonic()
+    settings = _settings(args)
+    settings, closers = embedded_urls(settings)
+    settings = settings.with_(secret=dev_secret(settings))
+    tokens = Tokens(settings.secret, settings.token_ttl_seconds)
+    try:
+        async with running(settings, _demo_app(settings)) as node:
+            token = tokens.issue("demo", settings.tenant)
+            started = asyncio.Event()
+            serve = asyncio.create_task(
+                serve_gateway(node, tokens, settings.host, settings.port, started)
+            )
+            await asyncio.wait(
+                [serve, asyncio.create_task(started.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+            if serve.done():
+                await serve
+                return 1
+            model = node.model.name if node.model else "-"
+            url = f"http://{settings.host}:{settings.port}"
+            print(
+                f"signoff dev ready in {time.monotonic() - t0:.2f}s\n"
+                f"  chat:     {url}/#token={token}\n"
+                f"  api:      {url}/v1   (Authorization: Bearer <token>)\n"
+                f"  token:    {token}\n"
+                f"  model:    {model}\n"
+                f"  database: {settings.database_url}\n"
+                f"  bus:      {'redis ' + settings.redis_url if settings.redis_url else 'in-process'}",
+                flush=True,
+            )
+            await serve
+    finally:
+        for closer in closers:
+            closer.stop()
+    return 0
+
+
+async def _gateway(args: argparse.Namespace) -> int:
+    from gateway.auth import Tokens
+    from runtime.node import running, serve_gateway
+
+    settings = _settings(args)
+    tokens = Tokens(settings.secret, settings.token_ttl_seconds)
+    async with running(settings, _demo_app(settings), worker=False) as node:
+        await serve_gateway(node, tokens, settings.host, settings.port)
+    return 0
+
+
+async def _worker(args: argparse.Namespace) -> int:
+    from runtime.node import running
+
+    settings = _settings(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running(settings, _demo_app(settings), gateway=False):
+        print(f"signoff worker {settings.worker_id} running", flush=True)
+        await stop.wait()
+    return 0
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    from store.postgres import PostgresStore
+
+    settings = _settings(args)
+    if settings.database_url is None:
+        print("set SIGNOFF_DATABASE_URL or --database-url", file=sys.stderr)
+        return 2
+    store = await PostgresStore.connect(settings.database_url)
+    try:
+        applied = await store.migrate()
+    finally:
+        await store.close()
+    print("applied: " + (", ".join(applied) if applied else "nothing (up to date)"))
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from gateway.auth import Tokens
+    from runtime.node import dev_secret
+
+    settings = _settings(args)
+    secret = settings.secret or dev_secret(settings)
+    tokens = Tokens(secret, settings.token_ttl_seconds)
+    print(tokens.issue(args.user, args.tenant or settings.tenant, args.role, args.ttl))
+    return 0
+
+
+async def _cards(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from store.postgres import PostgresStore
+
+    settings = _settings(args)
+    if settings.database_url is None:
+        print("set SIGNOFF_DATABASE_URL or --database-url", file=sys.stderr)
+        return 2
+    store = await PostgresStore.connect(settings.database_url)
+    try:
+        if args.action == "list":
+            for card in await store.list_cards(args.status, None, args.limit):
+                flag = " RECONCILE" if card.needs_reconciliation else ""
+                print(f"{card.id}  {card.status:<11} {card.owner:<12} {card.summary}{flag}")
+        elif args.action == "show":
+            card = await store.get_card(args.card_id)
+            events = await store.card_events(args.card_id)
+            print(
+                json.dumps(
+                    {"card": card.public(), "events": msgspec.to_builtins(events)},
+                    indent=2,
+                    ensure_ascii=False,
+                    default=str,
+                )
+            )
+        elif args.action == "reconcile":
+            card = await store.set_reconciled(args.card_id, "operator", args.note)
+            print(f"{card.id} reconciled: {args.note}")
+    finally:
+        await store.close()
+    return 0
+
+
+def _check_policy(args: argparse.Namespace) -> int:
+    app = _demo_app(_settings(args))
+    missing = app.policy.unruled_writes(app.tools)
+    if missing:
+        print("write tools without an explicit policy rule (they default to ASK):")
+        for name in missing:
+            print(f"  {name}")
+        return 1
+    print("every write tool has an explicit policy rule")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="signoff",
+        description="Human-in-the-loop runtime for AI agents.",
+        epilog="environment variables:\n" + ENV_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--database-url", help="Postgres URL (SIGNOFF_DATABASE_URL)")
+        sp.add_argument("--redis-url", help="Redis URL (SIGNOFF_REDIS_URL)")
+        sp.add_argument("--data-dir", help="local data folder (SIGNOFF_DATA_DIR, .signoff)")
+
+    dev = sub.add_parser("dev", help="gateway + worker + demo app in one process, embedded servers")
+    common(dev)
+    dev.add_argument("--host", help="bind address (SIGNOFF_HOST, 127.0.0.1)")
+    dev.add_argument("--port", type=int, help="port (SIGNOFF_PORT, 8000)")
+    dev.add_argument("--offline", action="store_true", help="use the offline demo model")
+    gw = sub.add_parser("gateway", help="serve WebSocket and HTTP (needs Postgres and Redis)")
+    common(gw)
+    gw.add_argument("--host")
+    gw.add_argument("--port", type=int)
+    wk = sub.add_parser("worker", help="run agent turns (needs Postgres and Redis)")
+    common(wk)
+    wk.add_argument("--worker-id", help="stable worker id (SIGNOFF_WORKER_ID)")
+    wk.add_argument("--offline", action="store_true")
+    mg = sub.add_parser("migrate", help="apply SQL migrations")
+    common(mg)
+    tk = sub.add_parser("token", help="print a signed bearer token for development")
+    common(tk)
+    tk.add_argument("--user", required=True)
+    tk.add_argument("--tenant")
+    tk.add_argument("--role", default="user")
+    tk.add_argument("--ttl", type=int, default=None, help="seconds")
+    cd = sub.add_parser("cards", help="list, show or reconcile cards")
+    common(cd)
+    cd.add_argument("action", choices=["list", "show", "reconcile"])
+    cd.add_argument("card_id", nargs="?")
+    cd.add_argument("--status")
+    cd.add_argument("--limit", type=int, default=50)
+    cd.add_argument("--note", default="checked with the provider")
+    cp = sub.add_parser("check-policy", help="list write tools without an explicit policy rule")
+    common(cp)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        if args.command == "token":
+            return _token(args)
+        if args.command == "check-policy":
+            return _check_policy(args)
+        if args.command in ("cards",) and args.action in ("show", "reconcile") and not args.card_id:
+            print("card_id is required", file=sys.stderr)
+            return 2
+        runner = {
+            "dev": _dev,
+            "gateway": _gateway,
+            "worker": _worker,
+            "migrate": _migrate,
+            "cards": _cards,
+        }[args.command]
+        with contextlib.suppress(KeyboardInterrupt):
+            return asyncio.run(runner(args))
+        return 130
+    except SignoffError as exc:
+        print(f"signoff: {exc.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

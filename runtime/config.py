@@ -1,0 +1,101 @@
+"""Settings: one frozen struct, built once from ``SIGNOFF_*`` env vars and flags.
+
+Library code receives a :class:`Settings`; only :func:`from_env` reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from runtime.errors import ConfigError
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    database_url: str | None = None  # None: `signoff dev` starts an embedded Postgres
+    redis_url: str | None = None  # None: the in-process bus (single process only)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: str = ".signoff"
+    secret: str = ""  # token signing key; `signoff dev` makes and keeps one in data_dir
+    token_ttl_seconds: int = 12 * 3600
+    allowed_origins: tuple[str, ...] = ()
+    anthropic_api_key: str | None = None
+    anthropic_base_url: str | None = None
+    model: str = "claude-sonnet-4-5"
+    offline_model: bool = False
+    worker_id: str = ""
+    lease_seconds: float = 10.0
+    poll_seconds: float = 5.0
+    sweep_seconds: float = 2.0
+    stuck_after_seconds: float = 300.0
+    wait_grace_ms: int = 30_000
+    key_prefix: str = "so:"
+    tenant: str = "demo"
+    max_ws_message_bytes: int = 64 * 1024
+    pool_size: int = 10
+
+    def with_(self, **changes: Any) -> Settings:
+        return msgspec.structs.replace(self, **changes)
+
+
+_ENV: dict[str, str] = {
+    "database_url": "SIGNOFF_DATABASE_URL",
+    "redis_url": "SIGNOFF_REDIS_URL",
+    "host": "SIGNOFF_HOST",
+    "port": "SIGNOFF_PORT",
+    "data_dir": "SIGNOFF_DATA_DIR",
+    "secret": "SIGNOFF_SECRET",
+    "token_ttl_seconds": "SIGNOFF_TOKEN_TTL_SECONDS",
+    "allowed_origins": "SIGNOFF_ALLOWED_ORIGINS",
+    "anthropic_api_key": "ANTHROPIC_API_KEY",
+    "anthropic_base_url": "SIGNOFF_ANTHROPIC_BASE_URL",
+    "model": "SIGNOFF_MODEL",
+    "offline_model": "SIGNOFF_OFFLINE_MODEL",
+    "worker_id": "SIGNOFF_WORKER_ID",
+    "lease_seconds": "SIGNOFF_LEASE_SECONDS",
+    "poll_seconds": "SIGNOFF_POLL_SECONDS",
+    "sweep_seconds": "SIGNOFF_SWEEP_SECONDS",
+    "stuck_after_seconds": "SIGNOFF_STUCK_AFTER_SECONDS",
+    "wait_grace_ms": "SIGNOFF_WAIT_GRACE_MS",
+    "key_prefix": "SIGNOFF_KEY_PREFIX",
+    "tenant": "SIGNOFF_TENANT",
+    "pool_size": "SIGNOFF_POOL_SIZE",
+}
+
+
+def env_names() -> dict[str, str]:
+    """Setting name -> environment variable (for --help and the README)."""
+    return dict(_ENV)
+
+
+def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build settings from the environment, then apply explicit overrides (CLI flags)."""
+    source = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    for name, var in _ENV.items():
+        if var in source and source[var] != "":
+            value: Any = source[var]
+            if name == "allowed_origins":
+                value = tuple(o.strip() for o in value.split(",") if o.strip())
+            elif name == "offline_model":
+                value = value.lower() in ("1", "true", "yes")
+            raw[name] = value
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        settings = msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad setting: {exc}") from exc
+    if not settings.worker_id:
+        settings = settings.with_(worker_id=f"w-{os.getpid()}-{secrets.token_hex(3)}")
+    return settings
+
+
+def data_path(settings: Settings) -> Path:
+    return Path(settings.data_dir).resolve()

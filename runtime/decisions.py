@@ -1,0 +1,180 @@
+"""The decision path, as the gateway calls it: approve, reject, edit, batch.
+
+Write to Postgres first (one conditional update with its audit row), then
+publish to the worker holding the run (I6). Every refusal is a typed error
+raised before anything changes (I9).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from runtime.bus import Bus
+from runtime.canonical import request_key, snapshot_hash
+from runtime.cards import Card, Decision, Status
+from runtime.errors import (
+    AlreadyDecided,
+    Forbidden,
+    InvalidInput,
+    NotOwner,
+    SignoffError,
+    ToolValidationError,
+)
+from runtime.keys import Keys
+from runtime.notify import notify_card
+from runtime.policy import Policy, Verdict
+from runtime.tools import Registry, ToolContext
+from store.postgres import NewCard, PostgresStore
+
+MAX_REASON = 2000
+
+
+class Resolution(msgspec.Struct, frozen=True, kw_only=True):
+    """A person's decision as it arrives (HTTP body, WS message, channel button)."""
+
+    decision: Decision
+    snapshot_hash: str
+    reason: str | None = None
+    edits: dict[str, Any] | None = None
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    card: dict[str, Any]
+    new_card: dict[str, Any] | None = None
+
+
+class Decisions:
+    def __init__(
+        self,
+        *,
+        store: PostgresStore,
+        bus: Bus,
+        tools: Registry,
+        policy: Policy,
+        keys: Keys,
+        services: Any = None,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.tools = tools
+        self.policy = policy
+        self.keys = keys
+        self.services = services
+        # card id -> time.time_ns() when the decision request was received (bench)
+        self.received_at: dict[str, int] = {}
+
+    async def resolve(
+        self, card_id: str, res: Resolution, *, principal: str, channel: str
+    ) -> Outcome:
+        received = time.time_ns()
+        if res.reason is not None and len(res.reason) > MAX_REASON:
+            raise InvalidInput(f"reason longer than {MAX_REASON} characters")
+        if res.decision is Decision.EDIT:
+            old, new = await self._edit(card_id, res, principal=principal, channel=channel)
+            await notify_card(self.store, self.bus, self.keys, old, received)
+            return Outcome(card=old.public(), new_card=new.public())
+        if res.edits:
+            raise InvalidInput("edits are only accepted with decision 'edit'")
+        card = await self.store.decide(
+            card_id,
+            principal=principal,
+            decision=res.decision,
+            snapshot_hash=res.snapshot_hash,
+            channel=channel,
+            reason=res.reason,
+        )
+        await notify_card(self.store, self.bus, self.keys, card, received)
+        return Outcome(card=card.public())
+
+    async def _edit(
+        self, card_id: str, res: Resolution, *, principal: str, channel: str
+    ) -> tuple[Card, Card]:
+        edits = res.edits or {}
+        if not edits:
+            raise InvalidInput("an edit needs at least one field in 'edits'")
+        card = await self.store.get_card(card_id)
+        if card.owner != principal:
+            raise NotOwner("only the card's owner can decide it", card_id=card_id)
+        if card.status is not Status.PENDING:
+            raise AlreadyDecided(
+                f"card already {card.status}",
+                card_id=card_id,
+                status=str(card.status),
+                card=card.public(),
+            )
+        outside = sorted(set(edits) - set(card.editable))
+        if outside:
+            raise InvalidInput(
+                f"fields not editable on this card: {', '.join(outside)}",
+                editable=card.editable,
+            )
+        tool = self.tools.get(card.tool)
+        if tool is None:
+            raise InvalidInput(f"tool {card.tool} is no longer available")
+        raw = {**await self.store.card_input(card_id), **edits}
+        run = await self.store.get_run(card.run_id)
+        ctx = ToolContext(
+            tenant=card.tenant,
+            user=principal,
+            role=run.role,
+            thread_id=card.thread_id,
+            run_id=card.run_id,
+            services=self.services,
+        )
+        try:
+            prepared = await tool.prepare(tool.parse(raw), ctx)
+        except ToolValidationError as exc:
+            raise InvalidInput(exc.message) from exc
+        verdict = self.policy.evaluate(tool, prepared.args, tenant=card.tenant, role=run.role)
+        if verdict.verdict is Verdict.DENY:
+            raise Forbidden(f"policy denies the edited action: {verdict.reason}")
+        impact = {"risk": str(tool.risk), **prepared.impact}
+        new = NewCard(
+            thread_id=card.thread_id,
+            run_id=card.run_id,
+            tenant=card.tenant,
+            owner=card.owner,
+            tool=card.tool,
+            tool_use_id=card.tool_use_id,
+            risk=str(tool.risk),
+            input=msgspec.to_builtins(tool.parse(raw)),
+            args_snapshot=prepared.args,
+            summary=prepared.summary,
+            impact=impact,
+            snapshot_hash=snapshot_hash(tool.name, prepared.args, prepared.summary, impact),
+            request_key=request_key(card.run_id, tool.name, prepared.args, tool.set_fields),
+            editable=sorted(tool.editable),
+            ttl_seconds=tool.ttl.total_seconds(),
+        )
+        return await self.store.edit(
+            card_id,
+            principal=principal,
+            snapshot_hash=res.snapshot_hash,
+            channel=channel,
+            edits=edits,
+            new=new,
+        )
+
+    async def resolve_batch(
+        self, run_id: str, items: list[tuple[str, Resolution]], *, principal: str, channel: str
+    ) -> list[dict[str, Any]]:
+        """Several decisions for one run's cards; each succeeds or fails on its own."""
+        run = await self.store.get_run(run_id)
+        if run.owner != principal:
+            raise NotOwner("only the run's owner can decide its cards", run_id=run_id)
+        out: list[dict[str, Any]] = []
+        for card_id, res in items:
+            try:
+                card = await self.store.get_card(card_id)
+                if card.run_id != run_id:
+                    raise InvalidInput(f"card {card_id} does not belong to run {run_id}")
+                outcome = await self.resolve(card_id, res, principal=principal, channel=channel)
+                out.append({"card_id": card_id, "ok": True, **msgspec.to_builtins(outcome)})
+            except SignoffError as exc:
+                out.append(
+                    {"card_id": card_id, "ok": False, "error": exc.code, "message": exc.message}
+                )
+        return out

@@ -1,0 +1,31 @@
+"""Every Redis key and channel name, in one place (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "so:"
+
+    def wait(self, card_id: str) -> str:
+        """Owning worker of a parked card; PX = time left on the card + grace."""
+        return f"{self.prefix}wait:{card_id}"
+
+    def worker(self, worker_id: str) -> str:
+        """Heartbeat key, PX = 3 intervals."""
+        return f"{self.prefix}worker:{worker_id}"
+
+    def worker_channel(self, worker_id: str) -> str:
+        """Pub/sub channel a worker listens on (decisions, interjections)."""
+        return f"{self.prefix}w:{worker_id}"
+
+    def thread_channel(self, thread_id: str) -> str:
+        """Pub/sub channel of a thread's events, for gateways holding sockets."""
+        return f"{self.prefix}t:{thread_id}"
+
+    @property
+    def inbox(self) -> str:
+        """Stream of user messages to run (consumer group ``workers``)."""
+        return f"{self.prefix}inbox"

@@ -1,0 +1,534 @@
+"""A local fake of the Anthropic Messages API, for tests and offline demos.
+
+It is a real HTTP server (Starlette served by uvicorn on 127.0.0.1), so the
+real ``anthropic`` SDK talks to it through ``base_url`` exactly as it talks to
+the hosted API: same headers, same JSON, same server-sent events.
+
+``POST /v1/messages`` answers with scripted replies, in order. With
+``"stream": true`` it sends the SSE sequence the SDK's ``messages.stream()``
+accumulates: ``message_start``, per block ``content_block_start`` /
+``content_block_delta`` (``text_delta``, ``input_json_delta``, ``thinking_delta``)
+/ ``content_block_stop``, then ``message_delta`` (with ``stop_reason``) and
+``message_stop``.
+
+Every JSON body received is kept in :attr:`FakeMessagesServer.requests` (and its
+headers in :attr:`FakeMessagesServer.request_headers`) so a test can assert the
+tool list and conversation that were sent.
+
+Errors use the API's shape, ``{"type": "error", "error": {"type", "message"}}``:
+400 ``invalid_request_error`` for a malformed request, 401
+``authentication_error`` without credentials, 500 ``api_error`` (with
+``x-should-retry: false`` so the SDK does not retry) when the script is
+exhausted and there is no responder.
+
+CLI::
+
+    python -m runtime.models.fake_server --port 8765 --script replies.json
+
+where ``replies.json`` is a list of ``{"content": [...], "stop_reason": "..."}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+__all__ = ["FakeMessagesServer", "ScriptedReply", "text", "thinking", "tool_use"]
+
+Block = dict[str, Any]
+Responder = Callable[[dict[str, Any]], "ScriptedReply"]
+
+STOP_REASONS = frozenset(
+    {
+        "end_turn",
+        "max_tokens",
+        "stop_sequence",
+        "tool_use",
+        "pause_turn",
+        "refusal",
+        "model_context_window_exceeded",
+    }
+)
+
+# Request-side fields the API accepts on the block types it knows; anything else
+# on these blocks is rejected as the real API does ("Extra inputs are not permitted").
+_BLOCK_FIELDS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text", "cache_control", "citations"}),
+    "tool_use": frozenset({"type", "id", "name", "input", "cache_control", "caller"}),
+    "tool_result": frozenset({"type", "tool_use_id", "content", "is_error", "cache_control"}),
+    "thinking": frozenset({"type", "thinking", "signature"}),
+    "redacted_thinking": frozenset({"type", "data"}),
+}
+
+_JSON_CHUNK = 12  # characters of tool input JSON per input_json_delta
+
+
+class ScriptedReply(msgspec.Struct):
+    """One assistant message the server will answer with."""
+
+    content: list[dict[str, Any]]
+    stop_reason: str = "end_turn"
+
+
+def text(s: str) -> Block:
+    """A ``text`` content block."""
+    return {"type": "text", "text": s}
+
+
+def tool_use(name: str, input: dict[str, Any], id: str | None = None) -> Block:
+    """A ``tool_use`` content block; the id defaults to a fresh ``toolu_<hex>``."""
+    return {
+        "type": "tool_use",
+        "id": id or f"toolu_{secrets.token_hex(12)}",
+        "name": name,
+        "input": input,
+    }
+
+
+def thinking(s: str, signature: str = "sig") -> Block:
+    """A ``thinking`` content block (streamed as thinking_delta + signature_delta)."""
+    return {"type": "thinking", "thinking": s, "signature": signature}
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.kind = kind
+
+
+def _error(status: int, kind: str, message: str, *, retry: bool | None = None) -> JSONResponse:
+    headers = {"request-id": f"req_{secrets.token_hex(12)}"}
+    if retry is not None:
+        headers["x-should-retry"] = "true" if retry else "false"
+    return JSONResponse(
+        {"type": "error", "error": {"type": kind, "message": message}},
+        status_code=status,
+        headers=headers,
+    )
+
+
+def _validate_content_block(block: Any, where: str) -> None:
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise _BadRequest(f"{where}: content block must be an object with a string 'type'")
+    kind = block["type"]
+    allowed = _BLOCK_FIELDS.get(kind)
+    if allowed is None:
+        return  # image, document, ...: accepted as-is
+    extra = sorted(set(block) - allowed)
+    if extra:
+        raise _BadRequest(f"{where}.{extra[0]}: Extra inputs are not permitted")
+    if kind == "text" and not isinstance(block.get("text"), str):
+        raise _BadRequest(f"{where}.text: Field required")
+    if kind == "tool_use":
+        if not isinstance(block.get("id"), str) or not block["id"]:
+            raise _BadRequest(f"{where}.id: Field required")
+        if not isinstance(block.get("name"), str) or not block["name"]:
+            raise _BadRequest(f"{where}.name: Field required")
+        if not isinstance(block.get("input"), dict):
+            raise _BadRequest(f"{where}.input: Input should be a valid dictionary")
+    if kind == "tool_result":
+        if not isinstance(block.get("tool_use_id"), str):
+            raise _BadRequest(f"{where}.tool_use_id: Field required")
+        content = block.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise _BadRequest(f"{where}.content: Input should be a valid string or list")
+        if isinstance(content, list):
+            for j, inner in enumerate(content):
+                _validate_content_block(inner, f"{where}.content.{j}")
+
+
+def _validate(body: Any) -> None:
+    """Reject what the real API rejects, as far as this fake needs to care."""
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise _BadRequest("model: Field required")
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise _BadRequest("max_tokens: Field required (a positive integer)")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise _BadRequest("stream: Input should be a valid boolean")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise _BadRequest("system: Input should be a valid string or list")
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _BadRequest("tools: Input should be a valid list")
+        names: set[str] = set()
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                raise _BadRequest(f"tools.{i}.name: Field required")
+            if tool["name"] in names:
+                raise _BadRequest(f"tools: Tool names must be unique ({tool['name']!r})")
+            names.add(tool["name"])
+            if "type" not in tool and not isinstance(tool.get("input_schema"), dict):
+                raise _BadRequest(f"tools.{i}.input_schema: Field required")
+
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("messages: at least one message is required")
+    pending: set[str] = set()  # tool_use ids the previous assistant turn left open
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _BadRequest(f"messages.{i}: Input should be a valid dictionary")
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            raise _BadRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        content = message.get("content")
+        if isinstance(content, str):
+            blocks: list[Any] = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            blocks = content
+        else:
+            raise _BadRequest(f"messages.{i}.content: Input should be a valid string or list")
+        for j, block in enumerate(blocks):
+            _validate_content_block(block, f"messages.{i}.content.{j}")
+        results = {b["tool_use_id"] for b in blocks if b["type"] == "tool_result"}
+        if role == "assistant" and results:
+            raise _BadRequest(f"messages.{i}: tool_result blocks are only allowed in user messages")
+        if pending:
+            missing = pending - results
+            if role != "user" or missing:
+                raise _BadRequest(
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(sorted(missing or pending))}. Each "
+                    "`tool_use` block must have a corresponding `tool_result` block in the "
+                    "next message."
+                )
+        unknown = results - pending
+        if unknown:
+            raise _BadRequest(
+                f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` "
+                f"blocks: {', '.join(sorted(unknown))}. Each `tool_result` block must have a "
+                "corresponding `tool_use` block in the previous message."
+            )
+        pending = (
+            {b["id"] for b in blocks if b["type"] == "tool_use"} if role == "assistant" else set()
+        )
+
+
+def _validate_reply(reply: ScriptedReply) -> None:
+    if reply.stop_reason not in STOP_REASONS:
+        raise ValueError(f"unknown stop_reason {reply.stop_reason!r}")
+    for block in reply.content:
+        _validate_content_block(block, "reply.content")
+
+
+def _estimate_tokens(value: Any) -> int:
+    return max(1, len(json.dumps(value, separators=(",", ":"))) // 4)
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _text_chunks(s: str) -> list[str]:
+    """Split text the way a model streams it: word-ish pieces, whitespace kept."""
+    return re.findall(r"\s*\S+\s*|\s+", s) or [""]
+
+
+class FakeMessagesServer:
+    """A scripted Messages API on a free 127.0.0.1 port, in a background thread."""
+
+    def __init__(
+        self,
+        script: Sequence[ScriptedReply] | None = None,
+        responder: Responder | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._script: list[ScriptedReply] = []
+        self._lock = threading.Lock()
+        self.responder = responder
+        self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []
+        self._host = host
+        self._port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self.base_url = ""
+        if script:
+            self.add(*script)
+        self.app = Starlette(
+            routes=[Route("/v1/messages", self._messages, methods=["POST"])],
+            exception_handlers={HTTPException: self._http_error},
+        )
+
+    # -- script ------------------------------------------------------------
+
+    def add(self, *replies: ScriptedReply) -> None:
+        """Append replies to the script."""
+        for reply in replies:
+            _validate_reply(reply)
+        with self._lock:
+            self._script.extend(replies)
+
+    @property
+    def remaining(self) -> int:
+        """How many scripted replies have not been served yet."""
+        with self._lock:
+            return len(self._script)
+
+    def _next_reply(self, body: dict[str, Any]) -> ScriptedReply | None:
+        with self._lock:
+            if self._script:
+                return self._script.pop(0)
+        if self.responder is not None:
+            reply = self.responder(body)
+            _validate_reply(reply)
+            return reply
+        return None
+
+    # -- HTTP --------------------------------------------------------------
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, kind, f"{request.method} {request.url.path}: {exc.detail}")
+
+    async def _messages(self, request: Request) -> Response:
+        api_key = request.headers.get("x-api-key")
+        authorization = request.headers.get("authorization", "")
+        bearer = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+        if not api_key and not bearer:
+            return _error(
+                401, "authentication_error", "x-api-key or Authorization: Bearer header required"
+            )
+        if not request.headers.get("anthropic-version"):
+            return _error(400, "invalid_request_error", "anthropic-version: header is required")
+
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            return _error(400, "invalid_request_error", f"request body is not valid JSON: {exc}")
+        if isinstance(body, dict):
+            with self._lock:
+                self.requests.append(body)
+                self.request_headers.append(dict(request.headers))
+        try:
+            _validate(body)
+        except _BadRequest as exc:
+            return _error(exc.status, exc.kind, exc.message)
+
+        try:
+            reply = self._next_reply(body)
+        except Exception as exc:
+            return _error(500, "api_error", f"responder failed: {exc!r}", retry=False)
+        if reply is None:
+            return _error(
+                500,
+                "api_error",
+                f"fake server script exhausted after {len(self.requests)} request(s)",
+                retry=False,
+            )
+
+        message_id = f"msg_{secrets.token_hex(12)}"
+        usage = {
+            "input_tokens": _estimate_tokens(body["messages"]),
+            "output_tokens": _estimate_tokens(reply.content),
+        }
+        headers = {"request-id": f"req_{secrets.token_hex(12)}"}
+        if body.get("stream"):
+            return StreamingResponse(
+                self._events(message_id, body["model"], reply, usage),
+                media_type="text/event-stream",
+                headers={**headers, "cache-control": "no-cache"},
+            )
+        return JSONResponse(
+            {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": body["model"],
+                "content": reply.content,
+                "stop_reason": reply.stop_reason,
+                "stop_sequence": None,
+                "usage": usage,
+            },
+            headers=headers,
+        )
+
+    async def _events(
+        self, message_id: str, model: str, reply: ScriptedReply, usage: dict[str, int]
+    ) -> AsyncIterator[bytes]:
+        yield _sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 1},
+                },
+            },
+        )
+        yield _sse("ping", {"type": "ping"})
+        for index, block in enumerate(reply.content):
+            for event, data in _block_events(index, block):
+                yield _sse(event, data)
+        yield _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reply.stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+        )
+        yield _sse("message_stop", {"type": "message_stop"})
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def _config(self) -> uvicorn.Config:
+        return uvicorn.Config(
+            self.app,
+            host=self._host,
+            port=self._port,
+            loop="asyncio",
+            http="h11",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
+
+    def start(self) -> None:
+        """Serve in a background thread (its own event loop); returns once listening."""
+        if self._thread is not None:
+            raise RuntimeError("FakeMessagesServer already started")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self._host, self._port))
+        except OSError:
+            sock.close()
+            raise
+        host, port = sock.getsockname()[:2]
+        self._sock = sock
+        self.base_url = f"http://{host}:{port}"
+        server = uvicorn.Server(self._config())
+        self._server = server
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name="fake-messages-api", daemon=True
+        )
+        self._thread = thread
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("fake Messages API server did not start")
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread; safe to call twice."""
+        server, thread, sock = self._server, self._thread, self._sock
+        self._server = self._thread = self._sock = None
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(timeout=10)
+        if sock is not None:
+            sock.close()
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until interrupted (used by the CLI)."""
+        config = self._config()
+        self.base_url = f"http://{self._host}:{self._port}"
+        uvicorn.Server(config).run()
+
+    def __enter__(self) -> FakeMessagesServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _block_events(index: int, block: Block) -> list[tuple[str, dict[str, Any]]]:
+    """The SSE events for one content block: start, deltas, stop."""
+    kind = block["type"]
+    deltas: list[dict[str, Any]] = []
+    if kind == "text":
+        start: Block = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": c} for c in _text_chunks(block["text"])]
+    elif kind == "tool_use":
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        encoded = json.dumps(block["input"], separators=(",", ":"))
+        if encoded == "{}":
+            encoded = ""
+        pieces = [encoded[i : i + _JSON_CHUNK] for i in range(0, len(encoded), _JSON_CHUNK)]
+        deltas = [{"type": "input_json_delta", "partial_json": p} for p in ["", *pieces]]
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            *({"type": "thinking_delta", "thinking": c} for c in _text_chunks(block["thinking"])),
+            {"type": "signature_delta", "signature": block.get("signature", "")},
+        ]
+    else:
+        start = block  # sent whole, no deltas
+    events: list[tuple[str, dict[str, Any]]] = [
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": start},
+        )
+    ]
+    events += [
+        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+        for d in deltas
+    ]
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return events
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve a scripted fake Anthropic Messages API.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument(
+        "--script",
+        help="JSON file: a list of {content: [...], stop_reason} replies, served in order",
+    )
+    args = parser.parse_args(argv)
+    script: list[ScriptedReply] = []
+    if args.script:
+        with open(args.script, "rb") as fh:
+            script = msgspec.json.decode(fh.read(), type=list[ScriptedReply])
+    server = FakeMessagesServer(script, host=args.host, port=args.port)
+    print(f"fake Messages API on http://{args.host}:{args.port} ({len(script)} scripted replies)")
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Assemble a signoff process: store, bus, app, model, worker and/or gateway.
+
+``signoff dev`` runs all of it in one process on embedded servers;
+``signoff gateway`` and ``signoff worker`` run one role each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.app import App
+from runtime.bus import Bus
+from runtime.bus_memory import MemoryBus
+from runtime.config import Settings, data_path
+from runtime.decisions import Decisions
+from runtime.errors import ConfigError
+from runtime.keys import Keys
+from runtime.models.base import Model
+from runtime.worker import Worker
+from store.postgres import PostgresStore
+
+log = logging.getLogger("signoff")
+
+
+@dataclass
+class Node:
+    settings: Settings
+    store: PostgresStore
+    bus: Bus
+    app: App
+    model: Model | None
+    worker: Worker | None = None
+    decisions: Decisions | None = None
+    closers: list[Any] = field(default_factory=list)
+
+
+def dev_secret(settings: Settings) -> str:
+    """The dev signing key: SIGNOFF_SECRET, or one kept in the data folder."""
+    if settings.secret:
+        return settings.secret
+    path = data_path(settings) / "secret"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def pick_model(settings: Settings) -> Model:
+    """Claude when a key is configured; otherwise the clearly labelled offline demo model."""
+    if settings.offline_model or not (settings.anthropic_api_key or settings.anthropic_base_url):
+        from examples.payments.offline_model import OfflineDemoModel
+
+        return OfflineDemoModel()
+    from runtime.models.anthropic_model import AnthropicModel
+
+    return AnthropicModel.from_settings(
+        settings.anthropic_api_key, settings.anthropic_base_url, settings.model
+    )
+
+
+def embedded_urls(settings: Settings) -> tuple[Settings, list[Any]]:
+    """Start embedded Postgres (and Valkey, when a Redis URL is wanted) under the data folder."""
+    from store.embedded import start_postgres
+
+    root = data_path(settings)
+    closers: list[Any] = []
+    if settings.database_url is None:
+        pg = start_postgres(root / "embedded")
+        closers.append(pg)
+        settings = settings.with_(database_url=pg.url)
+    return settings, closers
+
+
+def make_bus(settings: Settings) -> Bus:
+    if settings.redis_url:
+        try:
+            from runtime.bus_redis import RedisBus  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise ConfigError("the Redis bus is not available in this build") from exc
+        bus: Bus = RedisBus.from_url(settings.redis_url, Keys(settings.key_prefix))
+        return bus
+    return MemoryBus()
+
+
+@asynccontextmanager
+async def running(
+    settings: Settings,
+    app: App,
+    *,
+    worker: bool = True,
+    gateway: bool = True,
+    model: Model | None = None,
+    migrate: bool = True,
+) -> AsyncIterator[Node]:
+    """Everything a process needs, started in order and stopped in reverse."""
+    if settings.database_url is None:
+        raise ConfigError("no database: set SIGNOFF_DATABASE_URL (or use `signoff dev`)")
+    if settings.redis_url is None and not (worker and gateway):
+        raise ConfigError("separate gateway and worker processes need SIGNOFF_REDIS_URL")
+    store = await PostgresStore.connect(settings.database_url, max_size=settings.pool_size)
+    bus = make_bus(settings)
+    node = Node(settings=settings, store=store, bus=bus, app=app, model=model)
+    try:
+        if migrate:
+            await store.migrate()
+        if app.setup is not None:
+            await app.setup(settings.database_url)
+        keys = Keys(settings.key_prefix)
+        if gateway:
+            node.decisions = Decisions(
+                store=store,
+                bus=bus,
+                tools=app.tools,
+                policy=app.policy,
+                keys=keys,
+                services=app.services,
+            )
+        if worker:
+            node.model = model or pick_model(settings)
+            node.worker = Worker(settings=settings, store=store, bus=bus, app=app, model=node.model)
+            await node.worker.start()
+        yield node
+    finally:
+        if node.worker is not None:
+            await node.worker.stop()
+        if app.teardown is not None:
+            with contextlib.suppress(Exception):
+                await app.teardown()
+        close = getattr(node.model, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+        await bus.close()
+        await store.close()
+
+
+async def serve_gateway(
+    node: Node, tokens: Any, host: str, port: int, started: asyncio.Event | None = None
+) -> None:
+    """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped."""
+    import uvicorn
+
+    from gateway.app import build_app
+
+    assert node.decisions is not None
+    app = build_app(
+        settings=node.settings,
+        store=node.store,
+        bus=node.bus,
+        decisions=node.decisions,
+        tokens=tokens,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ws="wsproto",
+        lifespan="off",
+        log_level="warning",
+        ws_per_message_deflate=False,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if started is not None:
+        started.set()
+    await task
+
+
+def data_dir_of(settings: Settings) -> Path:
+    return data_path(settings)

@@ -1,0 +1,45 @@
+"""Tell the owning worker and the thread's gateways that a card changed.
+
+Called only after the change is committed in Postgres (I6). A publish that
+nobody hears is fine: the worker's re-read on (re)subscribe and slow poll
+finds the decision in Postgres.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from runtime.bus import Bus
+from runtime.cards import Card
+from runtime.errors import SignoffError
+from runtime.keys import Keys
+from store.postgres import PostgresStore
+
+
+class CardSignal(msgspec.Struct, frozen=True):
+    card_id: str
+    status: str
+    at_ns: int = 0  # monotonic-free wall time of the decision, for latency measurement
+
+
+_enc = msgspec.json.Encoder()
+signal_decoder = msgspec.json.Decoder(CardSignal)
+
+
+async def notify_card(
+    store: PostgresStore, bus: Bus, keys: Keys, card: Card, at_ns: int = 0
+) -> int:
+    """Publish the change to the worker holding the run; returns how many heard it."""
+    owner = await bus.wait_owner(card.id)
+    if owner is None:
+        try:
+            owner = (await store.get_run(card.run_id)).worker_id
+        except SignoffError:
+            owner = None
+    heard = 0
+    if owner:
+        heard = await bus.publish(
+            keys.worker_channel(owner), _enc.encode(CardSignal(card.id, str(card.status), at_ns))
+        )
+    await bus.publish(keys.thread_channel(card.thread_id), b'{"seq":-1}')
+    return heard

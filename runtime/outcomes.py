@@ -1,0 +1,96 @@
+"""What the model is told about a card, written by code (pure).
+
+The model receives the true outcome as its ``tool_result``: the exact card
+text the person saw, who decided, and what happened. It never writes these.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runtime.cards import Card, Status
+
+
+def tool_result(
+    tool_use_id: str, content: str | dict[str, Any], *, error: bool = False
+) -> dict[str, Any]:
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}
+    if error:
+        block["is_error"] = True
+    return block
+
+
+def _changes(card: Card) -> str:
+    changes = (card.result or {}).get("changes") or []
+    parts = [
+        f"{c.get('field')}: approved {c.get('approved')!r}, now {c.get('current')!r}"
+        for c in changes
+    ]
+    return "; ".join(parts)
+
+
+def card_outcome(tool_use_id: str, card: Card) -> dict[str, Any]:
+    """The tool_result for a call that went through a confirmation card."""
+    shown = f"Confirmation card shown to the user: «{card.summary}»."
+    who = f" Decided by {card.decided_by} via {card.channel}." if card.decided_by else ""
+    status = card.status
+    if status is Status.EXECUTED:
+        return tool_result(
+            tool_use_id,
+            {"status": "executed", "card": shown + who, "result": card.result or {}},
+        )
+    if status is Status.REJECTED:
+        reason = f" Reason: {card.reason}" if card.reason else " No reason given."
+        return tool_result(
+            tool_use_id,
+            f"{shown}{who} The user REJECTED it; nothing was executed.{reason} "
+            "Do not propose the same action again in this turn.",
+            error=True,
+        )
+    if status is Status.EXPIRED:
+        return tool_result(
+            tool_use_id, f"{shown} It expired without a decision; nothing was executed.", error=True
+        )
+    if status is Status.SUPERSEDED:
+        return tool_result(
+            tool_use_id,
+            f"{shown} Superseded before a decision (a newer message arrived); nothing was executed.",
+            error=True,
+        )
+    if status is Status.INVALIDATED:
+        reason = (card.result or {}).get("reason", "the world changed")
+        changed = _changes(card)
+        return tool_result(
+            tool_use_id,
+            f"{shown}{who} Approved, but NOT executed: {reason}."
+            + (f" Approved vs current: {changed}." if changed else "")
+            + " Propose a fresh action with current values if it is still wanted.",
+            error=True,
+        )
+    if status is Status.FAILED:
+        return tool_result(
+            tool_use_id,
+            f"{shown}{who} Execution failed: {(card.result or {}).get('error', 'unknown error')}.",
+            error=True,
+        )
+    if status is Status.EXECUTING:
+        return tool_result(
+            tool_use_id,
+            f"{shown}{who} Execution started but its outcome is unknown; it is flagged for an "
+            "operator to reconcile. Do not retry it.",
+            error=True,
+        )
+    return tool_result(tool_use_id, f"{shown} Status: {status}.", error=True)
+
+
+def refused_again(tool_use_id: str, card: Card) -> dict[str, Any]:
+    """The same call, proposed again in a run after the person said no: no new card."""
+    reason = f" (reason: {card.reason})" if card.reason else ""
+    return tool_result(
+        tool_use_id,
+        f"Refused without asking again: the user already rejected this exact action in this turn"
+        f"{reason}. Nothing was executed.",
+        error=True,
+    )

@@ -1,0 +1,71 @@
+"""Plain records read from the store (threads, log entries, runs, audit rows)."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+
+class Thread(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    tenant: str
+    owner: str
+    last_seq: int
+    created_at: datetime
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of a thread's log. ``kind`` is what a WebSocket client sees as the event kind."""
+
+    thread_id: str
+    seq: int
+    run_id: str | None
+    kind: str
+    body: dict[str, Any]
+    created_at: datetime
+
+
+class RunStatus(enum.StrEnum):
+    RUNNING = "running"
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+
+
+ACTIVE_RUN = frozenset({RunStatus.RUNNING, RunStatus.WAITING})
+
+
+class Run(msgspec.Struct, frozen=True, kw_only=True):
+    """A run answers one user message, until the model ends its turn.
+
+    ``state`` holds what a continuation needs beyond the conversation:
+    ``results`` (tool_use_id -> finished tool_result block) and ``waiting``
+    (tool_use_id -> card id) for the calls that wait on a person.
+    """
+
+    id: str
+    thread_id: str
+    tenant: str
+    owner: str
+    role: str
+    status: RunStatus
+    worker_id: str | None
+    lease_until: datetime | None
+    state: dict[str, Any]
+    error: str | None
+
+
+class CardEvent(msgspec.Struct, frozen=True, kw_only=True):
+    id: int
+    card_id: str
+    from_status: str | None
+    to_status: str
+    actor: str
+    channel: str | None
+    hash_seen: str | None
+    at: datetime
+    detail: dict[str, Any]

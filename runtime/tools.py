@@ -1,0 +1,136 @@
+"""Tools: what the model may call, and how a write is frozen into a card.
+
+A tool declares its name, risk, a msgspec input type (its JSON schema becomes
+the Claude tool schema), and three steps: ``prepare`` (validate, resolve
+entities on the server, write the summary by template), ``revalidate`` (check
+the world again just before running) and ``execute`` (run the frozen args with
+the provider idempotency key). Read tools only implement ``execute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import msgspec
+
+from runtime.cards import Risk
+from runtime.errors import ConfigError, ToolValidationError
+
+
+class Prepared(msgspec.Struct, frozen=True):
+    """What ``prepare`` returns: the frozen args, the exact summary and the impact."""
+
+    args: dict[str, Any]
+    summary: str
+    impact: dict[str, Any]
+
+
+class Revalidation(msgspec.Struct, frozen=True):
+    """The outcome of ``revalidate``. ``changes`` lists field, approved value, current value."""
+
+    ok: bool
+    reason: str = ""
+    changes: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def passed(cls) -> Revalidation:
+        return cls(ok=True)
+
+    @classmethod
+    def changed(cls, reason: str, *changes: dict[str, Any]) -> Revalidation:
+        return cls(ok=False, reason=reason, changes=list(changes))
+
+
+class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Who is asking, for which thread. Tools resolve entities with it."""
+
+    tenant: str
+    user: str
+    role: str = "user"
+    thread_id: str = ""
+    run_id: str = ""
+    services: Any = None  # the app's own handles (e.g. a DB pool); opaque to signoff
+
+
+class Tool:
+    """Base class of every tool. Subclasses set the class attributes and override the steps."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    risk: ClassVar[Risk]
+    input_type: ClassVar[type[msgspec.Struct]]
+    editable: ClassVar[frozenset[str]] = frozenset()
+    set_fields: ClassVar[frozenset[str]] = frozenset()
+    ttl: ClassVar[timedelta] = timedelta(minutes=10)
+
+    @property
+    def is_write(self) -> bool:
+        return self.risk is not Risk.READ
+
+    def spec(self) -> dict[str, Any]:
+        """The tool as Claude sees it: name, description, JSON schema of the input."""
+        schema = msgspec.json.schema(self.input_type)
+        return {"name": self.name, "description": self.description, "input_schema": _inline(schema)}
+
+    def parse(self, raw: Mapping[str, Any]) -> msgspec.Struct:
+        """Turn the model's (or an editor's) raw input into the typed input, or raise."""
+        try:
+            return msgspec.convert(dict(raw), self.input_type, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ToolValidationError(f"invalid input for {self.name}: {exc}") from exc
+
+    async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
+        raise NotImplementedError
+
+    async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
+        return Revalidation.passed()
+
+    async def execute(
+        self, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """Resolve msgspec's ``$ref``/``$defs`` into one self-contained object schema."""
+    defs: dict[str, Any] = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref.removeprefix("#/$defs/")])
+            return {k: walk(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    out: dict[str, Any] = walk(schema)
+    out.pop("title", None)
+    return out
+
+
+class Registry:
+    """The tools of an app, by name."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ConfigError(f"tool {tool.name!r} registered twice")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __iter__(self) -> Any:
+        return iter(self._tools.values())
+
+    def specs(self) -> list[dict[str, Any]]:
+        """What the model is offered. There is, by construction, no approval tool here (I1)."""
+        return [t.spec() for t in self._tools.values()]

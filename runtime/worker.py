@@ -1,0 +1,258 @@
+"""The worker: consumes the inbox, runs turns, parks runs, resumes them.
+
+Parked runs are plain futures keyed by card id (``runtime.waits``), each
+registered as an expiring wait token on the bus. A decision reaches the worker
+on its channel; the slow poll and every (re)subscribe re-read Postgres, so a
+lost message costs latency, never a decision (I6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+from runtime.agent import Agent
+from runtime.app import App
+from runtime.bus import Bus, Delivery
+from runtime.cards import Card
+from runtime.config import Settings
+from runtime.errors import SignoffError
+from runtime.keys import Keys
+from runtime.models.base import Model
+from runtime.notify import notify_card, signal_decoder
+from runtime.records import Run, RunStatus
+from runtime.waits import WaitRegistry
+from store.postgres import PostgresStore
+
+log = logging.getLogger("signoff.worker")
+
+
+class Worker:
+    def __init__(
+        self, *, settings: Settings, store: PostgresStore, bus: Bus, app: App, model: Model
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.bus = bus
+        self.app = app
+        self.keys = Keys(settings.key_prefix)
+        self.worker_id = settings.worker_id
+        self.waits = WaitRegistry(on_ready=self._on_ready)
+        kwargs: dict[str, Any] = {}
+        if app.system:
+            kwargs["system"] = app.system
+        self.agent = Agent(
+            store=store,
+            bus=bus,
+            tools=app.tools,
+            policy=app.policy,
+            model=model,
+            worker_id=self.worker_id,
+            keys=self.keys,
+            services=app.services,
+            lease_seconds=settings.lease_seconds,
+            wait_grace_ms=settings.wait_grace_ms,
+            park=self._park,
+            unpark=self.waits.drop_run,
+            **kwargs,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[Any]] = []
+        self._subscribed = asyncio.Event()
+        self._draining = False
+        # card id -> time.time_ns() when the future resolved (decision latency, for the bench)
+        self.resolved_at: dict[str, int] = {}
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Subscribe first (and wait for it), then adopt runs, then take work."""
+        self._loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
+        await asyncio.wait_for(self._subscribed.wait(), 10)
+        await self.adopt()
+        for coro in (self._inbox_loop(), self._lease_loop(), self._poll_loop(), self._sweep_loop()):
+            self._loops.append(asyncio.create_task(coro))
+
+    async def stop(self, *, drain: bool = True) -> None:
+        """Stop taking work; finish in-flight steps; hand parked runs over (release leases)."""
+        self._draining = True
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._loops.clear()
+        if drain and self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+        for task in list(self._tasks):
+            task.cancel()
+        for card_id in self.waits.parked_cards():
+            with contextlib.suppress(Exception):
+                await self.bus.clear_wait(card_id)
+        self.waits.drop_all()
+        with contextlib.suppress(Exception):
+            await self.store.release_runs(self.worker_id)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def idle(self, timeout: float = 10.0) -> None:
+        """Wait until no step is in flight (tests and burst mode)."""
+        deadline = time.monotonic() + timeout
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.wait(list(self._tasks), timeout=deadline - time.monotonic())
+
+    # -- running turns -------------------------------------------------------------
+
+    async def run_message(
+        self, thread_id: str, text: str, *, user: str, role: str = "user", channel: str = "http"
+    ) -> Run | None:
+        try:
+            return await self.agent.start(thread_id, text, user=user, role=role, channel=channel)
+        except SignoffError as exc:
+            log.warning("message on thread %s failed: %s", thread_id, exc)
+            await self._fail_active(thread_id, exc)
+            return None
+
+    async def _fail_active(self, thread_id: str, exc: Exception) -> None:
+        with contextlib.suppress(Exception):
+            run = await self.store.active_run(thread_id)
+            if run is not None and run.status is RunStatus.RUNNING:
+                await self.agent._finish(run, RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
+
+    async def _handle(self, delivery: Delivery) -> None:
+        job = delivery.job
+        await self.run_message(
+            job.thread_id, job.text, user=job.user, role=job.role, channel=job.channel
+        )
+        await self.bus.ack(delivery.id)
+
+    async def _inbox_loop(self) -> None:
+        while not self._draining:
+            try:
+                deliveries = await self.bus.take(self.worker_id, 1.0)
+            except SignoffError as exc:
+                log.warning("inbox unavailable: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for delivery in deliveries:
+                self.spawn(self._handle(delivery))
+
+    # -- parking and waking ---------------------------------------------------------
+
+    async def _park(self, run: Run, pending: list[Card]) -> None:
+        now = datetime.now(UTC)
+        loop = asyncio.get_running_loop()
+        left = min((c.expires_at - now).total_seconds() for c in pending)
+        for card in pending:
+            ttl_ms = int(max((card.expires_at - now).total_seconds(), 0) * 1000)
+            await self.bus.set_wait(card.id, self.worker_id, ttl_ms + self.settings.wait_grace_ms)
+        self.waits.park(run.id, [c.id for c in pending], loop.time() + max(left, 0.25) + 0.05)
+        # A decision may have landed between the proposal and this registration.
+        await self._recheck([c.id for c in pending])
+
+    async def _recheck(self, card_ids: list[str]) -> None:
+        for card_id, status in (await self.store.decided_among(card_ids)).items():
+            self.waits.resolve(card_id, status)
+
+    def _on_ready(self, run_id: str) -> None:
+        self.spawn(self._wake(run_id))
+
+    async def _wake(self, run_id: str) -> None:
+        try:
+            for card in await self.store.cards_of_run(run_id):
+                if card.status == "pending" and card.expires_at <= datetime.now(UTC):
+                    expired = await self.store.expire(card.id)
+                    if expired is not None:
+                        await self.agent.hint(expired.thread_id, seq=-1)
+            run = await self.agent.continue_run(run_id)
+        except SignoffError as exc:
+            log.warning("continuing run %s failed: %s", run_id, exc)
+            return
+        if run is None or run.status is not RunStatus.WAITING:
+            self.waits.drop_run(run_id)
+
+    async def _listen(self) -> None:
+        """Own the subscription loop: re-subscribe after any drop and re-read Postgres."""
+        channel = self.keys.worker_channel(self.worker_id)
+        while True:
+            try:
+                async with self.bus.subscribe(channel) as sub:
+                    self._subscribed.set()
+                    await self._recheck(self.waits.parked_cards())
+                    async for raw in sub:
+                        try:
+                            signal = signal_decoder.decode(raw)
+                        except Exception:
+                            log.warning("ignored a malformed signal on %s", channel)
+                            continue
+                        if self.waits.resolve(signal.card_id, signal.status):
+                            self.resolved_at[signal.card_id] = time.time_ns()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("worker subscription dropped (%s); re-subscribing", exc)
+                await asyncio.sleep(0.2)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.poll_seconds)
+            with contextlib.suppress(SignoffError):
+                await self._recheck(self.waits.parked_cards())
+
+    # -- leases and adoption -------------------------------------------------------------
+
+    async def adopt(self) -> list[str]:
+        """Take over active runs whose lease lapsed and continue them from the store."""
+        runs = await self.store.adopt_runs(self.worker_id, self.settings.lease_seconds)
+        parked = set(self.waits.parked_runs())
+        adopted = []
+        for run in runs:
+            if run.id in parked:
+                continue
+            adopted.append(run.id)
+            self.spawn(self._wake(run.id))
+        return adopted
+
+    async def _lease_loop(self) -> None:
+        interval = max(self.settings.lease_seconds / 3, 0.2)
+        while True:
+            try:
+                await self.store.renew_leases(self.worker_id, self.settings.lease_seconds)
+                await self.bus.heartbeat(self.worker_id, int(interval * 3000))
+                await self.adopt()
+            except SignoffError as exc:
+                log.warning("lease renewal failed: %s", exc)
+            await asyncio.sleep(interval)
+
+    # -- sweeping ------------------------------------------------------------------------
+
+    async def sweep(self) -> tuple[list[Card], list[Card]]:
+        """Expire overdue pending cards (DB clock), flag stuck executions. Returns both lists."""
+        expired: list[Card] = []
+        for card_id in await self.store.overdue_card_ids():
+            card = await self.store.expire(card_id)
+            if card is not None:
+                expired.append(card)
+                if not self.waits.resolve(card.id, "expired"):
+                    await notify_card(self.store, self.bus, self.keys, card)
+                else:
+                    await self.agent.hint(card.thread_id, seq=-1)
+        stuck = await self.store.flag_stuck(self.settings.stuck_after_seconds)
+        for card in stuck:
+            log.error("card %s stuck in executing: flagged for reconciliation", card.id)
+        return expired, stuck
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_seconds)
+            with contextlib.suppress(SignoffError):
+                await self.sweep()

@@ -1,0 +1,119 @@
+-- signoff 0001: threads, conversation log, runs, cards, audit, operations, gates, deliveries.
+
+CREATE TABLE threads (
+    id          uuid PRIMARY KEY,
+    tenant      text NOT NULL,
+    owner       text NOT NULL,
+    last_seq    bigint NOT NULL DEFAULT 0,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- The thread log: conversation turns (user / assistant / tool_results) and the
+-- events clients see (card, card_update, run, error), one per-thread seq.
+CREATE TABLE messages (
+    thread_id   uuid NOT NULL REFERENCES threads (id) ON DELETE CASCADE,
+    seq         bigint NOT NULL,
+    run_id      uuid,
+    kind        text NOT NULL CHECK (kind IN
+                  ('user', 'assistant', 'tool_results', 'card', 'card_update', 'run', 'error')),
+    body        jsonb NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (thread_id, seq)
+);
+
+CREATE TABLE runs (
+    id           uuid PRIMARY KEY,
+    thread_id    uuid NOT NULL REFERENCES threads (id) ON DELETE CASCADE,
+    tenant       text NOT NULL,
+    owner        text NOT NULL,
+    role         text NOT NULL DEFAULT 'user',
+    status       text NOT NULL CHECK (status IN ('running', 'waiting', 'done', 'failed', 'superseded')),
+    worker_id    text,
+    lease_until  timestamptz,
+    state        jsonb NOT NULL DEFAULT '{}'::jsonb,
+    error        text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+-- At most one active run per thread, across every worker.
+CREATE UNIQUE INDEX runs_one_active_per_thread ON runs (thread_id)
+    WHERE status IN ('running', 'waiting');
+CREATE INDEX runs_lease ON runs (lease_until) WHERE status IN ('running', 'waiting');
+
+CREATE TABLE cards (
+    id                    uuid PRIMARY KEY,
+    thread_id             uuid NOT NULL REFERENCES threads (id) ON DELETE CASCADE,
+    run_id                uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    tenant                text NOT NULL,
+    owner                 text NOT NULL,
+    tool                  text NOT NULL,
+    tool_use_id           text NOT NULL DEFAULT '',
+    risk                  text NOT NULL CHECK (risk IN ('read', 'reversible', 'critical')),
+    input                 jsonb NOT NULL DEFAULT '{}'::jsonb,
+    args_snapshot         jsonb NOT NULL,
+    summary               text NOT NULL,
+    impact                jsonb NOT NULL,
+    snapshot_hash         text NOT NULL,
+    request_key           text NOT NULL UNIQUE,
+    operation_id          uuid NOT NULL UNIQUE,
+    editable              text[] NOT NULL DEFAULT '{}',
+    status                text NOT NULL CHECK (status IN
+                            ('pending', 'approved', 'rejected', 'expired', 'superseded', 'modified',
+                             'invalidated', 'executing', 'executed', 'failed')),
+    expires_at            timestamptz NOT NULL,
+    decided_at            timestamptz,
+    decided_by            text,
+    channel               text,
+    reason                text,
+    superseded_by         uuid REFERENCES cards (id),
+    result                jsonb,
+    executing_since       timestamptz,
+    needs_reconciliation  boolean NOT NULL DEFAULT false,
+    created_at            timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX cards_run ON cards (run_id);
+CREATE INDEX cards_pending_expiry ON cards (expires_at) WHERE status = 'pending';
+CREATE INDEX cards_thread_pending ON cards (thread_id) WHERE status = 'pending';
+
+CREATE TABLE card_events (
+    id           bigserial PRIMARY KEY,
+    card_id      uuid NOT NULL REFERENCES cards (id) ON DELETE CASCADE,
+    from_status  text,
+    to_status    text NOT NULL,
+    actor        text NOT NULL,
+    channel      text,
+    hash_seen    text,
+    at           timestamptz NOT NULL DEFAULT now(),
+    detail       jsonb NOT NULL DEFAULT '{}'::jsonb
+);
+CREATE INDEX card_events_card ON card_events (card_id, id);
+
+CREATE TABLE operations (
+    operation_id  uuid PRIMARY KEY,
+    card_id       uuid NOT NULL UNIQUE REFERENCES cards (id) ON DELETE CASCADE,
+    tool          text NOT NULL,
+    status        text NOT NULL CHECK (status IN ('started', 'succeeded', 'failed')),
+    result        jsonb,
+    started_at    timestamptz NOT NULL DEFAULT now(),
+    finished_at   timestamptz
+);
+
+CREATE TABLE interrupts (
+    id           uuid PRIMARY KEY,
+    run_id       uuid NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    name         text NOT NULL,
+    schema       jsonb NOT NULL DEFAULT '{}'::jsonb,
+    status       text NOT NULL CHECK (status IN ('waiting', 'resolved', 'expired')),
+    payload      jsonb,
+    resolved_by  text,
+    expires_at   timestamptz,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    resolved_at  timestamptz
+);
+
+CREATE TABLE deliveries (
+    channel      text NOT NULL,
+    message_id   text NOT NULL,
+    received_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (channel, message_id)
+);

