@@ -104,6 +104,9 @@ class Worker:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
     async def idle(self, timeout: float = 10.0) -> None:
         """Wait until no step is in flight (tests and burst mode)."""
         deadline = time.monotonic() + timeout

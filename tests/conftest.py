@@ -1,0 +1,82 @@
+"""Shared fixtures: a fresh Postgres database per test session on a real server.
+
+The server is the machine's Postgres (127.0.0.1:5432) or an embedded one
+(``tests/services.py``). Async tests use anyio's pytest plugin on asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from store.postgres import PostgresStore
+from tests import services
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+async def _create_db(server_url: str, name: str) -> None:
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+async def _drop_db(server_url: str, name: str) -> None:
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def fresh_database(prefix: str = "so_t") -> tuple[str, str]:
+    """Create an empty database on the test server; returns (url, name)."""
+    server = services.postgres_url()
+    name = f"{prefix}_{secrets.token_hex(5)}"
+    asyncio.run(_create_db(server, name))
+    return with_database(server, name), name
+
+
+def drop_database(name: str) -> None:
+    asyncio.run(_drop_db(services.postgres_url(), name))
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A migrated database shared by the session (tests use their own threads and users)."""
+    url, name = fresh_database()
+
+    async def migrate() -> None:
+        store = await PostgresStore.connect(url)
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    asyncio.run(migrate())
+    yield url
+    drop_database(name)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[PostgresStore]:
+    s = await PostgresStore.connect(database_url, max_size=20)
+    try:
+        yield s
+    finally:
+        await s.close()
