@@ -24,18 +24,20 @@ CREATE TABLE IF NOT EXISTS demo_accounts (
     balance   bigint NOT NULL
 );
 CREATE TABLE IF NOT EXISTS demo_sales (
-    id          text PRIMARY KEY,
+    id          text NOT NULL,
     tenant      text NOT NULL,
     customer_id text NOT NULL REFERENCES demo_customers (id),
     amount      bigint NOT NULL,
-    refunded    bigint NOT NULL DEFAULT 0
+    refunded    bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, id)
 );
 CREATE TABLE IF NOT EXISTS demo_appointments (
-    id          text PRIMARY KEY,
+    id          text NOT NULL,
     tenant      text NOT NULL,
     customer_id text NOT NULL REFERENCES demo_customers (id),
     at          text NOT NULL,
-    status      text NOT NULL DEFAULT 'scheduled'
+    status      text NOT NULL DEFAULT 'scheduled',
+    PRIMARY KEY (tenant, id)
 );
 CREATE TABLE IF NOT EXISTS demo_charges (
     id               bigserial PRIMARY KEY,
@@ -105,7 +107,7 @@ class Provider:
             for i, (cid, amount) in enumerate([("c-joao", 15000), ("c-maria", 8990)], start=1):
                 await conn.execute(
                     "INSERT INTO demo_sales (id, tenant, customer_id, amount) VALUES ($1, $2, $3, $4) "
-                    "ON CONFLICT (id) DO NOTHING",
+                    "ON CONFLICT (tenant, id) DO NOTHING",
                     f"V{i:03d}",
                     tenant,
                     f"{tenant}:{cid}",
@@ -116,7 +118,7 @@ class Provider:
             ):
                 await conn.execute(
                     "INSERT INTO demo_appointments (id, tenant, customer_id, at) "
-                    "VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+                    "VALUES ($1, $2, $3, $4) ON CONFLICT (tenant, id) DO NOTHING",
                     f"A{i:03d}",
                     tenant,
                     f"{tenant}:{cid}",
@@ -214,7 +216,10 @@ class Provider:
                     amount,
                 )
                 await conn.execute(
-                    "UPDATE demo_sales SET refunded = refunded + $2 WHERE id = $1", sale_id, amount
+                    "UPDATE demo_sales SET refunded = refunded + $3 WHERE tenant = $1 AND id = $2",
+                    tenant,
+                    sale_id,
+                    amount,
                 )
             else:
                 row = await conn.fetchrow(

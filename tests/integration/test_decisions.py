@@ -1,0 +1,201 @@
+"""Deciding cards: races, edits, revalidation, expiry (real Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime.cards import Decision, Status
+from runtime.errors import (
+    AlreadyDecided,
+    CardNotFound,
+    Expired,
+    Forbidden,
+    InvalidInput,
+    NotOwner,
+    StaleCard,
+)
+from runtime.models.base import ModelReply
+from tests.harness import Harness, harness
+
+pytestmark = pytest.mark.anyio
+
+
+class Scripted:
+    """A tiny in-process model for decision tests (the SDK path is covered elsewhere)."""
+
+    name = "scripted"
+
+    def __init__(self, *uses: dict[str, object]) -> None:
+        self.uses = list(uses)
+        self.calls = 0
+        self.seen: list[list[dict[str, object]]] = []
+
+    async def respond(self, *, system, messages, tools, on_text=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        self.seen.append(messages)
+        if self.calls == 1:
+            content = [
+                {"type": "tool_use", "id": f"toolu_{i}", "name": u["name"], "input": u["input"]}
+                for i, u in enumerate(self.uses)
+            ]
+            return ModelReply(content=content, stop_reason="tool_use")
+        return ModelReply(content=[{"type": "text", "text": "ok"}], stop_reason="end_turn")
+
+
+def pix(amount: str = "150", customer: str = "João") -> dict[str, object]:
+    return {"name": "create_pix_charge", "input": {"customer": customer, "amount": amount}}
+
+
+async def one_card(h: Harness, user: str = "alice"):  # type: ignore[no-untyped-def]
+    thread = await h.thread(user)
+    await h.say(thread, "cobre", user)
+    (card,) = await h.store.pending_cards(thread)
+    return card
+
+
+async def test_200_concurrent_approvals_one_winner(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix())) as h:
+        card = await one_card(h)
+        results = await asyncio.gather(
+            *(h.decide(card, Decision.APPROVE) for _ in range(200)), return_exceptions=True
+        )
+        await h.settle()
+        wins = [r for r in results if not isinstance(r, BaseException)]
+        losses = [r for r in results if isinstance(r, BaseException)]
+        assert len(wins) == 1
+        assert len(losses) == 199
+        assert all(isinstance(r, AlreadyDecided) for r in losses)
+        assert {r.detail["decided_by"] for r in losses if isinstance(r, AlreadyDecided)} == {"alice"}
+        events = await h.store.card_events(card.id)
+        assert [e.to_status for e in events] == [
+            "pending", "approved", "executing", "executed",
+        ]
+        assert events[1].actor == "alice" and events[1].hash_seen == card.snapshot_hash
+        assert await h.charges() == 1
+        ops = await h.store._pool.fetchval(
+            "SELECT count(*) FROM operations WHERE card_id = $1", card.id
+        )
+        assert ops == 1
+
+
+async def test_approve_reject_race_has_one_winner(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix())) as h:
+        card = await one_card(h)
+        results = await asyncio.gather(
+            *(h.decide(card, d) for d in [Decision.APPROVE, Decision.REJECT] * 50),
+            return_exceptions=True,
+        )
+        await h.settle()
+        assert sum(not isinstance(r, BaseException) for r in results) == 1
+        final = await h.store.get_card(card.id)
+        assert final.status in (Status.EXECUTED, Status.REJECTED)
+        assert await h.charges() == (1 if final.status is Status.EXECUTED else 0)
+
+
+async def test_refusals_are_typed_and_change_nothing(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix())) as h:
+        card = await one_card(h)
+        before = await h.store.card_events(card.id)
+        with pytest.raises(NotOwner):
+            await h.decide(card, Decision.APPROVE, user="mallory")
+        with pytest.raises(StaleCard):
+            await h.decide(card, Decision.APPROVE, snapshot_hash="0" * 64)
+        with pytest.raises(CardNotFound):
+            await h.decisions.resolve(
+                "00000000-0000-0000-0000-000000000000",
+                __import__("runtime.decisions", fromlist=["Resolution"]).Resolution(
+                    decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash
+                ),
+                principal="alice", channel="test",
+            )
+        assert (await h.store.get_card(card.id)).status is Status.PENDING
+        assert await h.store.card_events(card.id) == before
+        # expiry is the database's clock
+        await h.store._pool.execute(
+            "UPDATE cards SET expires_at = now() - interval '1 millisecond' WHERE id = $1", card.id
+        )
+        with pytest.raises(Expired):
+            await h.decide(card, Decision.APPROVE)
+        assert (await h.store.get_card(card.id)).status is Status.PENDING
+        await h.worker.sweep()
+        await h.settle()
+        assert (await h.store.get_card(card.id)).status is Status.EXPIRED
+        with pytest.raises(AlreadyDecided):
+            await h.decide(card, Decision.APPROVE)
+        assert await h.charges() == 0
+
+
+async def test_edit_outside_whitelist_refused_allowed_edit_links_new_card(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix("150"))) as h:
+        card = await one_card(h)
+        with pytest.raises(InvalidInput):
+            await h.decide(card, Decision.EDIT, edits={"customer": "Maria"})
+        with pytest.raises(InvalidInput):  # editable field, invalid value: prepare refuses
+            await h.decide(card, Decision.EDIT, edits={"amount": "-3"})
+        with pytest.raises(Forbidden):  # policy runs again: above the limit is DENY
+            await h.decide(card, Decision.EDIT, edits={"amount": "20000"})
+        assert (await h.store.get_card(card.id)).status is Status.PENDING
+
+        out = await h.decide(card, Decision.EDIT, edits={"amount": "200"})
+        await h.settle()
+        old = await h.store.get_card(card.id)
+        assert old.status is Status.MODIFIED
+        assert out.new_card is not None
+        new = await h.store.get_card(out.new_card["id"])
+        assert old.superseded_by == new.id
+        assert new.status is Status.PENDING
+        assert new.snapshot_hash != card.snapshot_hash
+        assert new.args_snapshot["amount_cents"] == 20000
+        assert "R$ 200,00" in new.summary
+        # the run now waits on the new card; approving it executes the edited amount
+        await h.decide(new, Decision.APPROVE)
+        await h.settle()
+        assert (await h.store.get_card(new.id)).status is Status.EXECUTED
+        amount = await h.provider.pool.fetchval(
+            "SELECT amount FROM demo_charges WHERE idempotency_key = $1", new.operation_id
+        )
+        assert amount == 20000
+        assert await h.charges() == 1
+
+
+async def test_revalidation_failure_invalidates_and_executes_nothing(database_url: str) -> None:
+    model = Scripted({"name": "refund_sale", "input": {"sale_id": "V001"}})
+    async with harness(database_url, model=model) as h:
+        card = await one_card(h)
+        await h.provider.set_balance(h.tenant, 100)  # the balance changed after the proposal
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        final = await h.store.get_card(card.id)
+        assert final.status is Status.INVALIDATED
+        assert final.result is not None
+        assert final.result["changes"] == [
+            {"field": "balance", "approved": "R$ 5.000,00", "current": "R$ 1,00"}
+        ]
+        refunds = await h.provider.pool.fetchval(
+            "SELECT count(*) FROM demo_refunds WHERE tenant = $1", h.tenant
+        )
+        assert refunds == 0
+        told = model.seen[-1][-1]["content"][0]
+        assert "NOT executed" in told["content"] and "R$ 1,00" in told["content"]
+
+
+async def test_batch_decisions(database_url: str) -> None:
+    from runtime.decisions import Resolution
+
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        thread = await h.thread("erin")
+        run = await h.say(thread, "duas cobranças", "erin")
+        assert run is not None
+        a, b = await h.store.pending_cards(thread)
+        results = await h.decisions.resolve_batch(
+            run.id,
+            [(a.id, Resolution(decision=Decision.APPROVE, snapshot_hash=a.snapshot_hash)),
+             (b.id, Resolution(decision=Decision.APPROVE, snapshot_hash="stale"))],
+            principal="erin", channel="test",
+        )
+        assert [r["ok"] for r in results] == [True, False]
+        assert results[1]["error"] == "stale_hash"
+        with pytest.raises(NotOwner):
+            await h.decisions.resolve_batch(run.id, [], principal="mallory", channel="test")
