@@ -8,7 +8,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from gateway.auth import Tokens
@@ -74,6 +75,8 @@ def build_app(
         Route("/readyz", readyz),
         Route("/openapi.json", openapi_json),
         WebSocketRoute("/v1/ws", ws),
+        # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
+        Mount("/static", StaticFiles(packages=[("gateway", "static")]), name="static"),
         *api.routes(),
         *(extra_routes or []),
     ]

@@ -78,8 +78,11 @@ class Worker:
         for coro in (self._inbox_loop(), self._lease_loop(), self._poll_loop(), self._sweep_loop()):
             self._loops.append(asyncio.create_task(coro))
 
-    async def stop(self, *, drain: bool = True) -> None:
-        """Stop taking work; finish in-flight steps; hand parked runs over (release leases)."""
+    async def stop(self, *, drain: bool = True, release: bool = True) -> None:
+        """Stop taking work; finish in-flight steps; hand parked runs over (release leases).
+
+        ``release=False`` leaves tokens and leases as they are, like a crash would.
+        """
         self._draining = True
         for task in self._loops:
             task.cancel()
@@ -91,10 +94,13 @@ class Worker:
             await asyncio.wait(list(self._tasks), timeout=10)
         for task in list(self._tasks):
             task.cancel()
-        for card_id in self.waits.parked_cards():
+        parked = self.waits.parked_cards()
+        self.waits.drop_all()
+        if not release:
+            return
+        for card_id in parked:
             with contextlib.suppress(Exception):
                 await self.bus.clear_wait(card_id)
-        self.waits.drop_all()
         with contextlib.suppress(Exception):
             await self.store.release_runs(self.worker_id)
 

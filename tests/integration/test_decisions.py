@@ -35,9 +35,11 @@ class Scripted:
     async def respond(self, *, system, messages, tools, on_text=None):  # type: ignore[no-untyped-def]
         self.calls += 1
         self.seen.append(messages)
-        if self.calls == 1:
+        last = messages[-1]["content"]
+        if not any(b.get("type") == "tool_result" for b in last):
             content = [
-                {"type": "tool_use", "id": f"toolu_{i}", "name": u["name"], "input": u["input"]}
+                {"type": "tool_use", "id": f"toolu_{self.calls}_{i}", "name": u["name"],
+                 "input": u["input"]}
                 for i, u in enumerate(self.uses)
             ]
             return ModelReply(content=content, stop_reason="tool_use")

@@ -1,0 +1,230 @@
+"""I9 over HTTP and WebSocket: every refusal is typed and changes nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from runtime.cards import Status
+from tests.harness import Harness, harness
+from tests.integration.test_decisions import Scripted, pix
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def h(database_url: str) -> AsyncIterator[Harness]:
+    async with harness(database_url, model=Scripted(pix()), gateway=True) as hh:
+        yield hh
+
+
+async def card_for(h: Harness, user: str = "alice") -> dict[str, Any]:
+    thread = await h.thread(user)
+    await h.say(thread, "cobre", user)
+    (card,) = await h.store.pending_cards(thread)
+    return card.public()
+
+
+def auth(h: Harness, user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {h.token(user)}"}
+
+
+async def unchanged(h: Harness, card: dict[str, Any]) -> None:
+    now = await h.store.get_card(card["id"])
+    assert now.status is Status.PENDING
+    assert [e.to_status for e in await h.store.card_events(card["id"])] == ["pending"]
+
+
+async def test_http_refusals(h: Harness) -> None:
+    card = await card_for(h)
+    url = f"{h.base_url}/v1/cards/{card['id']}/resolve"
+    ok = {"decision": "approve", "snapshot_hash": card["snapshot_hash"]}
+    async with httpx.AsyncClient() as c:
+        r = await c.post(url, json=ok)
+        assert r.status_code == 401 and r.json()["error"] == "unauthenticated"
+        r = await c.post(url, json=ok, headers={"Authorization": "Bearer forged.token.here"})
+        assert r.status_code == 401
+        expired = h.tokens.issue("alice", h.tenant, ttl=-10)
+        r = await c.post(url, json=ok, headers={"Authorization": f"Bearer {expired}"})
+        assert r.status_code == 401 and "expired" in r.json()["message"]
+        r = await c.post(url, json=ok, headers=auth(h, "mallory"))
+        assert r.status_code == 403 and r.json()["error"] == "not_owner"
+        r = await c.post(f"{h.base_url}/v1/cards/00000000-0000-0000-0000-000000000000/resolve",
+                         json=ok, headers=auth(h, "alice"))
+        assert r.status_code == 404
+        r = await c.post(f"{h.base_url}/v1/cards/not-a-uuid/resolve", json=ok,
+                         headers=auth(h, "alice"))
+        assert r.status_code == 404
+        r = await c.post(url, json={**ok, "snapshot_hash": "f" * 64}, headers=auth(h, "alice"))
+        assert r.status_code == 409 and r.json()["error"] == "stale_hash"
+        for bad in ({"decision": "yes"}, {"decision": "approve"}, [], {"decision": 1, "snapshot_hash": 2},
+                    {**ok, "extra": True}):
+            r = await c.post(url, json=bad, headers=auth(h, "alice"))
+            assert r.status_code == 422, bad
+        r = await c.post(url, content=b"{not json", headers=auth(h, "alice"))
+        assert r.status_code == 422
+        await unchanged(h, card)
+
+        await h.store._pool.execute(
+            "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1", card["id"]
+        )
+        r = await c.post(url, json=ok, headers=auth(h, "alice"))
+        assert r.status_code == 410 and r.json()["error"] == "expired"
+        await unchanged(h, card)
+
+    other = await card_for(h)
+    url = f"{h.base_url}/v1/cards/{other['id']}/resolve"
+    async with httpx.AsyncClient() as c:
+        ok = {"decision": "approve", "snapshot_hash": other["snapshot_hash"]}
+        r = await c.post(url, json=ok, headers=auth(h, "alice"))
+        assert r.status_code == 200 and r.json()["card"]["status"] == "approved"
+        r = await c.post(url, json=ok, headers=auth(h, "alice"))
+        assert r.status_code == 409 and r.json()["error"] == "already_decided"
+        assert r.json()["detail"]["status"] in ("approved", "executing", "executed")
+
+
+async def test_http_thread_flow_and_ownership(h: Harness) -> None:
+    async with httpx.AsyncClient() as c:
+        r = await c.post(f"{h.base_url}/v1/threads", headers=auth(h, "alice"))
+        assert r.status_code == 201
+        thread = r.json()["thread"]["id"]
+        r = await c.post(f"{h.base_url}/v1/threads/{thread}/messages", json={"text": "cobre"},
+                         headers=auth(h, "mallory"))
+        assert r.status_code == 403
+        r = await c.post(f"{h.base_url}/v1/threads/{thread}/messages", json={"text": "  "},
+                         headers=auth(h, "alice"))
+        assert r.status_code == 422
+        r = await c.post(f"{h.base_url}/v1/threads/{thread}/messages", json={"text": "cobre"},
+                         headers=auth(h, "alice"))
+        assert r.status_code == 202
+        await h.settle()
+        r = await c.get(f"{h.base_url}/v1/threads/{thread}", headers=auth(h, "alice"))
+        state = r.json()
+        assert len(state["pending_cards"]) == 1
+        r = await c.get(f"{h.base_url}/v1/threads/{thread}/events?after_seq=0",
+                        headers=auth(h, "alice"))
+        kinds = [e["kind"] for e in r.json()["events"]]
+        assert kinds == ["user", "assistant", "card"]
+        r = await c.get(f"{h.base_url}/openapi.json")
+        assert "/v1/cards/{card_id}/resolve" in r.json()["paths"]
+        assert (await c.get(f"{h.base_url}/healthz")).status_code == 200
+        assert (await c.get(f"{h.base_url}/readyz")).status_code == 200
+
+
+async def ws_connect(h: Harness, user: str, origin: str | None = None) -> Any:
+    ws_url = h.base_url.replace("http", "ws") + "/v1/ws"
+    headers = {"Origin": origin} if origin else None
+    ws = await websockets.connect(ws_url, additional_headers=headers)
+    await ws.send(json.dumps({"type": "auth", "token": h.token(user)}))
+    ready = json.loads(await ws.recv())
+    assert ready["type"] == "ready", ready
+    return ws
+
+
+async def ws_call(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
+    """Send a frame and return the reply with the same id (skipping events)."""
+    await ws.send(json.dumps(frame))
+    while True:
+        msg = json.loads(await ws.recv())
+        if msg.get("id") == frame.get("id") and msg["type"] in ("error", "resolved", "ack"):
+            return msg
+
+
+async def test_ws_refusals(h: Harness) -> None:
+    card = await card_for(h)
+    base = {"type": "resolve", "card_id": card["id"], "decision": "approve",
+            "snapshot_hash": card["snapshot_hash"]}
+    mallory = await ws_connect(h, "mallory")
+    r = await ws_call(mallory, {**base, "id": "1"})
+    assert r["type"] == "error" and r["status"] == 403
+    await mallory.close()
+    ws = await ws_connect(h, "alice")
+    r = await ws_call(ws, {**base, "id": "2", "card_id": "00000000-0000-0000-0000-000000000000"})
+    assert r["status"] == 404
+    r = await ws_call(ws, {**base, "id": "3", "snapshot_hash": "0" * 64})
+    assert r["status"] == 409 and r["error"] == "stale_hash"
+    r = await ws_call(ws, {**base, "id": "4", "decision": "maybe"})
+    assert r["status"] == 422
+    r = await ws_call(ws, {"type": "resolve", "id": "5"})
+    assert r["status"] == 422
+    await ws.send("{broken")
+    r = json.loads(await ws.recv())
+    assert r["type"] == "error" and r["status"] == 422
+    await unchanged(h, card)
+    await h.store._pool.execute(
+        "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1", card["id"]
+    )
+    r = await ws_call(ws, {**base, "id": "6"})
+    assert r["status"] == 410
+    await unchanged(h, card)
+
+    other = await card_for(h)
+    ok = {**base, "card_id": other["id"], "snapshot_hash": other["snapshot_hash"]}
+    r = await ws_call(ws, {**ok, "id": "7"})
+    assert r["type"] == "resolved" and r["card"]["status"] == "approved"
+    r = await ws_call(ws, {**ok, "id": "8"})
+    assert r["status"] == 409 and r["error"] == "already_decided"
+    await ws.close()
+
+
+async def test_ws_auth_and_origin(h: Harness) -> None:
+    ws_url = h.base_url.replace("http", "ws") + "/v1/ws"
+    for origin in ("https://evil.example", "null", "http://127.0.0.1.evil.example"):
+        with pytest.raises(websockets.exceptions.InvalidStatus) as info:
+            await websockets.connect(ws_url, additional_headers={"Origin": origin})
+        assert info.value.response.status_code == 403
+    same = h.base_url  # same origin as the page is allowed
+    ws = await ws_connect(h, "alice", origin=same)
+    await ws.close()
+    ws = await websockets.connect(ws_url)
+    await ws.send(json.dumps({"type": "auth", "token": "forged"}))
+    err = json.loads(await ws.recv())
+    assert err["type"] == "error" and err["status"] == 401
+    with pytest.raises(websockets.exceptions.ConnectionClosed):
+        await ws.recv()
+    ws = await websockets.connect(ws_url)
+    await ws.send(json.dumps({"type": "message", "text": "cobre"}))  # no auth first
+    err = json.loads(await ws.recv())
+    assert err["status"] == 401
+
+
+async def test_ws_chat_receives_events_and_resumes(h: Harness) -> None:
+    ws = await ws_connect(h, "alice")
+    ack = await ws_call(ws, {"type": "message", "text": "cobre", "id": "m1"})
+    thread = ack["thread_id"]
+    kinds: list[str] = []
+    card = None
+    while card is None:
+        msg = json.loads(await ws.recv())
+        if msg["type"] == "event":
+            kinds.append(msg["kind"])
+            if msg["kind"] == "card":
+                card = msg["data"]
+    assert kinds == ["user", "assistant", "card"]
+    r = await ws_call(ws, {"type": "resolve", "id": "r1", "card_id": card["id"],
+                           "decision": "approve", "snapshot_hash": card["snapshot_hash"]})
+    assert r["type"] == "resolved"
+    seen = []
+    while "run" not in seen:
+        msg = json.loads(await ws.recv())
+        if msg["type"] == "event":
+            seen.append(msg["kind"])
+    assert seen[-1] == "run" and "tool_results" in seen
+    await ws.close()
+    # a second connection resumes after seq 2 and gets everything after it, in order, once
+    ws2 = await ws_connect(h, "alice")
+    await ws2.send(json.dumps({"type": "resume", "thread_id": thread, "after_seq": 2, "id": "x"}))
+    seqs = []
+    while True:
+        msg = json.loads(await ws2.recv())
+        if msg["type"] == "event":
+            seqs.append(msg["seq"])
+            if msg["kind"] == "run":
+                break
+    assert seqs == list(range(3, seqs[-1] + 1))
+    await ws2.close()

@@ -1,0 +1,95 @@
+"""A parked run survives its process: the decision lands while no worker holds it,
+another process adopts the run from Postgres and continues it exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime.cards import Decision, Status
+from runtime.config import Settings
+from runtime.decisions import Decisions, Resolution
+from runtime.keys import Keys
+from runtime.bus_memory import MemoryBus
+from runtime.policy import Policy
+from runtime.tools import Registry
+from tests.harness import harness
+from tests.integration.test_decisions import Scripted, pix
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_run_continues_after_restart_with_decision_made_while_down(database_url: str) -> None:
+    fast = Settings(lease_seconds=1.0)
+    model_a = Scripted(pix("42"))
+    async with harness(database_url, model=model_a, settings=fast) as a:
+        thread = await a.thread("alice")
+        run = await a.say(thread, "cobre 42", "alice")
+        assert run is not None and run.status == "waiting"
+        (card,) = await a.store.pending_cards(thread)
+        tenant = a.tenant
+        # the process dies: no drain, no release of leases or tokens
+        await a.worker.stop(drain=False, release=False)
+        # the decision arrives while nobody holds the run (published to nobody)
+        down = Decisions(store=a.store, bus=MemoryBus(), tools=Registry(), policy=Policy(),
+                         keys=Keys())
+        await down.resolve(card.id, Resolution(decision=Decision.APPROVE,
+                                               snapshot_hash=card.snapshot_hash),
+                           principal="alice", channel="test")
+        assert (await a.store.get_card(card.id)).status is Status.APPROVED
+        assert await a.charges() == 0
+        assert model_a.calls == 1
+
+    model_b = Scripted(pix("42"))
+    async with harness(database_url, model=model_b, settings=fast) as b:
+        b.provider = b.provider  # same database, another process's worker
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await b.store.get_run(run.id)).status != "done":
+            assert asyncio.get_running_loop().time() < deadline, "run was not adopted"
+            await asyncio.sleep(0.1)
+        final = await b.store.get_card(card.id)
+        assert final.status is Status.EXECUTED
+        charges = await b.provider.pool.fetchval(
+            "SELECT count(*) FROM demo_charges WHERE tenant = $1", tenant
+        )
+        assert charges == 1
+        assert model_b.calls == 1  # continued from the stored conversation
+        last = model_b.seen[0][-1]["content"][0]
+        assert last["type"] == "tool_result" and '"executed"' in last["content"]
+        adopted = await b.store.get_run(run.id)
+        assert adopted.worker_id == b.worker.worker_id
+
+
+async def test_two_workers_recovering_same_runs_execute_once(database_url: str) -> None:
+    fast = Settings(lease_seconds=1.0)
+    async with harness(database_url, model=Scripted(pix("7")), settings=fast) as a:
+        runs = []
+        cards = []
+        for i in range(5):
+            thread = await a.thread(f"u{i}")
+            runs.append(await a.say(thread, "cobre", f"u{i}"))
+            cards.extend(await a.store.pending_cards(thread))
+        await a.worker.stop(drain=False, release=False)
+        for card in cards:
+            await a.store.decide(card.id, principal=card.owner, decision=Decision.APPROVE,
+                                 snapshot_hash=card.snapshot_hash, channel="test")
+        tenant = a.tenant
+    async with (
+        harness(database_url, model=Scripted(pix("7")), settings=fast) as b,
+        harness(database_url, model=Scripted(pix("7")), settings=fast) as c,
+    ):
+        deadline = asyncio.get_running_loop().time() + 15
+        for run in runs:
+            assert run is not None
+            while (await b.store.get_run(run.id)).status != "done":
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.1)
+        await b.settle()
+        await c.settle()
+        n = await b.provider.pool.fetchval(
+            "SELECT count(*) FROM demo_charges WHERE tenant = $1", tenant
+        )
+        assert n == 5
+        for card in cards:
+            assert (await b.store.get_card(card.id)).status is Status.EXECUTED
