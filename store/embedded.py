@@ -207,6 +207,7 @@ def start_postgres(
                 "set SIGNOFF_PG_USER to its owner",
                 pgdata=str(pgdata),
             )
+        _clear_stale_pidfile(pgdata)
         server = _start_with_retries(
             port,
             lambda p: _launch_postgres(bin_dir, pgdata, home, p, log, log_path, run_as),
@@ -442,6 +443,29 @@ def _initdb(
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _clear_stale_pidfile(pgdata: Path) -> None:
+    """Remove ``postmaster.pid`` left by a killed server.
+
+    Postgres refuses to start while the pid in that file exists, and in a
+    container whose init does not reap, a SIGKILLed postmaster lingers as a
+    zombie. A dead or zombie pid (or one that is not a postgres) is stale.
+    """
+    pidfile = pgdata / "postmaster.pid"
+    try:
+        pid = int(pidfile.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat.rsplit(")", 1)[1].split()[0]
+        comm = stat.split("(", 1)[1].rsplit(")", 1)[0]
+    except (OSError, IndexError):
+        state, comm = "gone", ""
+    if state in ("Z", "X", "gone") or "postgres" not in comm:
+        with contextlib.suppress(OSError):
+            pidfile.unlink()
 
 
 def _launch_postgres(

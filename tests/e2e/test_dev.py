@@ -1,0 +1,131 @@
+"""`signoff dev` as a user runs it: one process, embedded Postgres, the demo app."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from store.embedded import free_port, remove_data
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Dev:
+    def __init__(self, data_dir: Path, port: int) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.proc: subprocess.Popen[str] | None = None
+        self.token = ""
+        self.ready_line = ""
+
+    def start(self, extra_env: dict[str, str] | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
+        env.update(extra_env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "dev", "--port", str(self.port),
+             "--data-dir", str(self.data_dir)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        assert self.proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError("signoff dev exited:\n" + "".join(lines))
+            lines.append(line)
+            if line.startswith("signoff dev ready"):
+                self.ready_line = line
+            m = re.match(r"\s+token:\s+(\S+)", line)
+            if m:
+                self.token = m.group(1)
+            if self.token and "bus:" in line:
+                return
+        raise AssertionError("signoff dev did not start:\n" + "".join(lines))
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"},
+                            timeout=10)
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[Dev]:
+    d = Dev(tmp_path / "data", free_port())
+    yield d
+    d.kill(signal.SIGTERM)
+    remove_data(d.data_dir / "embedded")
+
+
+def wait_for(fn: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def test_dev_serves_the_demo_flow(dev: Dev) -> None:
+    dev.start()
+    with dev.client() as c:
+        assert c.get("/healthz").json() == {"ok": True}
+        assert c.get("/readyz").status_code == 200
+        thread = c.post("/v1/threads").json()["thread"]["id"]
+        assert c.post(f"/v1/threads/{thread}/messages",
+                      json={"text": "cobre 150 do João"}).status_code == 202
+        cards = wait_for(lambda: c.get(f"/v1/threads/{thread}").json()["pending_cards"])
+        card = cards[0]
+        assert card["summary"].startswith("Gerar cobrança Pix · Cliente: João Silva")
+        r = c.post(f"/v1/cards/{card['id']}/resolve",
+                   json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]})
+        assert r.status_code == 200
+        done = wait_for(lambda: c.get(f"/v1/cards/{card['id']}").json()["card"]["status"]
+                        == "executed")
+        assert done
+        audit = c.get(f"/v1/cards/{card['id']}/events").json()["events"]
+        assert [e["to_status"] for e in audit] == ["pending", "approved", "executing", "executed"]
+        assert audit[1]["actor"] == "demo" and audit[1]["hash_seen"] == card["snapshot_hash"]
+
+
+def test_dev_restart_continues_parked_run(dev: Dev) -> None:
+    env = {"SIGNOFF_LEASE_SECONDS": "1"}
+    dev.start(env)
+    with dev.client() as c:
+        thread = c.post("/v1/threads").json()["thread"]["id"]
+        c.post(f"/v1/threads/{thread}/messages", json={"text": "cobre 33 da Maria"})
+        card = wait_for(lambda: c.get(f"/v1/threads/{thread}").json()["pending_cards"])[0]
+    dev.kill(signal.SIGKILL)  # the process holding the parked run dies
+    started = time.monotonic()
+    dev.start(env)  # warm start on the same embedded data
+    warm = time.monotonic() - started
+    with dev.client() as c:
+        r = c.post(f"/v1/cards/{card['id']}/resolve",
+                   json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]})
+        assert r.status_code == 200
+        assert wait_for(lambda: c.get(f"/v1/cards/{card['id']}").json()["card"]["status"]
+                        == "executed")
+        events = c.get(f"/v1/threads/{thread}/events?after_seq=0").json()["events"]
+        assert events[-1]["kind"] == "run" and events[-1]["data"]["status"] == "done"
+    assert warm < 10, f"warm start took {warm:.1f}s"

@@ -1,0 +1,170 @@
+"""Pure logic: hashing, fingerprints, the state machine, policy, conversation, money."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import pytest
+
+from examples.payments.app import demo_policy
+from examples.payments.money import brl, mask_cpf, parse_amount
+from examples.payments.tools import ALL_TOOLS, CreatePixCharge, GetBalance
+from runtime.canonical import args_fingerprint, canonical_json, request_key, snapshot_hash
+from runtime.cards import MOVES, TERMINAL, Status, can_move, check_move
+from runtime.conversation import build_messages
+from runtime.errors import IllegalTransition, ToolValidationError
+from runtime.policy import Policy, Rule, Verdict
+from runtime.records import Entry
+from runtime.tools import Registry
+from runtime.waits import WaitRegistry
+
+
+def test_canonical_json_is_order_insensitive_for_keys() -> None:
+    assert canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == canonical_json(
+        {"a": [1, {"c": 3, "d": 2}], "b": 1}
+    )
+
+
+def test_snapshot_hash_covers_every_part() -> None:
+    base = snapshot_hash("t", {"x": 1}, "s", {"amount": 1})
+    assert base == snapshot_hash("t", {"x": 1}, "s", {"amount": 1})
+    assert base != snapshot_hash("u", {"x": 1}, "s", {"amount": 1})
+    assert base != snapshot_hash("t", {"x": 2}, "s", {"amount": 1})
+    assert base != snapshot_hash("t", {"x": 1}, "s!", {"amount": 1})
+    assert base != snapshot_hash("t", {"x": 1}, "s", {"amount": 2})
+
+
+def test_fingerprint_set_fields_ignore_order_and_duplicates() -> None:
+    a = args_fingerprint({"ids": [3, 1, 2], "n": 1}, ["ids"])
+    assert a == args_fingerprint({"n": 1, "ids": [1, 2, 3, 3]}, ["ids"])
+    assert args_fingerprint({"ids": [3, 1]}) != args_fingerprint({"ids": [1, 3]})
+    assert request_key("r", "t", {"a": 1}) != request_key("r2", "t", {"a": 1})
+
+
+def test_state_machine() -> None:
+    assert can_move(Status.PENDING, Status.APPROVED)
+    assert can_move(Status.APPROVED, Status.EXECUTING)
+    assert not can_move(Status.PENDING, Status.EXECUTING)
+    assert not can_move(Status.REJECTED, Status.APPROVED)
+    for terminal in TERMINAL:
+        assert terminal not in MOVES
+    with pytest.raises(IllegalTransition):
+        check_move(Status.EXECUTED, Status.EXECUTING)
+
+
+def test_policy_defaults_and_deny_is_final() -> None:
+    pix, balance = CreatePixCharge(), GetBalance()
+    empty = Policy()
+    assert empty.evaluate(balance, {}, tenant="t").verdict is Verdict.ALLOW
+    assert empty.evaluate(pix, {}, tenant="t").verdict is Verdict.ASK
+    p = Policy([
+        Rule(Verdict.ALLOW, tool="create_pix_charge"),
+        Rule(Verdict.DENY, tool="create_pix_charge", tenant="blocked", reason="no"),
+    ])
+    assert p.evaluate(pix, {}, tenant="ok").verdict is Verdict.ALLOW
+    out = p.evaluate(pix, {}, tenant="blocked")
+    assert out.verdict is Verdict.DENY and out.reason == "no"
+    role = Policy([Rule(Verdict.DENY, risk=pix.risk, role="intern")])
+    assert role.evaluate(pix, {}, tenant="t", role="intern").verdict is Verdict.DENY
+    assert role.evaluate(pix, {}, tenant="t", role="owner").verdict is Verdict.ASK
+
+
+def test_unruled_writes_check() -> None:
+    tools = Registry(ALL_TOOLS)
+    assert demo_policy().unruled_writes(tools) == []
+    assert Policy().unruled_writes(tools) == [
+        "cancel_appointment", "create_pix_charge", "refund_sale", "update_email",
+    ]
+
+
+def test_demo_policy_denies_above_limit() -> None:
+    pix = CreatePixCharge()
+    assert demo_policy().evaluate(pix, {"amount_cents": 2_000_000}, tenant="t").verdict is Verdict.DENY
+    assert demo_policy().evaluate(pix, {"amount_cents": 15_000}, tenant="t").verdict is Verdict.ASK
+
+
+def test_tool_specs_are_self_contained_schemas() -> None:
+    spec = CreatePixCharge().spec()
+    assert spec["name"] == "create_pix_charge"
+    assert "$ref" not in str(spec) and "$defs" not in str(spec)
+    assert set(spec["input_schema"]["properties"]) == {"customer", "amount", "description"}
+    with pytest.raises(ToolValidationError):
+        CreatePixCharge().parse({"customer": "x", "amount": "1", "evil": True})
+
+
+@pytest.mark.parametrize(
+    ("raw", "cents"),
+    [("150", 15000), ("150,00", 15000), ("R$ 1.234,56", 123456), ("150.5", 15050), (80, 8000),
+     (12.34, 1234), ("1.000.000", 100000000)],
+)
+def test_parse_amount(raw: Any, cents: int) -> None:
+    assert parse_amount(raw) == cents
+
+
+@pytest.mark.parametrize("raw", ["", "abc", "-5", "0", True, "1.000.001,00"])
+def test_parse_amount_refuses(raw: Any) -> None:
+    with pytest.raises(ToolValidationError):
+        parse_amount(raw)
+
+
+def test_money_formatting() -> None:
+    assert brl(15000) == "R$ 150,00"
+    assert brl(123456789) == "R$ 1.234.567,89"
+    assert mask_cpf("123.123.456-78") == "***.123.456-**"
+    assert mask_cpf("bad") == "***"
+
+
+def entry(seq: int, kind: str, content: list[dict[str, Any]]) -> Entry:
+    return Entry(thread_id="t", seq=seq, run_id=None, kind=kind, body={"content": content},
+                 created_at=datetime.now(UTC))
+
+
+def test_conversation_merges_and_fills_dangling_tool_uses() -> None:
+    use = {"type": "tool_use", "id": "tu1", "name": "x", "input": {}}
+    msgs = build_messages([
+        entry(1, "user", [{"type": "text", "text": "a"}]),
+        entry(2, "assistant", [use]),
+        entry(3, "card", []),
+        entry(4, "user", [{"type": "text", "text": "never mind"}]),
+    ])
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+    first = msgs[2]["content"][0]
+    assert first["type"] == "tool_result" and first["tool_use_id"] == "tu1" and first["is_error"]
+    assert msgs[2]["content"][1]["text"] == "never mind"
+    # a trailing assistant turn with open calls is left alone (the run is in flight)
+    assert len(build_messages([entry(1, "user", []), entry(2, "assistant", [use])])) == 2
+
+
+def test_wait_registry_resolves_and_drops() -> None:
+    async def main() -> None:
+        ready: list[str] = []
+        waits = WaitRegistry(ready.append)
+        waits.park("r1", ["c1", "c2"])
+        assert waits.resolve("c1", "approved")
+        assert not waits.resolve("c1")  # already resolved
+        assert not waits.resolve("unknown")
+        await asyncio.sleep(0)
+        assert ready == ["r1"]
+        assert waits.parked_cards() == ["c2"]
+        waits.drop_run("r1")
+        assert not waits.resolve("c2")
+        assert len(waits) == 0
+        loop = asyncio.get_running_loop()
+        waits.park("r2", ["c3"], deadline=loop.time() + 0.05)
+        await asyncio.sleep(0.1)
+        assert ready == ["r1", "r2"]
+
+    asyncio.run(main())
+
+
+def test_card_struct_round_trips_to_json() -> None:
+    from runtime.cards import Card
+
+    now = datetime.now(UTC)
+    card = Card(id="c", thread_id="t", run_id="r", tenant="x", owner="o", tool="t", risk="read",  # type: ignore[arg-type]
+                args_snapshot={}, summary="s", impact={}, snapshot_hash="h", request_key="k",
+                operation_id="op", status=Status.PENDING, expires_at=now, created_at=now)
+    assert msgspec.json.decode(msgspec.json.encode(card.public()))["status"] == "pending"
