@@ -29,3 +29,8 @@ class Keys:
     def inbox(self) -> str:
         """Stream of user messages to run (consumer group ``workers``)."""
         return f"{self.prefix}inbox"
+
+    @property
+    def inbox_group(self) -> str:
+        """Consumer group of the inbox stream (one group: every worker competes for jobs)."""
+        return "workers"

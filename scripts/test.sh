@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install signoff with its test extras into .venv and run the test suite.
+#   usage: bash scripts/test.sh [pytest args]
+# Postgres and Redis: the machine's (127.0.0.1:5432 db "test", 127.0.0.1:6379) when they
+# answer, otherwise embedded servers started from wheels (tests/services.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# Browser tests drive Debian's Chromium through Playwright (no browser download).
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "test.sh: installing chromium from Debian's packages" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "test.sh: could not install chromium; browser tests will fail" >&2
+fi
+
+set +e
+.venv/bin/python -m pytest "$@"
+code=$?
+set -e
+if [ "$code" = 5 ]; then
+  echo "test.sh: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$code"
