@@ -54,7 +54,7 @@ def build_openapi() -> dict[str, Any]:
             "detail": {"type": "object"},
         },
     }
-    sec = [{"bearer": []}]
+    sec: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
         "info": {

@@ -21,12 +21,18 @@ class _Sub:
 
 
 class MemoryBus:
-    def __init__(self) -> None:
+    """``claim_idle_ms``: when set, unacked jobs of a consumer with no heartbeat go to the
+    next ``take`` once idle that long (as on Redis); None keeps no record of taken jobs."""
+
+    def __init__(self, *, claim_idle_ms: int | None = None) -> None:
         self._subs: dict[str, set[_Sub]] = {}
         self._waits: dict[str, tuple[str, float]] = {}
         self._beats: dict[str, float] = {}
         self._inbox: asyncio.Queue[Delivery] = asyncio.Queue()
         self._ids = itertools.count(1)
+        self._claim_idle = None if claim_idle_ms is None else claim_idle_ms / 1000
+        # delivery id -> (consumer, taken at, delivery), only when claim_idle_ms is set
+        self._pending: dict[str, tuple[str, float, Delivery]] = {}
 
     async def publish(self, channel: str, message: bytes) -> int:
         subs = self._subs.get(channel, set())
@@ -62,19 +68,40 @@ class MemoryBus:
     async def heartbeat(self, worker_id: str, ttl_ms: int) -> None:
         self._beats[worker_id] = time.monotonic() + ttl_ms / 1000
 
+    async def alive(self, worker_id: str) -> bool:
+        return self._beats.get(worker_id, 0.0) > time.monotonic()
+
     async def enqueue(self, job: Job) -> str:
         delivery = Delivery(str(next(self._ids)), job)
         self._inbox.put_nowait(delivery)
         return delivery.id
 
     async def take(self, consumer: str, timeout: float) -> list[Delivery]:
+        if self._claim_idle is not None:
+            claimed = self._claim(consumer)
+            if claimed:
+                return claimed
         try:
-            return [await asyncio.wait_for(self._inbox.get(), timeout)]
+            delivery = await asyncio.wait_for(self._inbox.get(), timeout)
         except TimeoutError:
             return []
+        if self._claim_idle is not None:
+            self._pending[delivery.id] = (consumer, time.monotonic(), delivery)
+        return [delivery]
+
+    def _claim(self, consumer: str) -> list[Delivery]:
+        assert self._claim_idle is not None
+        now = time.monotonic()
+        claimed = []
+        for delivery_id, (owner, taken_at, delivery) in list(self._pending.items()):
+            dead = owner != consumer and self._beats.get(owner, 0.0) <= now
+            if dead and now - taken_at >= self._claim_idle:
+                self._pending[delivery_id] = (consumer, now, delivery)
+                claimed.append(delivery)
+        return claimed
 
     async def ack(self, delivery_id: str) -> None:
-        return None
+        self._pending.pop(delivery_id, None)
 
     async def close(self) -> None:
         self._subs.clear()

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
+from asyncpg.pool import PoolConnectionProxy
 
 from runtime.canonical import operation_id
 from runtime.cards import Card, Decision, Status, check_move
@@ -36,6 +37,9 @@ from store import queries as q
 
 T = TypeVar("T")
 
+# A pooled connection or a dedicated one: both run the same queries.
+Conn = asyncpg.Connection | PoolConnectionProxy
+
 _json_encode = msgspec.json.Encoder()
 
 
@@ -43,14 +47,14 @@ def _encode(value: Any) -> str:
     return _json_encode.encode(value).decode()
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+async def _init_connection(conn: Conn) -> None:
     for typ in ("jsonb", "json"):
         await conn.set_type_codec(
             typ, encoder=_encode, decoder=msgspec.json.decode, schema="pg_catalog"
         )
 
 
-async def _no_reset(conn: asyncpg.Connection) -> None:
+async def _no_reset(conn: Conn) -> None:
     """Skip asyncpg's per-release reset query (~35% of a short transaction here).
 
     Safe because pooled sessions never LISTEN, hold session advisory locks or
@@ -84,6 +88,13 @@ class NewCard(msgspec.Struct, frozen=True, kw_only=True):
     ttl_seconds: float
     id: str = ""
     operation_id: str = ""
+
+
+def _some(row: asyncpg.Record | None) -> asyncpg.Record:
+    """A row the statement must return (RETURNING after a successful insert or update)."""
+    if row is None:
+        raise Conflict("the row changed concurrently; retry")
+    return row
 
 
 def _card(row: asyncpg.Record) -> Card:
@@ -132,14 +143,14 @@ class PostgresStore:
         await self._pool.close()
 
     @asynccontextmanager
-    async def _tx(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _tx(self) -> AsyncIterator[Conn]:
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 yield conn
         except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
             raise Unavailable(f"Postgres unavailable: {exc}") from exc
 
-    async def _read(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         try:
             async with self._pool.acquire() as conn:
                 return await fn(conn)
@@ -178,7 +189,7 @@ class PostgresStore:
             row = await conn.fetchrow(
                 q.THREAD_INSERT, thread_id or str(uuid.uuid4()), tenant, owner
             )
-        return msgspec.convert(dict(row), Thread)
+        return msgspec.convert(dict(_some(row)), Thread)
 
     async def get_thread(self, thread_id: str) -> Thread:
         row = await self._read(lambda c: c.fetchrow(q.THREAD_GET, _uuid(thread_id)))
@@ -187,7 +198,7 @@ class PostgresStore:
         return msgspec.convert(dict(row), Thread)
 
     async def _append(
-        self, conn: asyncpg.Connection, thread_id: str, kind: str, body: Any, run_id: str | None
+        self, conn: Conn, thread_id: str, kind: str, body: Any, run_id: str | None
     ) -> Entry:
         seq = await conn.fetchval(q.THREAD_NEXT_SEQ, thread_id)
         if seq is None:
@@ -206,7 +217,7 @@ class PostgresStore:
                 await self._lock_active_run(conn, run_id)
             return await self._append(conn, thread_id, kind, body, run_id)
 
-    async def _lock_active_run(self, conn: asyncpg.Connection, run_id: str) -> None:
+    async def _lock_active_run(self, conn: Conn, run_id: str) -> None:
         status = await conn.fetchval(
             "SELECT status FROM runs WHERE id = $1 FOR UPDATE", _uuid(run_id)
         )
@@ -270,7 +281,7 @@ class PostgresStore:
                 worker_id,
                 lease_seconds,
             )
-            run = _run(run_row)
+            run = _run(_some(run_row))
             await self._append(conn, thread_id, "user", {"content": content}, run.id)
         return run, superseded_cards, old_runs
 
@@ -308,7 +319,7 @@ class PostgresStore:
             await self._lock_active_run(conn, run_id)
             entry = await self._append(conn, thread_id, kind, body, run_id)
             row = await conn.fetchrow(q.RUN_SET_STATE, run_id, status, state, None)
-        return entry, _run(row)
+        return entry, _run(_some(row))
 
     async def renew_leases(self, worker_id: str, lease_seconds: float) -> None:
         async with self._tx() as conn:
@@ -337,11 +348,9 @@ class PostgresStore:
             if card is not None:
                 return card, True
             row = await conn.fetchrow(q.CARD_BY_REQUEST_KEY, new.request_key)
-        return _card(row), False
+        return _card(_some(row)), False
 
-    async def _insert_card(
-        self, conn: asyncpg.Connection, new: NewCard, card_id: str, op_id: str
-    ) -> Card | None:
+    async def _insert_card(self, conn: Conn, new: NewCard, card_id: str, op_id: str) -> Card | None:
         row = await conn.fetchrow(
             q.CARD_INSERT,
             card_id,
@@ -406,7 +415,7 @@ class PostgresStore:
         return [msgspec.convert(dict(r), CardEvent) for r in rows]
 
     async def _diagnose(
-        self, conn: asyncpg.Connection, card_id: str, principal: str, snapshot_hash: str
+        self, conn: Conn, card_id: str, principal: str, snapshot_hash: str
     ) -> Exception:
         """Why a deciding update changed no row, checked in the order a caller should learn it."""
         row = await conn.fetchrow(q.CARD_DIAGNOSE, card_id)
@@ -495,7 +504,7 @@ class PostgresStore:
                 cid,
                 new_id,
             )
-            old = _card(old_row)
+            old = _card(_some(old_row))
             await conn.execute(
                 q.EVENT_INSERT,
                 old.id,
@@ -511,7 +520,7 @@ class PostgresStore:
 
     async def _move(
         self,
-        conn: asyncpg.Connection,
+        conn: Conn,
         card_id: str,
         src: Status,
         dst: Status,
@@ -631,7 +640,7 @@ class PostgresStore:
                 {"reconciled": note},
             )
             row = await conn.fetchrow(q.CARD_GET, card_row["id"])
-        return _card(row)
+        return _card(_some(row))
 
     async def record_delivery(self, channel: str, message_id: str) -> bool:
         """True the first time a channel message id is seen (webhook dedup)."""

@@ -55,13 +55,22 @@ class Harness:
         return await self.worker.run_message(thread_id, text, user=user)
 
     async def decide(
-        self, card: Card, decision: Decision, user: str | None = None, reason: str | None = None,
-        snapshot_hash: str | None = None, edits: dict[str, Any] | None = None,
+        self,
+        card: Card,
+        decision: Decision,
+        user: str | None = None,
+        reason: str | None = None,
+        snapshot_hash: str | None = None,
+        edits: dict[str, Any] | None = None,
     ) -> Any:
         return await self.decisions.resolve(
             card.id,
-            Resolution(decision=decision, snapshot_hash=snapshot_hash or card.snapshot_hash,
-                       reason=reason, edits=edits),
+            Resolution(
+                decision=decision,
+                snapshot_hash=snapshot_hash or card.snapshot_hash,
+                reason=reason,
+                edits=edits,
+            ),
             principal=user or card.owner,
             channel="test",
         )
@@ -106,8 +115,11 @@ async def harness(
     tenant = "t-" + secrets.token_hex(4)
     base = settings or Settings()
     s = base.with_(
-        database_url=database_url, worker_id=worker_id or "w-" + secrets.token_hex(3),
-        secret=SECRET, tenant=tenant, poll_seconds=min(base.poll_seconds, 1.0),
+        database_url=database_url,
+        worker_id=worker_id or "w-" + secrets.token_hex(3),
+        secret=SECRET,
+        tenant=tenant,
+        poll_seconds=min(base.poll_seconds, 1.0),
         sweep_seconds=min(base.sweep_seconds, 0.5),
     )
     store = await PostgresStore.connect(database_url, max_size=20)
@@ -118,16 +130,25 @@ async def harness(
     client: anthropic.AsyncAnthropic | None = None
     if model is None:
         assert fake is not None, "give a fake Messages API server or a model"
-        client = anthropic.AsyncAnthropic(api_key="test-key", base_url=fake.base_url,
-                                          max_retries=0)
+        client = anthropic.AsyncAnthropic(api_key="test-key", base_url=fake.base_url, max_retries=0)
         model = AnthropicModel(client, "claude-test", stream=True)
     keys = Keys(s.key_prefix)
     worker = Worker(settings=s, store=store, bus=bus, app=app, model=model)
-    decisions = Decisions(store=store, bus=bus, tools=app.tools, policy=app.policy, keys=keys,
-                          services=app.services)
+    decisions = Decisions(
+        store=store, bus=bus, tools=app.tools, policy=app.policy, keys=keys, services=app.services
+    )
     tokens = Tokens(SECRET)
-    h = Harness(settings=s, store=store, bus=bus, worker=worker, decisions=decisions,
-                provider=provider, tenant=tenant, fake=fake, tokens=tokens)
+    h = Harness(
+        settings=s,
+        store=store,
+        bus=bus,
+        worker=worker,
+        decisions=decisions,
+        provider=provider,
+        tenant=tenant,
+        fake=fake,
+        tokens=tokens,
+    )
     serve: asyncio.Task[None] | None = None
     server: Any = None
     try:
@@ -139,11 +160,17 @@ async def harness(
             from gateway.app import build_app
 
             port = free_port()
-            asgi = build_app(settings=s, store=store, bus=bus, decisions=decisions,
-                             tokens=tokens)
-            server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=port,
-                                                   ws="wsproto", lifespan="off",
-                                                   log_level="warning"))
+            asgi = build_app(settings=s, store=store, bus=bus, decisions=decisions, tokens=tokens)
+            server = uvicorn.Server(
+                uvicorn.Config(
+                    asgi,
+                    host="127.0.0.1",
+                    port=port,
+                    ws="wsproto",
+                    lifespan="off",
+                    log_level="warning",
+                )
+            )
             serve = asyncio.create_task(server.serve())
             while not server.started:
                 await asyncio.sleep(0.01)

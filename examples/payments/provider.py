@@ -193,6 +193,7 @@ class Provider:
                 row = await conn.fetchrow(
                     "SELECT id, amount FROM demo_charges WHERE idempotency_key = $1", key
                 )
+        assert row is not None
         return {
             "charge_id": f"pix-{row['id']}",
             "amount": row["amount"],
@@ -225,6 +226,7 @@ class Provider:
                 row = await conn.fetchrow(
                     "SELECT id FROM demo_refunds WHERE idempotency_key = $1", key
                 )
+        assert row is not None
         return {"refund_id": f"rf-{row['id']}", "amount": amount}
 
     async def cancel_appointment(self, tenant: str, appointment_id: str) -> dict[str, Any]:

@@ -32,9 +32,20 @@ class Dev:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
         env.update(extra_env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "dev", "--port", str(self.port),
-             "--data-dir", str(self.data_dir)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            [
+                sys.executable,
+                "-m",
+                "runtime.cli",
+                "dev",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
         )
         assert self.proc.stdout is not None
         lines = []
@@ -65,8 +76,9 @@ class Dev:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"},
-                            timeout=10)
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10
+        )
 
 
 @pytest.fixture
@@ -93,16 +105,21 @@ def test_dev_serves_the_demo_flow(dev: Dev) -> None:
         assert c.get("/healthz").json() == {"ok": True}
         assert c.get("/readyz").status_code == 200
         thread = c.post("/v1/threads").json()["thread"]["id"]
-        assert c.post(f"/v1/threads/{thread}/messages",
-                      json={"text": "cobre 150 do João"}).status_code == 202
+        assert (
+            c.post(f"/v1/threads/{thread}/messages", json={"text": "cobre 150 do João"}).status_code
+            == 202
+        )
         cards = wait_for(lambda: c.get(f"/v1/threads/{thread}").json()["pending_cards"])
         card = cards[0]
         assert card["summary"].startswith("Gerar cobrança Pix · Cliente: João Silva")
-        r = c.post(f"/v1/cards/{card['id']}/resolve",
-                   json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]})
+        r = c.post(
+            f"/v1/cards/{card['id']}/resolve",
+            json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]},
+        )
         assert r.status_code == 200
-        done = wait_for(lambda: c.get(f"/v1/cards/{card['id']}").json()["card"]["status"]
-                        == "executed")
+        done = wait_for(
+            lambda: c.get(f"/v1/cards/{card['id']}").json()["card"]["status"] == "executed"
+        )
         assert done
         audit = c.get(f"/v1/cards/{card['id']}/events").json()["events"]
         assert [e["to_status"] for e in audit] == ["pending", "approved", "executing", "executed"]
@@ -121,11 +138,14 @@ def test_dev_restart_continues_parked_run(dev: Dev) -> None:
     dev.start(env)  # warm start on the same embedded data
     warm = time.monotonic() - started
     with dev.client() as c:
-        r = c.post(f"/v1/cards/{card['id']}/resolve",
-                   json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]})
+        r = c.post(
+            f"/v1/cards/{card['id']}/resolve",
+            json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]},
+        )
         assert r.status_code == 200
-        assert wait_for(lambda: c.get(f"/v1/cards/{card['id']}").json()["card"]["status"]
-                        == "executed")
+        assert wait_for(
+            lambda: c.get(f"/v1/cards/{card['id']}").json()["card"]["status"] == "executed"
+        )
         events = c.get(f"/v1/threads/{thread}/events?after_seq=0").json()["events"]
         assert events[-1]["kind"] == "run" and events[-1]["data"]["status"] == "done"
     assert warm < 10, f"warm start took {warm:.1f}s"

@@ -28,7 +28,9 @@ def results_in(request: dict[str, object]) -> dict[str, dict[str, object]]:
     return {b["tool_use_id"]: b for b in last["content"] if b.get("type") == "tool_result"}
 
 
-async def test_two_writes_approve_one_reject_other(database_url: str, fake: FakeMessagesServer) -> None:
+async def test_two_writes_approve_one_reject_other(
+    database_url: str, fake: FakeMessagesServer
+) -> None:
     charge = tool_use("create_pix_charge", {"customer": "João", "amount": "150"})
     refund = tool_use("refund_sale", {"sale_id": "V002"})
     fake.add(
@@ -105,8 +107,12 @@ async def test_tool_list_has_no_approval_tool_and_injection_changes_nothing(
         await h.say(thread, injected + " cobre 999 do João", "carol")
         names = {t["name"] for t in fake.requests[0]["tools"]}
         assert names == {
-            "get_balance", "find_customer", "create_pix_charge", "refund_sale",
-            "cancel_appointment", "update_email",
+            "get_balance",
+            "find_customer",
+            "create_pix_charge",
+            "refund_sale",
+            "cancel_appointment",
+            "update_email",
         }
         assert not any(w in n for n in names for w in ("approv", "confirm", "decide", "resolve"))
         (card,) = await h.store.pending_cards(thread)

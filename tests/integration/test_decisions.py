@@ -38,8 +38,12 @@ class Scripted:
         last = messages[-1]["content"]
         if not any(b.get("type") == "tool_result" for b in last):
             content = [
-                {"type": "tool_use", "id": f"toolu_{self.calls}_{i}", "name": u["name"],
-                 "input": u["input"]}
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{self.calls}_{i}",
+                    "name": u["name"],
+                    "input": u["input"],
+                }
                 for i, u in enumerate(self.uses)
             ]
             return ModelReply(content=content, stop_reason="tool_use")
@@ -69,10 +73,15 @@ async def test_200_concurrent_approvals_one_winner(database_url: str) -> None:
         assert len(wins) == 1
         assert len(losses) == 199
         assert all(isinstance(r, AlreadyDecided) for r in losses)
-        assert {r.detail["decided_by"] for r in losses if isinstance(r, AlreadyDecided)} == {"alice"}
+        assert {r.detail["decided_by"] for r in losses if isinstance(r, AlreadyDecided)} == {
+            "alice"
+        }
         events = await h.store.card_events(card.id)
         assert [e.to_status for e in events] == [
-            "pending", "approved", "executing", "executed",
+            "pending",
+            "approved",
+            "executing",
+            "executed",
         ]
         assert events[1].actor == "alice" and events[1].hash_seen == card.snapshot_hash
         assert await h.charges() == 1
@@ -110,7 +119,8 @@ async def test_refusals_are_typed_and_change_nothing(database_url: str) -> None:
                 __import__("runtime.decisions", fromlist=["Resolution"]).Resolution(
                     decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash
                 ),
-                principal="alice", channel="test",
+                principal="alice",
+                channel="test",
             )
         assert (await h.store.get_card(card.id)).status is Status.PENDING
         assert await h.store.card_events(card.id) == before
@@ -129,7 +139,9 @@ async def test_refusals_are_typed_and_change_nothing(database_url: str) -> None:
         assert await h.charges() == 0
 
 
-async def test_edit_outside_whitelist_refused_allowed_edit_links_new_card(database_url: str) -> None:
+async def test_edit_outside_whitelist_refused_allowed_edit_links_new_card(
+    database_url: str,
+) -> None:
     async with harness(database_url, model=Scripted(pix("150"))) as h:
         card = await one_card(h)
         with pytest.raises(InvalidInput):
@@ -193,9 +205,12 @@ async def test_batch_decisions(database_url: str) -> None:
         a, b = await h.store.pending_cards(thread)
         results = await h.decisions.resolve_batch(
             run.id,
-            [(a.id, Resolution(decision=Decision.APPROVE, snapshot_hash=a.snapshot_hash)),
-             (b.id, Resolution(decision=Decision.APPROVE, snapshot_hash="stale"))],
-            principal="erin", channel="test",
+            [
+                (a.id, Resolution(decision=Decision.APPROVE, snapshot_hash=a.snapshot_hash)),
+                (b.id, Resolution(decision=Decision.APPROVE, snapshot_hash="stale")),
+            ],
+            principal="erin",
+            channel="test",
         )
         assert [r["ok"] for r in results] == [True, False]
         assert results[1]["error"] == "stale_hash"

@@ -54,16 +54,25 @@ async def test_http_refusals(h: Harness) -> None:
         assert r.status_code == 401 and "expired" in r.json()["message"]
         r = await c.post(url, json=ok, headers=auth(h, "mallory"))
         assert r.status_code == 403 and r.json()["error"] == "not_owner"
-        r = await c.post(f"{h.base_url}/v1/cards/00000000-0000-0000-0000-000000000000/resolve",
-                         json=ok, headers=auth(h, "alice"))
+        r = await c.post(
+            f"{h.base_url}/v1/cards/00000000-0000-0000-0000-000000000000/resolve",
+            json=ok,
+            headers=auth(h, "alice"),
+        )
         assert r.status_code == 404
-        r = await c.post(f"{h.base_url}/v1/cards/not-a-uuid/resolve", json=ok,
-                         headers=auth(h, "alice"))
+        r = await c.post(
+            f"{h.base_url}/v1/cards/not-a-uuid/resolve", json=ok, headers=auth(h, "alice")
+        )
         assert r.status_code == 404
         r = await c.post(url, json={**ok, "snapshot_hash": "f" * 64}, headers=auth(h, "alice"))
         assert r.status_code == 409 and r.json()["error"] == "stale_hash"
-        for bad in ({"decision": "yes"}, {"decision": "approve"}, [], {"decision": 1, "snapshot_hash": 2},
-                    {**ok, "extra": True}):
+        for bad in (
+            {"decision": "yes"},
+            {"decision": "approve"},
+            [],
+            {"decision": 1, "snapshot_hash": 2},
+            {**ok, "extra": True},
+        ):
             r = await c.post(url, json=bad, headers=auth(h, "alice"))
             assert r.status_code == 422, bad
         r = await c.post(url, content=b"{not json", headers=auth(h, "alice"))
@@ -93,21 +102,31 @@ async def test_http_thread_flow_and_ownership(h: Harness) -> None:
         r = await c.post(f"{h.base_url}/v1/threads", headers=auth(h, "alice"))
         assert r.status_code == 201
         thread = r.json()["thread"]["id"]
-        r = await c.post(f"{h.base_url}/v1/threads/{thread}/messages", json={"text": "cobre"},
-                         headers=auth(h, "mallory"))
+        r = await c.post(
+            f"{h.base_url}/v1/threads/{thread}/messages",
+            json={"text": "cobre"},
+            headers=auth(h, "mallory"),
+        )
         assert r.status_code == 403
-        r = await c.post(f"{h.base_url}/v1/threads/{thread}/messages", json={"text": "  "},
-                         headers=auth(h, "alice"))
+        r = await c.post(
+            f"{h.base_url}/v1/threads/{thread}/messages",
+            json={"text": "  "},
+            headers=auth(h, "alice"),
+        )
         assert r.status_code == 422
-        r = await c.post(f"{h.base_url}/v1/threads/{thread}/messages", json={"text": "cobre"},
-                         headers=auth(h, "alice"))
+        r = await c.post(
+            f"{h.base_url}/v1/threads/{thread}/messages",
+            json={"text": "cobre"},
+            headers=auth(h, "alice"),
+        )
         assert r.status_code == 202
         await h.settle()
         r = await c.get(f"{h.base_url}/v1/threads/{thread}", headers=auth(h, "alice"))
         state = r.json()
         assert len(state["pending_cards"]) == 1
-        r = await c.get(f"{h.base_url}/v1/threads/{thread}/events?after_seq=0",
-                        headers=auth(h, "alice"))
+        r = await c.get(
+            f"{h.base_url}/v1/threads/{thread}/events?after_seq=0", headers=auth(h, "alice")
+        )
         kinds = [e["kind"] for e in r.json()["events"]]
         assert kinds == ["user", "assistant", "card"]
         r = await c.get(f"{h.base_url}/openapi.json")
@@ -137,8 +156,12 @@ async def ws_call(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
 
 async def test_ws_refusals(h: Harness) -> None:
     card = await card_for(h)
-    base = {"type": "resolve", "card_id": card["id"], "decision": "approve",
-            "snapshot_hash": card["snapshot_hash"]}
+    base = {
+        "type": "resolve",
+        "card_id": card["id"],
+        "decision": "approve",
+        "snapshot_hash": card["snapshot_hash"],
+    }
     mallory = await ws_connect(h, "mallory")
     r = await ws_call(mallory, {**base, "id": "1"})
     assert r["type"] == "error" and r["status"] == 403
@@ -206,8 +229,16 @@ async def test_ws_chat_receives_events_and_resumes(h: Harness) -> None:
             if msg["kind"] == "card":
                 card = msg["data"]
     assert kinds == ["user", "assistant", "card"]
-    r = await ws_call(ws, {"type": "resolve", "id": "r1", "card_id": card["id"],
-                           "decision": "approve", "snapshot_hash": card["snapshot_hash"]})
+    r = await ws_call(
+        ws,
+        {
+            "type": "resolve",
+            "id": "r1",
+            "card_id": card["id"],
+            "decision": "approve",
+            "snapshot_hash": card["snapshot_hash"],
+        },
+    )
     assert r["type"] == "resolved"
     seen = []
     while "run" not in seen:

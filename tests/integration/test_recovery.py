@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
+from runtime.bus_memory import MemoryBus
 from runtime.cards import Decision, Status
 from runtime.config import Settings
 from runtime.decisions import Decisions, Resolution
 from runtime.keys import Keys
-from runtime.bus_memory import MemoryBus
 from runtime.policy import Policy
 from runtime.tools import Registry
 from tests.harness import harness
@@ -32,11 +32,15 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
         # the process dies: no drain, no release of leases or tokens
         await a.worker.stop(drain=False, release=False)
         # the decision arrives while nobody holds the run (published to nobody)
-        down = Decisions(store=a.store, bus=MemoryBus(), tools=Registry(), policy=Policy(),
-                         keys=Keys())
-        await down.resolve(card.id, Resolution(decision=Decision.APPROVE,
-                                               snapshot_hash=card.snapshot_hash),
-                           principal="alice", channel="test")
+        down = Decisions(
+            store=a.store, bus=MemoryBus(), tools=Registry(), policy=Policy(), keys=Keys()
+        )
+        await down.resolve(
+            card.id,
+            Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+            principal="alice",
+            channel="test",
+        )
         assert (await a.store.get_card(card.id)).status is Status.APPROVED
         assert await a.charges() == 0
         assert model_a.calls == 1
@@ -72,8 +76,13 @@ async def test_two_workers_recovering_same_runs_execute_once(database_url: str) 
             cards.extend(await a.store.pending_cards(thread))
         await a.worker.stop(drain=False, release=False)
         for card in cards:
-            await a.store.decide(card.id, principal=card.owner, decision=Decision.APPROVE,
-                                 snapshot_hash=card.snapshot_hash, channel="test")
+            await a.store.decide(
+                card.id,
+                principal=card.owner,
+                decision=Decision.APPROVE,
+                snapshot_hash=card.snapshot_hash,
+                channel="test",
+            )
         tenant = a.tenant
     async with (
         harness(database_url, model=Scripted(pix("7")), settings=fast) as b,

@@ -60,10 +60,12 @@ def test_policy_defaults_and_deny_is_final() -> None:
     empty = Policy()
     assert empty.evaluate(balance, {}, tenant="t").verdict is Verdict.ALLOW
     assert empty.evaluate(pix, {}, tenant="t").verdict is Verdict.ASK
-    p = Policy([
-        Rule(Verdict.ALLOW, tool="create_pix_charge"),
-        Rule(Verdict.DENY, tool="create_pix_charge", tenant="blocked", reason="no"),
-    ])
+    p = Policy(
+        [
+            Rule(Verdict.ALLOW, tool="create_pix_charge"),
+            Rule(Verdict.DENY, tool="create_pix_charge", tenant="blocked", reason="no"),
+        ]
+    )
     assert p.evaluate(pix, {}, tenant="ok").verdict is Verdict.ALLOW
     out = p.evaluate(pix, {}, tenant="blocked")
     assert out.verdict is Verdict.DENY and out.reason == "no"
@@ -76,13 +78,18 @@ def test_unruled_writes_check() -> None:
     tools = Registry(ALL_TOOLS)
     assert demo_policy().unruled_writes(tools) == []
     assert Policy().unruled_writes(tools) == [
-        "cancel_appointment", "create_pix_charge", "refund_sale", "update_email",
+        "cancel_appointment",
+        "create_pix_charge",
+        "refund_sale",
+        "update_email",
     ]
 
 
 def test_demo_policy_denies_above_limit() -> None:
     pix = CreatePixCharge()
-    assert demo_policy().evaluate(pix, {"amount_cents": 2_000_000}, tenant="t").verdict is Verdict.DENY
+    assert (
+        demo_policy().evaluate(pix, {"amount_cents": 2_000_000}, tenant="t").verdict is Verdict.DENY
+    )
     assert demo_policy().evaluate(pix, {"amount_cents": 15_000}, tenant="t").verdict is Verdict.ASK
 
 
@@ -97,8 +104,15 @@ def test_tool_specs_are_self_contained_schemas() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "cents"),
-    [("150", 15000), ("150,00", 15000), ("R$ 1.234,56", 123456), ("150.5", 15050), (80, 8000),
-     (12.34, 1234), ("1.000.000", 100000000)],
+    [
+        ("150", 15000),
+        ("150,00", 15000),
+        ("R$ 1.234,56", 123456),
+        ("150.5", 15050),
+        (80, 8000),
+        (12.34, 1234),
+        ("1.000.000", 100000000),
+    ],
 )
 def test_parse_amount(raw: Any, cents: int) -> None:
     assert parse_amount(raw) == cents
@@ -118,18 +132,26 @@ def test_money_formatting() -> None:
 
 
 def entry(seq: int, kind: str, content: list[dict[str, Any]]) -> Entry:
-    return Entry(thread_id="t", seq=seq, run_id=None, kind=kind, body={"content": content},
-                 created_at=datetime.now(UTC))
+    return Entry(
+        thread_id="t",
+        seq=seq,
+        run_id=None,
+        kind=kind,
+        body={"content": content},
+        created_at=datetime.now(UTC),
+    )
 
 
 def test_conversation_merges_and_fills_dangling_tool_uses() -> None:
     use = {"type": "tool_use", "id": "tu1", "name": "x", "input": {}}
-    msgs = build_messages([
-        entry(1, "user", [{"type": "text", "text": "a"}]),
-        entry(2, "assistant", [use]),
-        entry(3, "card", []),
-        entry(4, "user", [{"type": "text", "text": "never mind"}]),
-    ])
+    msgs = build_messages(
+        [
+            entry(1, "user", [{"type": "text", "text": "a"}]),
+            entry(2, "assistant", [use]),
+            entry(3, "card", []),
+            entry(4, "user", [{"type": "text", "text": "never mind"}]),
+        ]
+    )
     assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
     first = msgs[2]["content"][0]
     assert first["type"] == "tool_result" and first["tool_use_id"] == "tu1" and first["is_error"]
@@ -164,7 +186,22 @@ def test_card_struct_round_trips_to_json() -> None:
     from runtime.cards import Card
 
     now = datetime.now(UTC)
-    card = Card(id="c", thread_id="t", run_id="r", tenant="x", owner="o", tool="t", risk="read",  # type: ignore[arg-type]
-                args_snapshot={}, summary="s", impact={}, snapshot_hash="h", request_key="k",
-                operation_id="op", status=Status.PENDING, expires_at=now, created_at=now)
+    card = Card(
+        id="c",
+        thread_id="t",
+        run_id="r",
+        tenant="x",
+        owner="o",
+        tool="t",
+        risk="read",  # type: ignore[arg-type]
+        args_snapshot={},
+        summary="s",
+        impact={},
+        snapshot_hash="h",
+        request_key="k",
+        operation_id="op",
+        status=Status.PENDING,
+        expires_at=now,
+        created_at=now,
+    )
     assert msgspec.json.decode(msgspec.json.encode(card.public()))["status"] == "pending"
