@@ -23,6 +23,7 @@ from runtime.conversation import build_messages
 from runtime.errors import SignoffError, ToolValidationError
 from runtime.keys import Keys
 from runtime.models.base import Model
+from runtime.notify import notify_card
 from runtime.policy import Policy, Verdict
 from runtime.records import Run, RunStatus
 from runtime.tools import Registry, Tool, ToolContext
@@ -128,7 +129,8 @@ class Agent:
                 if self._unpark is not None:
                     self._unpark(old.id)
             for card in superseded:
-                await self.bus.clear_wait(card.id)
+                # The holder of the superseded run may be another worker: tell it to let go.
+                await notify_card(self.store, self.bus, self.keys, card)
             await self.hint(thread_id, seq=-1)
             return await self._step(run)
 

@@ -412,18 +412,15 @@ class RedisBus:
                 block_ms = min(block_ms, self._max_block_ms)
         inbox, group = self._keys.inbox, self._keys.inbox_group
 
-        async def read() -> Any:
-            try:
-                return await self._client.xreadgroup(
+        reply = await self._call(
+            "XREADGROUP",
+            self._grouped(
+                lambda: self._client.xreadgroup(
                     group, consumer, {inbox: ">"}, count=TAKE_COUNT, block=block_ms
-                )
-            except rx.ResponseError as exc:
-                if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
-                    raise
-                self._group_ready = False  # the stream was deleted (flush, restart)
-                return None
-
-        reply = await self._call("XREADGROUP", read)
+                ),
+                None,
+            ),
+        )
         if not reply:
             return []
         batches = reply.values() if isinstance(reply, dict) else (r[1] for r in reply)
@@ -459,6 +456,20 @@ class RedisBus:
         await self._call("XGROUP CREATE", create)
         self._group_ready = True
 
+    def _grouped(self, fn: Callable[[], Awaitable[T]], empty: T) -> Callable[[], Awaitable[T]]:
+        """``fn``, except that a missing stream or group (flushed, restarted) reads as empty."""
+
+        async def call() -> T:
+            try:
+                return await fn()
+            except rx.ResponseError as exc:
+                if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
+                    raise
+                self._group_ready = False  # re-created by the next take
+                return empty
+
+        return call
+
     async def _claim(self, consumer: str) -> list[Delivery]:
         """Claim entries idle > claim_idle_ms whose consumer is dead (or is us, in a past life)."""
         now = time.monotonic()
@@ -466,9 +477,13 @@ class RedisBus:
             return []
         self._next_claim = now + self._claim_every
         inbox, group, idle = self._keys.inbox, self._keys.inbox_group, self._claim_idle_ms
+        none: list[Any] = []
         pending = await self._call(
             "XPENDING",
-            lambda: self._client.xpending_range(inbox, group, "-", "+", CLAIM_BATCH, idle=idle),
+            self._grouped(
+                lambda: self._client.xpending_range(inbox, group, "-", "+", CLAIM_BATCH, idle=idle),
+                none,
+            ),
         )
         alive: dict[str, bool] = {}
         stale: list[Any] = []

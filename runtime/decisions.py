@@ -63,8 +63,6 @@ class Decisions:
         self.policy = policy
         self.keys = keys
         self.services = services
-        # card id -> time.time_ns() when the decision request was received (bench)
-        self.received_at: dict[str, int] = {}
 
     async def resolve(
         self, card_id: str, res: Resolution, *, principal: str, channel: str

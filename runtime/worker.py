@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
@@ -65,8 +66,9 @@ class Worker:
         self._loops: list[asyncio.Task[Any]] = []
         self._subscribed = asyncio.Event()
         self._draining = False
-        # card id -> time.time_ns() when the future resolved (decision latency, for the bench)
-        self.resolved_at: dict[str, int] = {}
+        # Decision latency samples in ns: the gateway received the decision -> this worker's
+        # future resolved (wall clocks of one machine; read by the bench and /metrics).
+        self.decision_latency_ns: deque[int] = deque(maxlen=100_000)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -74,7 +76,7 @@ class Worker:
         """Subscribe first (and wait for it), then adopt runs, then take work."""
         self._loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
         await asyncio.wait_for(self._subscribed.wait(), 10)
-        await self.adopt()
+        await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         for coro in (self._inbox_loop(), self._lease_loop(), self._poll_loop(), self._sweep_loop()):
             self._loops.append(asyncio.create_task(coro))
 
@@ -203,8 +205,8 @@ class Worker:
                         except Exception:
                             log.warning("ignored a malformed signal on %s", channel)
                             continue
-                        if self.waits.resolve(signal.card_id, signal.status):
-                            self.resolved_at[signal.card_id] = time.time_ns()
+                        if self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
+                            self.decision_latency_ns.append(time.time_ns() - signal.at_ns)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -219,9 +221,11 @@ class Worker:
 
     # -- leases and adoption -------------------------------------------------------------
 
-    async def adopt(self) -> list[str]:
+    async def adopt(self, *, own: bool = False) -> list[str]:
         """Take over active runs whose lease lapsed and continue them from the store."""
-        runs = await self.store.adopt_runs(self.worker_id, self.settings.lease_seconds)
+        runs = await self.store.adopt_runs(
+            self.worker_id, self.settings.lease_seconds, own=own
+        )
         parked = set(self.waits.parked_runs())
         adopted = []
         for run in runs:
@@ -232,7 +236,7 @@ class Worker:
         return adopted
 
     async def _lease_loop(self) -> None:
-        interval = max(self.settings.lease_seconds / 3, 0.2)
+        interval = min(max(self.settings.lease_seconds / 3, 0.2), 2.0)
         while True:
             try:
                 await self.store.renew_leases(self.worker_id, self.settings.lease_seconds)

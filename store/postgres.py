@@ -330,11 +330,11 @@ class PostgresStore:
             await conn.execute(q.RUN_RELEASE, worker_id)
 
     async def adopt_runs(
-        self, worker_id: str, lease_seconds: float, limit: int = 1000
+        self, worker_id: str, lease_seconds: float, limit: int = 1000, *, own: bool = False
     ) -> list[Run]:
-        """Take over active runs whose lease lapsed (or that are already ours)."""
+        """Take over active runs whose lease lapsed (``own``: also those already ours)."""
         async with self._tx() as conn:
-            rows = await conn.fetch(q.RUN_ADOPT, worker_id, lease_seconds, limit)
+            rows = await conn.fetch(q.RUN_ADOPT, worker_id, lease_seconds, limit, own)
         return [_run(r) for r in rows]
 
     # -- cards ----------------------------------------------------------------

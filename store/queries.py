@@ -74,7 +74,7 @@ RUN_ADOPT = """
 WITH lapsed AS (
     SELECT id FROM runs
     WHERE status IN ('running', 'waiting')
-      AND (lease_until IS NULL OR lease_until < now() OR worker_id = $1)
+      AND (lease_until IS NULL OR lease_until < now() OR ($4 AND worker_id = $1))
     ORDER BY lease_until NULLS FIRST
     LIMIT $3
     FOR UPDATE SKIP LOCKED
