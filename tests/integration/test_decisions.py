@@ -216,3 +216,30 @@ async def test_batch_decisions(database_url: str) -> None:
         assert results[1]["error"] == "stale_hash"
         with pytest.raises(NotOwner):
             await h.decisions.resolve_batch(run.id, [], principal="mallory", channel="test")
+
+
+async def test_stuck_execution_is_flagged_never_retried(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix("5"))) as h:
+        card = await one_card(h)
+        await h.store.decide(
+            card.id,
+            principal="alice",
+            decision=Decision.APPROVE,
+            snapshot_hash=card.snapshot_hash,
+            channel="test",
+        )
+        # a worker won approved -> executing and then died before recording the result
+        started = await h.store.begin_execution(card.id, "worker:dead")
+        assert started is not None
+        assert await h.store.begin_execution(card.id, "worker:other") is None  # one winner
+        assert await h.store.flag_stuck(3600) == []  # not stuck yet
+        flagged = await h.store.flag_stuck(0)
+        assert [c.id for c in flagged] == [card.id]
+        assert flagged[0].needs_reconciliation
+        assert flagged[0].status is Status.EXECUTING
+        assert await h.store.flag_stuck(0) == []  # flagged once
+        assert await h.charges() == 0  # nothing retried it
+        done = await h.store.set_reconciled(card.id, "operator", "no charge at the provider")
+        assert not done.needs_reconciliation
+        audit = await h.store.card_events(card.id)
+        assert audit[-1].detail == {"reconciled": "no charge at the provider"}

@@ -259,3 +259,26 @@ async def test_ws_chat_receives_events_and_resumes(h: Harness) -> None:
                 break
     assert seqs == list(range(3, seqs[-1] + 1))
     await ws2.close()
+
+
+async def test_200_concurrent_http_approvals(h: Harness) -> None:
+    import asyncio
+
+    card = await card_for(h)
+    url = f"{h.base_url}/v1/cards/{card['id']}/resolve"
+    body = {"decision": "approve", "snapshot_hash": card["snapshot_hash"]}
+    limits = httpx.Limits(max_connections=200)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as c:
+        responses = await asyncio.gather(
+            *(c.post(url, json=body, headers=auth(h, "alice")) for _ in range(200))
+        )
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(200) == 1 and codes.count(409) == 199
+    for r in responses:
+        if r.status_code == 409:
+            assert r.json()["error"] == "already_decided"
+            assert r.json()["detail"]["decided_by"] == "alice"
+    await h.settle()
+    events = [e.to_status for e in await h.store.card_events(card["id"])]
+    assert events.count("approved") == 1 and events.count("executing") == 1
+    assert await h.charges() == 1
