@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import msgspec
@@ -91,6 +92,7 @@ class GatewayService:
                 tenant=who.tenant,
                 role=who.role,
                 channel=channel,
+                message_id=str(uuid.uuid4()),
             )
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from runtime.canonical import request_key, snapshot_hash
 from runtime.cards import DECIDED, Card, Status
 from runtime.conversation import build_messages
 from runtime.errors import SignoffError, ToolValidationError
+from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.models.base import Model
 from runtime.notify import notify_card
@@ -39,6 +41,7 @@ SYSTEM_PROMPT = (
 )
 
 MAX_MODEL_CALLS = 12
+_RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 
 class Hint(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -69,6 +72,7 @@ class Agent:
         wait_grace_ms: int = 30_000,
         park: Callable[[Run, list[Card]], Awaitable[None]] | None = None,
         unpark: Callable[[str], None] | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -81,6 +85,7 @@ class Agent:
         self.system = system
         self.lease_seconds = lease_seconds
         self.wait_grace_ms = wait_grace_ms
+        self.faults = faults or Faults()
         self._park = park
         self._unpark = unpark
         self._locks: dict[str, asyncio.Lock] = {}
@@ -111,11 +116,23 @@ class Agent:
     # -- a new user message ----------------------------------------------------
 
     async def start(
-        self, thread_id: str, text: str, *, user: str, role: str = "user", channel: str = "http"
+        self,
+        thread_id: str,
+        text: str,
+        *,
+        user: str,
+        role: str = "user",
+        channel: str = "http",
+        message_id: str = "",
     ) -> Run:
-        """Run a user message: supersede what was pending in the thread, then step."""
+        """Run a user message: supersede what was pending in the thread, then step.
+
+        A message seen before (same ``message_id``) is not run twice: its run is
+        left to whoever holds its lease, and adoption continues it from the store.
+        """
+        run_id = str(uuid.uuid5(_RUN_NS, message_id)) if message_id else None
         async with self.lock(thread_id):
-            run, superseded, old_runs = await self.store.start_run(
+            run, superseded, old_runs, created = await self.store.start_run(
                 thread_id,
                 owner=user,
                 role=role,
@@ -124,7 +141,11 @@ class Agent:
                 content=[{"type": "text", "text": text}],
                 actor=user,
                 channel=channel,
+                run_id=run_id,
             )
+            if not created:
+                log.info("message %s was delivered again; run %s exists", message_id, run.id)
+                return run
             for old in old_runs:
                 if self._unpark is not None:
                     self._unpark(old.id)
@@ -372,6 +393,7 @@ class Agent:
             # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
             result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
             ok = True
+            self.faults.hit("execute.after_provider")
         except Exception as exc:
             log.warning("card %s failed: %s", card.id, exc)
             result, ok = {"error": str(exc)}, False

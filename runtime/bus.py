@@ -23,7 +23,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     role: str = "user"
     channel: str = "http"
-    kind: str = "message"  # "message" (a user turn) or "resume" (continue a parked run)
+    # Set by the gateway once per user message; the run id derives from it, so a
+    # redelivered inbox entry finds its run instead of starting another (I5).
+    message_id: str = ""
 
 
 class Delivery(msgspec.Struct, frozen=True):

@@ -24,8 +24,9 @@ gets its existing card back (I5).
 
 Every Redis call goes through :meth:`RedisBus._call`, which retries connection
 errors and timeouts with backoff, then raises :class:`~runtime.errors.Unavailable`.
-The client must speak RESP2 with ``decode_responses=False`` (what :meth:`from_url`
-builds); give it no retries of its own, or they multiply with ours.
+The client must have ``decode_responses=False``; :meth:`from_url` builds one on RESP2
+with no retries of its own (redis-py 8 defaults to RESP3 and 10 retries, which would
+multiply with ours). The pub/sub connection always speaks RESP2.
 """
 
 from __future__ import annotations
@@ -206,8 +207,6 @@ class RedisBus:
         kwargs = client.connection_pool.connection_kwargs
         if kwargs.get("decode_responses"):
             raise ConfigError("the Redis bus needs a client with decode_responses=False")
-        if str(kwargs.get("protocol") or 2) != "2":
-            raise ConfigError("the Redis bus speaks RESP2; leave the client's protocol unset")
         self._client = client
         self._keys = keys
         self._claim_idle_ms = claim_idle_ms
@@ -227,7 +226,8 @@ class RedisBus:
     @classmethod
     def from_url(cls, url: str, keys: Keys, *, claim_idle_ms: int = 30_000) -> RedisBus:
         """A bus on ``redis://``/``rediss://``/``unix://`` (hiredis parses when installed)."""
-        client = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+        # RESP2 (redis-py 8 defaults to RESP3) and no retries in redis-py: ours are in _call.
+        client = aioredis.Redis.from_url(url, protocol=2, retry=Retry(NoBackoff(), 0))
         return cls(client, keys, claim_idle_ms=claim_idle_ms)
 
     # -- the retry helper ---------------------------------------------------------------
@@ -330,7 +330,12 @@ class RedisBus:
             return link
 
     async def _connect(self) -> AbstractConnection:
-        conn: AbstractConnection = self._client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        pool = self._client.connection_pool
+        # RESP2 on this one connection, whatever the client speaks: pub/sub frames are then
+        # plain replies in order, not RESP3 push frames routed through redis-py's handlers.
+        conn: AbstractConnection = pool.connection_class(
+            **{**pool.connection_kwargs, "protocol": 2}
+        )
         try:
             await conn.connect()  # type: ignore[no-untyped-call]
         except BaseException:

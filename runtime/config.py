@@ -40,6 +40,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str = "demo"
     max_ws_message_bytes: int = 64 * 1024
     pool_size: int = 10
+    claim_idle_ms: int = 30_000  # inbox entries of a dead consumer idle this long are reclaimed
+    faults: tuple[str, ...] = ()  # armed fault points (tests only), see runtime/faults.py
 
     def with_(self, **changes: Any) -> Settings:
         return msgspec.structs.replace(self, **changes)
@@ -67,6 +69,8 @@ _ENV: dict[str, str] = {
     "key_prefix": "SIGNOFF_KEY_PREFIX",
     "tenant": "SIGNOFF_TENANT",
     "pool_size": "SIGNOFF_POOL_SIZE",
+    "claim_idle_ms": "SIGNOFF_CLAIM_IDLE_MS",
+    "faults": "SIGNOFF_FAULTS",
 }
 
 
@@ -82,7 +86,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     for name, var in _ENV.items():
         if var in source and source[var] != "":
             value: Any = source[var]
-            if name == "allowed_origins":
+            if name in ("allowed_origins", "faults"):
                 value = tuple(o.strip() for o in value.split(",") if o.strip())
             elif name == "offline_model":
                 value = value.lower() in ("1", "true", "yes")

@@ -23,6 +23,7 @@ from runtime.bus import Bus, Delivery
 from runtime.cards import Card
 from runtime.config import Settings
 from runtime.errors import SignoffError
+from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.models.base import Model
 from runtime.notify import notify_card, signal_decoder
@@ -44,6 +45,7 @@ class Worker:
         self.keys = Keys(settings.key_prefix)
         self.worker_id = settings.worker_id
         self.waits = WaitRegistry(on_ready=self._on_ready)
+        self.faults = Faults(settings.faults)
         kwargs: dict[str, Any] = {}
         if app.system:
             kwargs["system"] = app.system
@@ -60,6 +62,7 @@ class Worker:
             wait_grace_ms=settings.wait_grace_ms,
             park=self._park,
             unpark=self.waits.drop_run,
+            faults=self.faults,
             **kwargs,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -124,10 +127,19 @@ class Worker:
     # -- running turns -------------------------------------------------------------
 
     async def run_message(
-        self, thread_id: str, text: str, *, user: str, role: str = "user", channel: str = "http"
+        self,
+        thread_id: str,
+        text: str,
+        *,
+        user: str,
+        role: str = "user",
+        channel: str = "http",
+        message_id: str = "",
     ) -> Run | None:
         try:
-            return await self.agent.start(thread_id, text, user=user, role=role, channel=channel)
+            return await self.agent.start(
+                thread_id, text, user=user, role=role, channel=channel, message_id=message_id
+            )
         except SignoffError as exc:
             log.warning("message on thread %s failed: %s", thread_id, exc)
             await self._fail_active(thread_id, exc)
@@ -142,8 +154,14 @@ class Worker:
     async def _handle(self, delivery: Delivery) -> None:
         job = delivery.job
         await self.run_message(
-            job.thread_id, job.text, user=job.user, role=job.role, channel=job.channel
+            job.thread_id,
+            job.text,
+            user=job.user,
+            role=job.role,
+            channel=job.channel,
+            message_id=job.message_id or f"inbox:{delivery.id}",
         )
+        self.faults.hit("inbox.before_ack")
         await self.bus.ack(delivery.id)
 
     async def _inbox_loop(self) -> None:
@@ -223,9 +241,7 @@ class Worker:
 
     async def adopt(self, *, own: bool = False) -> list[str]:
         """Take over active runs whose lease lapsed and continue them from the store."""
-        runs = await self.store.adopt_runs(
-            self.worker_id, self.settings.lease_seconds, own=own
-        )
+        runs = await self.store.adopt_runs(self.worker_id, self.settings.lease_seconds, own=own)
         parked = set(self.waits.parked_runs())
         adopted = []
         for run in runs:

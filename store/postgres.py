@@ -247,16 +247,23 @@ class PostgresStore:
         content: list[dict[str, Any]],
         actor: str,
         channel: str | None,
-    ) -> tuple[Run, list[Card], list[Run]]:
+        run_id: str | None = None,
+    ) -> tuple[Run, list[Card], list[Run], bool]:
         """Start a run for a new user message, in one transaction.
 
         Pending cards of the thread become ``superseded``, active runs of the
-        thread become ``superseded``, the user message is appended.
+        thread become ``superseded``, the user message is appended. ``run_id``
+        is derived from the inbox message: a redelivered message finds its run
+        (returned with ``created=False``) instead of starting a second one (I5).
         """
         async with self._tx() as conn:
             thread = await conn.fetchrow(q.THREAD_GET + " FOR UPDATE", _uuid(thread_id))
             if thread is None:
                 raise NotFound(f"thread {thread_id} not found", thread_id=thread_id)
+            if run_id is not None:
+                existing = await conn.fetchrow(q.RUN_GET, run_id)
+                if existing is not None:
+                    return _run(existing), [], [], False
             superseded_cards: list[Card] = []
             for row in await conn.fetch(q.CARDS_PENDING_OF_THREAD, thread_id):
                 moved = await self._move(
@@ -273,7 +280,7 @@ class PostgresStore:
             old_runs = [_run(r) for r in await conn.fetch(q.RUN_SUPERSEDE_ACTIVE, thread_id)]
             run_row = await conn.fetchrow(
                 q.RUN_INSERT,
-                str(uuid.uuid4()),
+                run_id or str(uuid.uuid4()),
                 thread_id,
                 thread["tenant"],
                 owner,
@@ -283,7 +290,7 @@ class PostgresStore:
             )
             run = _run(_some(run_row))
             await self._append(conn, thread_id, "user", {"content": content}, run.id)
-        return run, superseded_cards, old_runs
+        return run, superseded_cards, old_runs, True
 
     async def get_run(self, run_id: str) -> Run:
         row = await self._read(lambda c: c.fetchrow(q.RUN_GET, _uuid(run_id)))

@@ -53,7 +53,9 @@
     lastSeq: 0,
     liveFrom: Infinity, // events with a larger seq arrived live (announce them)
     cards: new Map(), // card id -> {card, el, busy, error, form}
-    streams: new Map(), // run id -> streaming assistant bubble
+    streams: new Map(), // run id -> {el, text}: the streaming assistant bubble
+    finalText: new Map(), // run id -> text of its last assistant event
+    doneRuns: new Set(), // runs that ended (late deltas are dropped)
     activeRun: null
   };
 
@@ -311,12 +313,7 @@
   }
 
   function onEvent(f) {
-    if (!state.threadId && state.awaitingThread && !state.seenThreads.has(f.thread_id)) {
-      // The first message of a new thread: its events may come before the ack.
-      state.threadId = f.thread_id;
-      state.liveFrom = 0;
-      writeLocation();
-    }
+    adoptThread(f.thread_id);
     if (f.thread_id !== state.threadId) {
       state.seenThreads.add(f.thread_id);
       return;
@@ -327,19 +324,41 @@
   }
 
   function onDelta(f) {
-    if (f.thread_id !== state.threadId || !f.text) return;
-    var bubble = state.streams.get(f.run_id);
-    if (!bubble) {
-      bubble = make('li', 'msg assistant streaming');
+    if (!f.text) return;
+    adoptThread(f.thread_id);
+    if (f.thread_id !== state.threadId || state.doneRuns.has(f.run_id)) return;
+    // Deltas carry no seq: the log may already hold the message they stream (a hint
+    // and a log read can cross). A stream whose text is a prefix of the run's last
+    // assistant message is that message again, so it stays hidden.
+    var stream = state.streams.get(f.run_id);
+    if (!stream) {
+      var bubble = make('li', 'msg assistant streaming');
       bubble.appendChild(make('p', 'msg-text', ''));
       bubble.setAttribute('aria-busy', 'true');
-      state.streams.set(f.run_id, bubble);
+      stream = { el: bubble, text: '' };
+      state.streams.set(f.run_id, stream);
       el.transcript.appendChild(bubble);
     }
-    var p = bubble.firstChild;
-    p.textContent = p.textContent + f.text;
+    stream.text += f.text;
+    var shown = state.finalText.get(f.run_id);
+    if (shown !== undefined && shown.indexOf(stream.text) === 0) {
+      stream.el.hidden = true;
+      if (shown === stream.text) dropStream(f.run_id);
+    } else {
+      stream.el.hidden = false;
+      stream.el.firstChild.textContent = stream.text;
+    }
     renderThinking();
     scrollToEnd();
+  }
+
+  function adoptThread(threadId) {
+    if (!state.threadId && state.awaitingThread && !state.seenThreads.has(threadId)) {
+      // The first message of a new thread: its events may come before the ack.
+      state.threadId = threadId;
+      state.liveFrom = 0;
+      writeLocation();
+    }
   }
 
   function onResolved(f) {
@@ -410,6 +429,8 @@
     state.liveFrom = Infinity;
     state.cards.clear();
     state.streams.clear();
+    state.finalText.clear();
+    state.doneRuns.clear();
     state.activeRun = null;
     el.transcript.textContent = '';
     renderPending();
@@ -426,8 +447,11 @@
         addMessage('user', textOf(data), ev);
         break;
       case 'assistant': {
-        dropStream(ev.run_id);
         var text = textOf(data);
+        var stream = state.streams.get(ev.run_id);
+        // The stream was this message (or nothing of it is left to show).
+        if (stream && (text.indexOf(stream.text) === 0 || !text)) dropStream(ev.run_id);
+        state.finalText.set(ev.run_id, text);
         if (text) addMessage('assistant', text, ev);
         break;
       }
@@ -440,6 +464,7 @@
         break;
       case 'run':
         dropStream(ev.run_id);
+        state.doneRuns.add(ev.run_id);
         if (state.activeRun === ev.run_id) state.activeRun = null;
         if (data.status === 'failed') {
           addNotice('The assistant stopped: ' + (data.error || 'the run failed'), 'error', ev);
@@ -460,7 +485,7 @@
   function insertItem(node) {
     // Streaming bubbles stay last until their event lands.
     var firstStream = null;
-    state.streams.forEach(function (b) { if (!firstStream && b.parentNode) firstStream = b; });
+    state.streams.forEach(function (st) { if (!firstStream && st.el.parentNode) firstStream = st.el; });
     if (firstStream) el.transcript.insertBefore(node, firstStream);
     else el.transcript.appendChild(node);
   }
@@ -498,9 +523,9 @@
   }
 
   function dropStream(runId) {
-    var bubble = state.streams.get(runId);
-    if (bubble) {
-      if (bubble.parentNode) bubble.parentNode.removeChild(bubble);
+    var stream = state.streams.get(runId);
+    if (stream) {
+      if (stream.el.parentNode) stream.el.parentNode.removeChild(stream.el);
       state.streams.delete(runId);
     }
   }
@@ -955,7 +980,9 @@
   // ------------------------------------------------------------------ composer
 
   function renderThinking() {
-    var working = !!state.activeRun && state.streams.size === 0 &&
+    var streaming = false;
+    state.streams.forEach(function (st) { if (!st.el.hidden) streaming = true; });
+    var working = !!state.activeRun && !streaming &&
       !pendingCards().some(function (e) { return e.card.run_id === state.activeRun; });
     el.thinking.hidden = !working;
   }
