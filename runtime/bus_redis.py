@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import random
 import time
@@ -67,7 +68,8 @@ CONFIRM_TIMEOUT = 10.0
 # A local subscriber this far behind is cut off (like Redis's own output buffer limit).
 MAX_BACKLOG = 10_000
 TAKE_COUNT = 16
-CLAIM_BATCH = 100
+CLAIM_BATCH = 100  # XPENDING page size
+CLAIM_PAGES = 10  # pages looked at per claim round
 JOB_FIELD = b"job"
 
 _RETRYABLE = (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)
@@ -78,11 +80,25 @@ _encoder = msgspec.json.Encoder()
 class BusDisconnected(Unavailable):
     """The pub/sub connection dropped: re-subscribe, then re-read Postgres."""
 
-    code = "bus_disconnected"
-
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _socket_timeout(client: aioredis.Redis) -> float | None:
+    """The client's read timeout; redis-py leaves its default (5 s in 8.x) out of the kwargs."""
+    pool = client.connection_pool
+    if "socket_timeout" in pool.connection_kwargs:
+        timeout: float | None = pool.connection_kwargs["socket_timeout"]
+        return timeout
+    for cls in pool.connection_class.__mro__:
+        init = vars(cls).get("__init__")
+        if init is not None:
+            param = inspect.signature(init).parameters.get("socket_timeout")
+            if param is not None and param.default is not inspect.Parameter.empty:
+                default: float | None = param.default
+                return default
+    return None
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
@@ -145,10 +161,12 @@ class _Link:
         self.reader: asyncio.Task[None] | None = None
 
     def fail(self, error: BusDisconnected) -> None:
-        """Mark the link dead: every subscriber raises, every pending confirmation fails."""
+        """Mark the link dead: subscribers raise, confirmations fail, the reader stops."""
         if self.error is not None:
             return
         self.error = error
+        if self.reader is not None and self.reader is not asyncio.current_task():
+            self.reader.cancel()  # its finally closes the connection
         for channel in self.channels.values():
             for sub in channel.subs:
                 sub.fail(error)
@@ -165,7 +183,7 @@ class _Link:
         """Send one (UN)SUBSCRIBE, in order; never reconnects (a dead link stays dead)."""
         async with self.lock:
             if self.error is not None:
-                raise self.error
+                raise BusDisconnected(self.error.message) from self.error.__cause__
             if not self.conn.is_connected:
                 self.fail(BusDisconnected("pub/sub connection closed"))
                 raise BusDisconnected("pub/sub connection closed")
@@ -214,10 +232,11 @@ class RedisBus:
         self._next_claim = 0.0
         self._inflight: set[str] = set()  # delivered by this process, not acked yet
         self._group_ready = False
-        timeout = kwargs.get("socket_timeout")
+        timeout = _socket_timeout(client)
         # A BLOCK longer than the socket timeout would read as a dead connection.
         self._max_block_ms = max(int(timeout * 1000) - 500, 1) if timeout else None
         self._link: _Link | None = None
+        self._readers: set[asyncio.Task[None]] = set()
         self._link_lock = asyncio.Lock()
         self._connect_failures = 0
         self._reconnect_at = 0.0
@@ -324,8 +343,13 @@ class RedisBus:
                 self._reconnect_at = time.monotonic() + backoff
                 raise
             self._connect_failures = 0
+            if self._closed:  # closed while connecting
+                await conn.disconnect()
+                raise Unavailable("the Redis bus is closed")
             link = _Link(conn)
             link.reader = asyncio.create_task(self._read(link), name="signoff-bus-pubsub")
+            self._readers.add(link.reader)
+            link.reader.add_done_callback(self._readers.discard)
             self._link = link
             return link
 
@@ -482,29 +506,30 @@ class RedisBus:
             return []
         self._next_claim = now + self._claim_every
         inbox, group, idle = self._keys.inbox, self._keys.inbox_group, self._claim_idle_ms
-        none: list[Any] = []
-        pending = await self._call(
-            "XPENDING",
-            self._grouped(
-                lambda: self._client.xpending_range(inbox, group, "-", "+", CLAIM_BATCH, idle=idle),
-                none,
-            ),
-        )
         alive: dict[str, bool] = {}
         stale: list[Any] = []
-        for item in pending:
-            entry_id, owner = _text(item["message_id"]), _text(item["consumer"])
-            if owner == consumer:
-                # Ours, yet not handed out by this process: a previous process of the same name.
-                if entry_id not in self._inflight:
+        start = "-"
+        for _ in range(CLAIM_PAGES):
+            page = await self._pending(start, idle)
+            for item in page:
+                entry_id, owner = _text(item["message_id"]), _text(item["consumer"])
+                if owner == consumer:
+                    # Ours, yet not handed out by this process: a past process of this name.
+                    if entry_id not in self._inflight:
+                        stale.append(entry_id)
+                    continue
+                if owner not in alive:
+                    alive[owner] = await self.alive(owner)
+                if not alive[owner]:
                     stale.append(entry_id)
-                continue
-            if owner not in alive:
-                alive[owner] = await self.alive(owner)
-            if not alive[owner]:
-                stale.append(entry_id)
+            if stale or len(page) < CLAIM_BATCH:
+                break
+            start = "(" + _text(page[-1]["message_id"])  # the next page, past live consumers'
         if not stale:
             return []
+        if len(stale) > TAKE_COUNT:
+            stale = stale[:TAKE_COUNT]
+            self._next_claim = 0.0  # more to claim: look again on the next take
         # XCLAIM re-checks the idle time, so of two concurrent claimers only one wins.
         claimed = await self._call(
             "XCLAIM", lambda: self._client.xclaim(inbox, group, consumer, idle, stale)
@@ -515,6 +540,20 @@ class RedisBus:
         if deliveries:
             log.info("claimed %d inbox entries of dead consumers for %s", len(deliveries), consumer)
         return deliveries
+
+    async def _pending(self, start: str, idle_ms: int) -> list[Any]:
+        """One page of XPENDING: entries idle at least ``idle_ms``, from ``start`` on."""
+        inbox, group = self._keys.inbox, self._keys.inbox_group
+        none: list[Any] = []
+        return await self._call(
+            "XPENDING",
+            self._grouped(
+                lambda: self._client.xpending_range(
+                    inbox, group, start, "+", CLAIM_BATCH, idle=idle_ms
+                ),
+                none,
+            ),
+        )
 
     async def _deliveries(self, entries: list[Any]) -> list[Delivery]:
         out: list[Delivery] = []
@@ -539,12 +578,12 @@ class RedisBus:
         if self._closed:
             return
         self._closed = True
-        async with self._link_lock:
-            link, self._link = self._link, None
+        link, self._link = self._link, None
         if link is not None:
             link.fail(BusDisconnected("the Redis bus is closed"))
-            if link.reader is not None:
-                link.reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await link.reader
+        readers = set(self._readers)
+        for reader in readers:
+            reader.cancel()
+        if readers:
+            await asyncio.wait(readers)  # (not `await reader`: that would swallow our own cancel)
         await self._client.aclose()

@@ -82,11 +82,11 @@ def embedded_urls(settings: Settings) -> tuple[Settings, list[Any]]:
 
 def make_bus(settings: Settings) -> Bus:
     if settings.redis_url:
-        try:
-            from runtime.bus_redis import RedisBus  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as exc:
-            raise ConfigError("the Redis bus is not available in this build") from exc
-        bus: Bus = RedisBus.from_url(settings.redis_url, Keys(settings.key_prefix))
+        from runtime.bus_redis import RedisBus
+
+        bus: Bus = RedisBus.from_url(
+            settings.redis_url, Keys(settings.key_prefix), claim_idle_ms=settings.claim_idle_ms
+        )
         return bus
     return MemoryBus()
 

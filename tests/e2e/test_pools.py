@@ -1,0 +1,161 @@
+"""Gateway and worker pools as separate OS processes, joined by Redis and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import websockets
+
+from tests import services
+from tests.cluster import Cluster, cluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return services.redis_url()
+
+
+@pytest.fixture
+def pools(database_url: str, redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    with cluster(database_url, redis_url, tmp_path, gateways=2, workers=2,
+                 SIGNOFF_LEASE_SECONDS="3") as c:
+        yield c
+
+
+def headers(c: Cluster, user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {c.token(user)}"}
+
+
+async def wait_until(fn: Any, timeout: float = 30.0, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await fn()
+        if value:
+            return value
+        await asyncio.sleep(every)
+    raise AssertionError("condition not met in time")
+
+
+async def test_chat_on_a_approve_on_b(pools: Cluster) -> None:
+    a, b = pools.gateways
+    ws = await websockets.connect(a.url.replace("http", "ws") + "/v1/ws")
+    await ws.send(json.dumps({"type": "auth", "token": pools.token("ana")}))
+    assert json.loads(await ws.recv())["type"] == "ready"
+    await ws.send(json.dumps({"type": "message", "text": "cobre 150 do João", "id": "m"}))
+    card = None
+    while card is None:
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        if msg["type"] == "event" and msg["kind"] == "card":
+            card = msg["data"]
+    async with httpx.AsyncClient(base_url=b.url, headers=headers(pools, "ana")) as http:
+        r = await http.post(f"/v1/cards/{card['id']}/resolve",
+                            json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]})
+        assert r.status_code == 200, r.text
+    statuses = []
+    while "executed" not in statuses:
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        if msg["type"] == "event" and msg["kind"] == "card_update":
+            statuses.append(msg["data"]["status"])
+    assert statuses == ["approved", "executing", "executed"]
+    while True:  # the result reaches the client on A, through the model's reply
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        if msg["type"] == "event" and msg["kind"] == "run":
+            assert msg["data"]["status"] == "done"
+            break
+    await ws.close()
+
+
+async def parked_threads(c: Cluster, gw_url: str, n: int, user_prefix: str = "u",
+                         text: str = "cobre 12 do João") -> list[tuple[str, str]]:
+    """Start n threads that each park on one card; returns (user, thread_id)."""
+    out: list[tuple[str, str]] = []
+    limits = httpx.Limits(max_connections=32)
+    async with httpx.AsyncClient(base_url=gw_url, limits=limits, timeout=30) as http:
+        sem = asyncio.Semaphore(32)
+
+        async def one(i: int) -> tuple[str, str]:
+            user = f"{user_prefix}{i}"
+            async with sem:
+                r = await http.post("/v1/threads", headers=headers(c, user))
+                thread = r.json()["thread"]["id"]
+                r = await http.post(f"/v1/threads/{thread}/messages", json={"text": text},
+                                    headers=headers(c, user))
+                assert r.status_code == 202, r.text
+            return user, thread
+
+        out = list(await asyncio.gather(*(one(i) for i in range(n))))
+    return out
+
+
+async def pending_cards(db: asyncpg.Connection, tenant: str) -> list[asyncpg.Record]:
+    return await db.fetch(
+        "SELECT id::text, owner, snapshot_hash, run_id::text FROM cards "
+        "WHERE tenant = $1 AND status = 'pending' ORDER BY created_at", tenant)
+
+
+async def approve_all(c: Cluster, gw_url: str, cards: list[asyncpg.Record]) -> list[int]:
+    limits = httpx.Limits(max_connections=32)
+    async with httpx.AsyncClient(base_url=gw_url, limits=limits, timeout=30) as http:
+        sem = asyncio.Semaphore(32)
+
+        async def one(card: asyncpg.Record) -> int:
+            async with sem:
+                r = await http.post(
+                    f"/v1/cards/{card['id']}/resolve",
+                    json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]},
+                    headers=headers(c, card["owner"]),
+                )
+                return r.status_code
+
+        return list(await asyncio.gather(*(one(card) for card in cards)))
+
+
+async def check_exactly_once(db: asyncpg.Connection, tenant: str, n: int) -> None:
+    executed = await db.fetchval(
+        "SELECT count(*) FROM cards WHERE tenant = $1 AND status = 'executed'", tenant)
+    charges = await db.fetchval("SELECT count(*) FROM demo_charges WHERE tenant = $1", tenant)
+    keyed = await db.fetchval(
+        "SELECT count(*) FROM demo_charges d JOIN cards c ON c.operation_id::text = "
+        "d.idempotency_key WHERE d.tenant = $1 AND c.status = 'executed'", tenant)
+    executing = await db.fetchval(
+        "SELECT count(*) FROM card_events e JOIN cards c ON c.id = e.card_id "
+        "WHERE c.tenant = $1 AND e.to_status = 'executing'", tenant)
+    assert (executed, charges, keyed, executing) == (n, n, n, n)
+
+
+async def all_runs_done(db: asyncpg.Connection, tenant: str, n: int) -> bool:
+    done = await db.fetchval(
+        "SELECT count(*) FROM runs WHERE tenant = $1 AND status = 'done'", tenant)
+    return bool(done == n)
+
+
+async def test_500_threads_across_pools(pools: Cluster, database_url: str) -> None:
+    a, b = pools.gateways
+    db = await asyncpg.connect(database_url)
+    try:
+        n = 500
+        await parked_threads(pools, a.url, n)
+        cards = await wait_until(
+            lambda: _count_pending(db, pools.tenant, n), timeout=90)
+        codes = await approve_all(pools, b.url, cards)
+        assert codes == [200] * n
+        await wait_until(lambda: all_runs_done(db, pools.tenant, n), timeout=90)
+        await check_exactly_once(db, pools.tenant, n)
+    finally:
+        await db.close()
+
+
+async def _count_pending(db: asyncpg.Connection, tenant: str, n: int) -> list[asyncpg.Record]:
+    cards = await pending_cards(db, tenant)
+    return cards if len(cards) == n else []
