@@ -36,8 +36,9 @@ class Proc:
 
     def start(self) -> None:
         self.log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(self.argv, env=self.env, stdout=self.log,
-                                      stderr=subprocess.STDOUT)
+        self.popen = subprocess.Popen(
+            self.argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT
+        )
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -84,17 +85,18 @@ class Cluster:
     tokens: Tokens = field(default_factory=lambda: Tokens(SECRET))
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
-        env.update({
-            "SIGNOFF_DATABASE_URL": self.database_url,
-            "SIGNOFF_REDIS_URL": self.redis_url,
-            "SIGNOFF_SECRET": SECRET,
-            "SIGNOFF_KEY_PREFIX": self.prefix,
-            "SIGNOFF_TENANT": self.tenant,
-            "SIGNOFF_OFFLINE_MODEL": "1",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
+        env.update(
+            {
+                "SIGNOFF_DATABASE_URL": self.database_url,
+                "SIGNOFF_REDIS_URL": self.redis_url,
+                "SIGNOFF_SECRET": SECRET,
+                "SIGNOFF_KEY_PREFIX": self.prefix,
+                "SIGNOFF_TENANT": self.tenant,
+                "SIGNOFF_OFFLINE_MODEL": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.update(self.env_extra)
         env.update(extra)
         return env
@@ -102,8 +104,13 @@ class Cluster:
     def add_gateway(self, **extra: str) -> Proc:
         port = free_port()
         n = len(self.gateways)
-        proc = Proc(f"gw{n}", [sys.executable, "-m", "runtime.cli", "gateway", "--port", str(port)],
-                    self.env(**extra), self.workdir / f"gw{n}.log", port=port)
+        proc = Proc(
+            f"gw{n}",
+            [sys.executable, "-m", "runtime.cli", "gateway", "--port", str(port)],
+            self.env(**extra),
+            self.workdir / f"gw{n}.log",
+            port=port,
+        )
         proc.start()
         self.gateways.append(proc)
         self._wait(lambda: _healthy(proc), proc, "gateway /readyz")
@@ -112,8 +119,12 @@ class Cluster:
     def add_worker(self, worker_id: str | None = None, **extra: str) -> Proc:
         n = len(self.workers)
         wid = worker_id or f"wk{n}-{secrets.token_hex(2)}"
-        proc = Proc(wid, [sys.executable, "-m", "runtime.cli", "worker"],
-                    self.env(SIGNOFF_WORKER_ID=wid, **extra), self.workdir / f"{wid}.log")
+        proc = Proc(
+            wid,
+            [sys.executable, "-m", "runtime.cli", "worker"],
+            self.env(SIGNOFF_WORKER_ID=wid, **extra),
+            self.workdir / f"{wid}.log",
+        )
         proc.start()
         self.workers.append(proc)
         self._wait(lambda: "running" in proc.output(), proc, "worker start")
@@ -148,8 +159,15 @@ def _healthy(proc: Proc) -> bool:
 
 
 @contextmanager
-def cluster(database_url: str, redis_url: str, workdir: Path, *, gateways: int = 2,
-            workers: int = 2, **env: str) -> Iterator[Cluster]:
+def cluster(
+    database_url: str,
+    redis_url: str,
+    workdir: Path,
+    *,
+    gateways: int = 2,
+    workers: int = 2,
+    **env: str,
+) -> Iterator[Cluster]:
     c = Cluster(database_url=database_url, redis_url=redis_url, workdir=workdir, env_extra=env)
     try:
         for _ in range(workers):

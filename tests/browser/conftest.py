@@ -57,7 +57,9 @@ def missing() -> str | None:
 
 
 # Every browser test module starts with ``pytestmark = [pytest.mark.anyio, needs_browser]``.
-needs_browser = pytest.mark.skipif(missing() is not None, reason=f"browser tests skipped: {missing()}")
+needs_browser = pytest.mark.skipif(
+    missing() is not None, reason=f"browser tests skipped: {missing()}"
+)
 
 
 if HAVE_PLAYWRIGHT:
@@ -131,8 +133,9 @@ def _test_name(request: pytest.FixtureRequest) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name).removeprefix("test_")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 async def browser() -> AsyncIterator[Browser]:
+    """One Chromium for the session; every test gets its own context (fresh storage)."""
     async with async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -147,9 +150,9 @@ def _watch(page: Page, chat_errors: list[str], frames: list[dict[str, Any]]) -> 
     page.on("pageerror", lambda exc: chat_errors.append(f"pageerror: {exc}"))
     page.on(
         "console",
-        lambda msg: chat_errors.append(f"console {msg.type}: {msg.text}")
-        if msg.type == "error"
-        else None,
+        lambda msg: (
+            chat_errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None
+        ),
     )
 
     def on_ws(ws: Any) -> None:
@@ -181,8 +184,14 @@ async def chat_factory(
         context.set_default_timeout(TIMEOUT_MS)
         contexts.append(context)
         page = await context.new_page()
-        chat = Chat(h=h, browser=browser, context=context, page=page,
-                    user=user or unique_user(), name=_test_name(request))
+        chat = Chat(
+            h=h,
+            browser=browser,
+            context=context,
+            page=page,
+            user=user or unique_user(),
+            name=_test_name(request),
+        )
         _watch(page, chat.errors, chat.sent_frames)
         stack.append(chat)
         return chat

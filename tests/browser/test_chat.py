@@ -8,6 +8,7 @@ Debian's Chromium through Playwright. Screenshots of each state go to
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -67,3 +68,343 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     assert str(stored.status) == "executed"
     assert stored.channel == "ws"
     assert [f["snapshot_hash"] for f in chat.resolve_frames()] == [card.snapshot_hash]
+
+
+async def test_reject_with_reason_by_keyboard(chat: Chat) -> None:
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    actions = ui.locator(".actions")
+    # Keyboard only: focus Confirm, Tab to Reject, Enter opens the reason form.
+    await actions.get_by_role("button", name="Confirm").focus()
+    await page.keyboard.press("Tab")
+    await expect(actions.get_by_role("button", name="Reject")).to_be_focused()
+    await page.keyboard.press("Enter")
+    reason = ui.get_by_label("Reason (optional)")
+    await expect(reason).to_be_focused()
+    await page.keyboard.type("valor errado, era 105")
+    await chat.shot("1-reason")
+    await page.keyboard.press("Enter")
+    await expect(ui).to_have_attribute("data-status", "rejected")
+    await expect(ui.locator(".outcome")).to_contain_text("Reason: valor errado, era 105")
+    await expect(ui.locator(".outcome")).to_contain_text("Nothing was done")
+    await expect(page.locator("#announcer")).to_contain_text("Card rejected")
+    await chat.shot("2-rejected")
+    await chat.h.settle()
+    stored = await chat.h.store.get_card(card.id)
+    assert str(stored.status) == "rejected"
+    assert stored.reason == "valor errado, era 105"
+    assert await chat.h.charges() == 0
+
+
+async def test_edit_amount_proposes_new_linked_card(chat: Chat) -> None:
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    assert card.editable == ["amount", "description"]
+    await ui.locator(".actions").get_by_role("button", name="Edit").click()
+    amount = ui.get_by_label("Amount (R$)")
+    await expect(amount).to_have_value("150,00")
+    await expect(ui.get_by_label("Description")).to_be_visible()
+    await amount.fill("200")
+    await chat.shot("1-editing")
+    await ui.get_by_role("button", name="Propose edited card").click()
+    await expect(ui).to_have_attribute("data-status", "modified")
+    await expect(ui.locator(".outcome")).to_contain_text("replaced by a new card")
+    [new] = await chat.wait_cards(1)
+    assert new.id != card.id
+    assert "R$ 200,00" in new.summary
+    old = await chat.h.store.get_card(card.id)
+    assert old.superseded_by == new.id
+    new_ui = chat.card(new.id)
+    await expect(new_ui.locator(".card-summary")).to_have_text(new.summary)
+    await expect(new_ui.locator(".impact")).to_contain_text("R$ 200,00")
+    await expect(chat.page.locator("#announcer")).to_contain_text("New confirmation card")
+    await chat.shot("2-new-card")
+    # The link on the old card leads to the new one.
+    await ui.get_by_role("link", name="Go to the new card").click()
+    await expect(new_ui).to_be_focused()
+    await new_ui.get_by_role("button", name="Confirm").click()
+    await expect(new_ui).to_have_attribute("data-status", "executed")
+    await chat.shot("3-executed")
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
+    amount_cents = await chat.h.provider.pool.fetchval(
+        "SELECT amount FROM demo_charges WHERE tenant = $1", chat.h.tenant
+    )
+    assert amount_cents == 20000
+    edit_frames = [f for f in chat.resolve_frames() if f["decision"] == "edit"]
+    assert edit_frames == [
+        {
+            "type": "resolve",
+            "id": edit_frames[0]["id"],
+            "card_id": card.id,
+            "decision": "edit",
+            "snapshot_hash": card.snapshot_hash,
+            "edits": {"amount": "200"},
+        }
+    ]
+
+
+async def test_double_click_sends_one_decision(chat: Chat) -> None:
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await ui.get_by_role("button", name="Confirm").dblclick()
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await chat.shot("1-executed")
+    await chat.h.settle()
+    assert len(chat.resolve_frames()) == 1
+    assert await approved_events(chat, card.id) == 1
+    assert await chat.h.charges() == 1
+    await expect(ui.locator(".card-error")).to_be_hidden()
+
+
+async def test_buttons_disable_at_once_and_show_progress(chat: Chat) -> None:
+    """Between the click and the card_update the card is busy: nothing can be clicked again."""
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    # Click and look in the same task: the disabled state must not wait for any reply.
+    observed = await chat.page.evaluate(
+        """(id) => new Promise((resolve) => {
+            const card = document.querySelector(`article.card[data-card-id="${id}"]`);
+            const confirm = card.querySelector('[data-action=confirm]');
+            confirm.click();
+            resolve({
+              confirm: confirm.disabled,
+              reject: card.querySelector('[data-action=reject]').disabled,
+              edit: card.querySelector('[data-action=edit]').disabled,
+              busy: card.getAttribute('aria-busy'),
+              progress: card.querySelector('.progress').textContent,
+            });
+        })""",
+        card.id,
+    )
+    assert observed == {
+        "confirm": True,
+        "reject": True,
+        "edit": True,
+        "busy": "true",
+        "progress": "Sending your decision…",
+    }
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await expect(ui).to_have_attribute("aria-busy", "false")
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
+
+
+async def test_reload_restores_pending_card(chat: Chat) -> None:
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    assert f"thread={card.thread_id}" in page.url
+    await page.reload()
+    await expect(page.locator("#conn")).to_have_text("Online")
+    ui = chat.card(card.id)
+    await expect(ui).to_have_attribute("data-status", "pending")
+    await expect(ui.locator(".card-summary")).to_have_text(card.summary)
+    await expect(ui.get_by_role("button", name="Confirm")).to_be_enabled()
+    await expect(page.locator(".msg.user")).to_have_count(1)
+    await expect(chat.cards()).to_have_count(1)
+    await expect(page.locator("#pending-text")).to_have_text("1 confirmation pending")
+    await chat.shot("1-after-reload")
+    await ui.get_by_role("button", name="Confirm").click()
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
+
+
+async def test_expired_card_is_disabled_and_can_be_proposed_again(chat: Chat) -> None:
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    await chat.h.provider.pool.execute(
+        "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", card.id
+    )
+    await chat.h.worker.sweep()
+    ui = chat.card(card.id)
+    await expect(ui).to_have_attribute("data-status", "expired")
+    await expect(ui.locator(".badge.status")).to_have_text("Expired")
+    await expect(ui.get_by_role("button", name="Confirm")).to_be_disabled()
+    await expect(ui.get_by_role("button", name="Reject")).to_be_disabled()
+    await expect(ui.get_by_role("button", name="Edit")).to_be_disabled()
+    again = ui.get_by_role("button", name="Propose again")
+    await expect(again).to_be_enabled()
+    await expect(page.locator("#pending")).to_be_hidden()
+    await chat.shot("1-expired")
+    await again.click()
+    await expect(page.locator(".msg.user").last).to_have_text(
+        re.compile(re.escape(f"Proponha novamente: {card.summary}"))
+    )
+    await chat.shot("2-proposed-again")
+    await chat.h.settle()
+    assert await chat.h.charges() == 0
+
+
+async def test_decision_through_http_api_updates_page_live(chat: Chat) -> None:
+    import httpx
+
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    async with httpx.AsyncClient(base_url=chat.h.base_url) as client:
+        res = await client.post(
+            f"/v1/cards/{card.id}/resolve",
+            json={"decision": "approve", "snapshot_hash": card.snapshot_hash},
+            headers={"Authorization": f"Bearer {chat.h.token(chat.user)}"},
+        )
+    assert res.status_code == 200, res.text
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await expect(ui.locator(".outcome")).to_contain_text(f"Done by {chat.user} (http)")
+    await expect(ui.get_by_role("button", name="Confirm")).to_be_hidden()
+    await chat.shot("1-executed-elsewhere")
+    assert chat.resolve_frames() == []
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
+
+
+async def test_decision_through_decisions_api_updates_page_live(chat: Chat) -> None:
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await chat.h.decisions.resolve(
+        card.id,
+        Resolution(decision=Decision.REJECT, snapshot_hash=card.snapshot_hash, reason="outra aba"),
+        principal=chat.user,
+        channel="http",
+    )
+    await expect(ui).to_have_attribute("data-status", "rejected")
+    await expect(ui.locator(".outcome")).to_contain_text("Reason: outra aba")
+    await chat.shot("1-rejected-elsewhere")
+
+
+async def test_typing_sim_does_not_approve(chat: Chat) -> None:
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    await chat.say("sim")
+    ui = chat.card(card.id)
+    await expect(ui).to_have_attribute("data-status", "superseded")
+    await expect(ui.locator(".outcome")).to_contain_text("Superseded by a newer message")
+    await expect(page.locator(".msg.user").last).to_have_text(re.compile(r"^You.*sim$", re.S))
+    await chat.shot("1-superseded")
+    await chat.h.settle()
+    assert chat.resolve_frames() == []
+    assert await approved_events(chat, card.id) == 0
+    assert await chat.h.charges() == 0
+
+
+async def test_several_cards_pending_and_batch_confirm(chat: Chat) -> None:
+    await chat.open()
+    page = chat.page
+    await chat.say("cobre 150 do João e estorne a venda V002")
+    cards = await chat.wait_cards(2)
+    assert {c.tool for c in cards} == {"create_pix_charge", "refund_sale"}
+    await expect(page.locator("#pending-text")).to_have_text("2 confirmations pending")
+    await chat.shot("1-two-pending")
+    await page.get_by_role("button", name="Confirm all 2").click()
+    for c in cards:
+        await expect(chat.card(c.id)).to_have_attribute("data-status", "executed")
+    await expect(page.locator("#pending")).to_be_hidden()
+    await chat.shot("2-all-executed")
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
+    for c in cards:
+        assert await approved_events(chat, c.id) == 1
+        assert (await chat.h.store.get_card(c.id)).channel == "http"
+
+
+async def test_batch_reject(chat: Chat) -> None:
+    await chat.open()
+    page = chat.page
+    await chat.say("cobre 150 do João e estorne a venda V002")
+    cards = await chat.wait_cards(2)
+    await page.get_by_role("button", name="Reject all 2").click()
+    for c in cards:
+        await expect(chat.card(c.id)).to_have_attribute("data-status", "rejected")
+    await chat.h.settle()
+    assert await chat.h.charges() == 0
+
+
+async def test_reconnects_and_rebuilds_from_the_server(chat: Chat) -> None:
+    """The socket drops; meanwhile the card is decided; the page reconnects and shows it."""
+    page = chat.page
+    routes: list[Any] = []
+    reopen = asyncio.Event()
+
+    async def handler(ws: Any) -> None:
+        if routes:  # hold every reconnection until the test lets it through
+            await reopen.wait()
+        routes.append((ws, ws.connect_to_server()))
+
+    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    page_side, server_side = routes[-1]
+    await page_side.close(code=4000, reason="network gone")
+    await server_side.close()
+    # The page noticed and is trying again (held by the route above).
+    await expect(page.locator("#conn")).to_have_text("Connecting…")
+    await expect(ui.get_by_role("button", name="Confirm")).to_be_disabled()
+    await chat.shot("1-offline")
+    await chat.h.decisions.resolve(
+        card.id,
+        Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+        principal=chat.user,
+        channel="http",
+    )
+    await chat.h.settle()
+    reopen.set()
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(ui).to_have_attribute("data-status", "executed")
+    assert len(routes) == 2
+    resumes = [f for f in chat.sent_frames if f.get("type") == "resume"]
+    assert [(f["thread_id"], f["after_seq"]) for f in resumes] == [(card.thread_id, 0)]
+    # Rebuilt from the log, not appended to what the page had.
+    await expect(page.locator(".msg.user")).to_have_count(1)
+    await expect(chat.cards()).to_have_count(1)
+    await expect(page.locator(".msg.assistant").last).to_contain_text("Feito")
+    await chat.shot("2-rebuilt")
+    assert await chat.h.charges() == 1
+
+
+async def test_decision_in_another_tab_updates_this_one(chat: Chat) -> None:
+    await chat.open()
+    card = await propose_charge(chat)
+    other = await chat.context.new_page()
+    await other.goto(f"{chat.url}?thread={card.thread_id}#token={chat.h.token(chat.user)}")
+    other_ui = other.locator(f'article.card[data-card-id="{card.id}"]')
+    await expect(other_ui).to_have_attribute("data-status", "pending")
+    await other_ui.get_by_role("button", name="Confirm").click()
+    await expect(chat.card(card.id)).to_have_attribute("data-status", "executed")
+    await expect(other_ui).to_have_attribute("data-status", "executed")
+    await chat.shot("1-executed-from-other-tab")
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
+    assert chat.resolve_frames() == []
+
+
+async def test_invalidated_card_shows_reason_and_changes(chat: Chat) -> None:
+    await chat.open()
+    card = await propose_charge(chat)
+    # The world changes between the proposal and the approval.
+    await chat.h.provider.pool.execute(
+        "UPDATE demo_customers SET active = false WHERE id = $1",
+        card.args_snapshot["customer_id"],
+    )
+    ui = chat.card(card.id)
+    await ui.get_by_role("button", name="Confirm").click()
+    await expect(ui).to_have_attribute("data-status", "invalidated")
+    await expect(ui.locator(".badge.status")).to_have_text("Not executed")
+    await expect(ui.locator(".outcome")).to_contain_text(
+        "NOT executed: the customer is no longer active"
+    )
+    await expect(ui.locator(".outcome .changes")).to_contain_text(
+        "customer.active: approved true, now false"
+    )
+    await chat.shot("1-invalidated")
+    await chat.h.settle()
+    assert await chat.h.charges() == 0

@@ -1,0 +1,149 @@
+"""The chat page itself: login, phone width, accessibility hooks, no external URLs."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+import pytest
+
+from tests.browser.conftest import Chat, expect, needs_browser
+
+pytestmark = [pytest.mark.anyio, needs_browser]
+
+ASSETS = ["/", "/static/app.js", "/static/style.css"]
+
+
+class _Refs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in ("src", "href", "action", "srcset", "poster", "data") and value:
+                self.refs.append(value)
+
+
+async def test_page_has_no_external_urls(chat: Chat) -> None:
+    base = chat.h.base_url
+    host = urlsplit(base).netloc
+    async with httpx.AsyncClient(base_url=base) as client:
+        bodies = {}
+        for path in ASSETS:
+            res = await client.get(path)
+            assert res.status_code == 200, path
+            bodies[path] = res.text
+    assert "text/html" in (await _content_type(base, "/"))
+    # Every src/href in the HTML is same-origin (or a data: URL).
+    parser = _Refs()
+    parser.feed(bodies["/"])
+    assert parser.refs, "the page references its assets"
+    for ref in parser.refs:
+        if ref.startswith(("data:", "#")):
+            continue
+        assert urlsplit(urljoin(base + "/", ref)).netloc == host, ref
+    # No absolute http(s) URL anywhere in the page, its script or its stylesheet.
+    for path, body in bodies.items():
+        assert not re.findall(r"https?://", body), (path, re.findall(r"https?://\S+", body))
+        assert "@import" not in body, path
+    # And at run time the browser asks nothing of any other host.
+    requested: list[str] = []
+    chat.page.on("request", lambda r: requested.append(r.url))
+    await chat.open()
+    await chat.say("saldo")
+    await expect(chat.page.locator(".msg.assistant").last).to_contain_text("balance")
+    assert requested
+    for url in requested:
+        parts = urlsplit(url)
+        assert parts.scheme in ("http", "ws", "data") and parts.netloc in (host, ""), url
+
+
+async def _content_type(base: str, path: str) -> str:
+    async with httpx.AsyncClient(base_url=base) as client:
+        return (await client.get(path)).headers["content-type"]
+
+
+async def test_login_form_phone_width_and_balance(chat: Chat) -> None:
+    page = chat.page
+    await chat.open(token=False, width=375, height=740)
+    form = page.get_by_role("region", name="Sign in")
+    await expect(form).to_be_visible()
+    await expect(page.locator("#composer")).to_be_hidden()
+    await chat.shot("1-login-375")
+    # A bad token is refused with a clear message and the form stays.
+    await page.get_by_label("Token").fill("not-a-token")
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.locator("#login-error")).to_contain_text("refused")
+    await expect(form).to_be_visible()
+    # The right one connects.
+    await page.get_by_label("Token").fill(chat.h.token(chat.user))
+    await page.get_by_label("Token").press("Tab")
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(form).to_be_hidden()
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {chat.user}")
+    await chat.say("saldo")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("5.000,00")
+    await chat.say("cobre 150 do João")
+    [card] = await chat.wait_cards(1)
+    ui = chat.card(card.id)
+    await expect(ui.get_by_role("button", name="Confirm")).to_be_visible()
+    # Nothing is wider than the phone.
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 375, width
+    box = await ui.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 375, box
+    for name in ("Confirm", "Reject", "Edit"):
+        b = await ui.get_by_role("button", name=name).bounding_box()
+        assert b is not None and b["x"] + b["width"] <= 375 and b["height"] >= 40, (name, b)
+    await chat.shot("2-card-375")
+    # The token lives in sessionStorage (not in the URL); a reload keeps the session.
+    assert "token" not in page.url
+    await page.reload()
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(ui).to_have_attribute("data-status", "pending")
+
+
+async def test_accessibility_hooks(chat: Chat) -> None:
+    page = chat.page
+    await chat.open()
+    live = page.locator("#announcer")
+    await expect(live).to_have_attribute("aria-live", "polite")
+    await chat.say("cobre 150 do João")
+    [card] = await chat.wait_cards(1)
+    ui = chat.card(card.id)
+    await expect(live).to_have_text(
+        f"New confirmation card: {card.summary}. Confirm, reject or edit it."
+    )
+    # The card is a labelled article; its decision buttons are real buttons in a group.
+    await expect(page.get_by_role("article", name="Confirmation")).to_have_count(1)
+    group = ui.get_by_role("group", name="Decision")
+    await expect(group.get_by_role("button")).to_have_count(3)
+    # Enter on a focused Confirm button decides it.
+    await group.get_by_role("button", name="Confirm").focus()
+    await page.keyboard.press("Enter")
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await expect(live).to_contain_text("Card executed")
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
+
+
+async def test_summary_is_text_not_html(chat: Chat) -> None:
+    """A hostile string in a summary shows as text; no element is created from it."""
+    await chat.open()
+    await chat.say("cobre 150 do João")
+    [card] = await chat.wait_cards(1)
+    evil = '<img src=x onerror="window.__pwned=1"><b>bold</b>'
+    await chat.h.provider.pool.execute(
+        "UPDATE cards SET summary = $2 WHERE id = $1::uuid", card.id, evil
+    )
+    # Supersede through the page so that a card_update with the new summary is sent.
+    await chat.say("sim")
+    ui = chat.card(card.id)
+    await expect(ui).to_have_attribute("data-status", "superseded")
+    await expect(ui.locator(".card-summary")).to_have_text(evil)
+    assert await ui.locator(".card-summary img, .card-summary b").count() == 0
+    assert await chat.page.evaluate("window.__pwned === undefined")
