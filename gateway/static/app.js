@@ -90,10 +90,17 @@
     return true;
   }
 
+  var announcements = [];
   function announce(text) {
-    // Clear first so that the same text is announced again.
+    // Collect what happens in one burst (an edit: a new card and the old one's update)
+    // and say it at once; clear first so that the same text is announced again.
+    announcements.push(text);
+    if (announcements.length > 1) return;
     el.announcer.textContent = '';
-    window.setTimeout(function () { el.announcer.textContent = text; }, 30);
+    window.setTimeout(function () {
+      el.announcer.textContent = announcements.join(' ');
+      announcements = [];
+    }, 50);
   }
 
   function alertText(text) {
@@ -412,14 +419,24 @@
   }
 
   function errorText(f) {
-    var s = f.status;
-    if (s === 409 && f.error === 'stale_card') return 'This card changed since it was shown; it was refreshed.';
-    if (s === 409) return 'Already decided: ' + (f.message || '');
-    if (s === 410) return 'This card expired before your decision.';
-    if (s === 403) return 'Not allowed: ' + (f.message || '');
-    if (s === 404) return 'This card no longer exists.';
-    if (s === 422) return 'Invalid: ' + (f.message || '');
-    return f.message || f.error || 'Something went wrong';
+    var msg = f.message || '';
+    switch (f.error) {
+      case 'already_decided': return 'Already decided elsewhere: ' + msg;
+      case 'stale_hash': return 'This card changed since it was shown; reload the page.';
+      case 'expired': return 'This card expired before your decision.';
+      case 'not_owner':
+      case 'forbidden': return 'Not allowed: ' + msg;
+      case 'card_not_found':
+      case 'not_found': return 'This card no longer exists.';
+      case 'invalid_input':
+      case 'tool_validation': return 'Invalid: ' + msg;
+      case 'unauthenticated': return 'Your session ended; sign in again.';
+      default: break;
+    }
+    if (f.status === 409) return 'Conflict: ' + msg;
+    if (f.status === 410) return 'This card expired before your decision.';
+    if (f.status === 503) return 'The service is busy; try again.';
+    return msg || f.error || 'Something went wrong';
   }
 
   // ------------------------------------------------------------------ the view model
@@ -433,6 +450,7 @@
     state.doneRuns.clear();
     state.activeRun = null;
     el.transcript.textContent = '';
+    el.empty.hidden = false;
     renderPending();
     renderThinking();
     renderComposer();
@@ -959,7 +977,7 @@
           if (!entry) return;
           if (!item.ok) {
             entry.busy = false;
-            entry.error = errorText({ status: item.error === 'expired' ? 410 : 409, error: item.error, message: item.message });
+            entry.error = errorText({ error: item.error, message: item.message });
             renderCard(entry);
           } else if (entry.card.status !== 'pending') {
             setBusy(entry.card.id, false);
