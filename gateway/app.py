@@ -54,10 +54,14 @@ def build_app(
         return json_response(openapi)
 
     async def index(request: Request) -> Response:
-        page = resources.files("gateway.static").joinpath("index.html")
+        page = resources.files("gateway").joinpath("static/index.html")
+        # The approve buttons must not be clickable inside another site's frame.
+        headers = {"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY"}
         if not page.is_file():
-            return HTMLResponse("<h1>signoff</h1><p>API at /v1, docs at /openapi.json</p>")
-        return HTMLResponse(page.read_text())
+            return HTMLResponse(
+                "<h1>signoff</h1><p>API at /v1, docs at /openapi.json</p>", headers=headers
+            )
+        return HTMLResponse(page.read_text(), headers=headers)
 
     async def ws(websocket: WebSocket) -> None:
         await websocket_endpoint(

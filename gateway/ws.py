@@ -76,6 +76,7 @@ class Connection:
         self.who: Principal | None = None
         self._send_lock = asyncio.Lock()
         self._last_seq: dict[str, int] = {}
+        self._last_assistant: dict[str, int] = {}
         self._catchup: dict[str, asyncio.Lock] = {}
         self._listeners: dict[str, Any] = {}
 
@@ -211,11 +212,14 @@ class Connection:
 
             async def listener(hint: Hint, _t: str = thread_id) -> None:
                 if hint.delta:
+                    if hint.seq < self._last_assistant.get(_t, -1):
+                        return  # its assistant entry was already delivered: stale delta
                     await self.send(
                         {
                             "type": "delta",
                             "thread_id": _t,
                             "run_id": hint.run_id,
+                            "after_seq": hint.seq,
                             "text": hint.delta,
                         }
                     )
@@ -234,6 +238,8 @@ class Connection:
                 for entry in entries:
                     await self.send({"type": "event", **event_of(entry)})
                     self._last_seq[thread_id] = entry.seq
+                    if entry.kind == "assistant":
+                        self._last_assistant[thread_id] = entry.seq
                 if len(entries) < 500:
                     return
 

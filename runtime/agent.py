@@ -45,7 +45,10 @@ _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 
 class Hint(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What goes on a thread channel: a new log seq, or a streamed text delta."""
+    """What goes on a thread channel: a new log seq, or a streamed text delta.
+
+    For a delta, ``seq`` is the last log seq before the model call that streams it.
+    """
 
     seq: int = 0
     delta: str = ""
@@ -164,8 +167,12 @@ class Agent:
                 entries = await self.store.conversation(run.thread_id)
                 messages = build_messages(entries)
 
-                async def on_text(delta: str, _run: Run = run) -> None:
-                    await self.hint(_run.thread_id, delta=delta, run_id=_run.id)
+                # Deltas carry the log position they stream after, so a gateway can drop
+                # those that arrive after the assistant entry they belong to.
+                position = entries[-1].seq if entries else 0
+
+                async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
+                    await self.hint(_run.thread_id, seq=_pos, delta=delta, run_id=_run.id)
 
                 reply = await self.model.respond(
                     system=self.system, messages=messages, tools=self.tools.specs(), on_text=on_text

@@ -103,6 +103,7 @@ class Card(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: datetime
     created_at: datetime
     tool_use_id: str = ""
+    input: dict[str, Any] = msgspec.field(default_factory=dict)  # the model's input, for edits
     editable: list[str] = msgspec.field(default_factory=list)
     decided_at: datetime | None = None
     decided_by: str | None = None

@@ -100,7 +100,6 @@ def _some(row: asyncpg.Record | None) -> asyncpg.Record:
 def _card(row: asyncpg.Record) -> Card:
     data = dict(row)
     data.pop("is_expired", None)
-    data.pop("input", None)
     return msgspec.convert(data, Card, from_attributes=False)
 
 

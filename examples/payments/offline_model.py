@@ -18,7 +18,7 @@ from runtime.models.base import Message, ModelReply, TextSink, ToolSpec
 LABEL = "[offline demo model] "
 _ids = itertools.count(1)
 
-NAMES = re.compile(r"\b(?:d[oae]s?|para|for|to|from|cliente)\s+([A-ZÀ-Ý][\wÀ-ÿ]+)")
+NAMES = re.compile(r"\b(?i:d[oae]s?|para|for|to|from|cliente):?\s+([A-ZÀ-Ý][\wÀ-ÿ]+)")
 AMOUNT = re.compile(r"(?:R\$\s*)?(\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?)")
 
 

@@ -282,3 +282,19 @@ async def test_200_concurrent_http_approvals(h: Harness) -> None:
     events = [e.to_status for e in await h.store.card_events(card["id"])]
     assert events.count("approved") == 1 and events.count("executing") == 1
     assert await h.charges() == 1
+
+
+async def test_chat_page_cannot_be_framed_and_static_serves_no_python(h: Harness) -> None:
+    async with httpx.AsyncClient(base_url=h.base_url) as c:
+        r = await c.get("/")
+        assert r.status_code == 200
+        assert r.headers["content-security-policy"] == "frame-ancestors 'none'"
+        assert r.headers["x-frame-options"] == "DENY"
+        assert (await c.get("/static/app.js")).status_code == 200
+        assert (await c.get("/static/__init__.py")).status_code == 404
+
+
+async def test_card_carries_the_models_input_for_edit_forms(h: Harness) -> None:
+    card = await card_for(h)
+    assert card["input"] == {"customer": "João", "amount": "150", "description": ""}
+    assert card["editable"] == ["amount", "description"]
