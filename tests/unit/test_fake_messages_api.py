@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import anthropic
@@ -51,6 +52,16 @@ def server() -> Iterator[FakeMessagesServer]:
         yield srv
 
 
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine function on a fresh event loop in its own thread.
+
+    A session-scoped async fixture elsewhere (the browser suite) keeps anyio's
+    runner alive in the main thread, where a nested ``anyio.run`` is refused.
+    """
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(anyio.run, fn).result()
+
+
 def run_with_client(
     server: FakeMessagesServer, fn: Callable[[anthropic.AsyncAnthropic], Awaitable[T]]
 ) -> T:
@@ -61,7 +72,7 @@ def run_with_client(
         finally:
             await client.close()
 
-    return anyio.run(main)
+    return run_async(main)
 
 
 def respond(
@@ -352,7 +363,7 @@ def test_connection_error_is_unavailable() -> None:
             await client.close()
 
     with pytest.raises(Unavailable) as info:
-        anyio.run(call)
+        run_async(call)
     assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
 
 
@@ -366,7 +377,7 @@ def test_from_settings_uses_base_url(server: FakeMessagesServer) -> None:
         finally:
             await model.aclose()
 
-    assert anyio.run(call).text() == "configured"
+    assert run_async(call).text() == "configured"
     assert "system" not in server.requests[0] and "tools" not in server.requests[0]
 
 
