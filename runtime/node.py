@@ -22,6 +22,7 @@ from runtime.bus_memory import MemoryBus
 from runtime.config import Settings, data_path
 from runtime.decisions import Decisions
 from runtime.errors import ConfigError
+from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.models.base import Model
 from runtime.worker import Worker
@@ -68,8 +69,12 @@ def pick_model(settings: Settings) -> Model:
 
 
 def embedded_urls(settings: Settings) -> tuple[Settings, list[Any]]:
-    """Start embedded Postgres (and Valkey, when a Redis URL is wanted) under the data folder."""
-    from store.embedded import start_postgres
+    """Start embedded Postgres and Valkey under the data folder for what is not configured.
+
+    Valkey carries the same Redis bus as the pools, so ``signoff dev`` exercises the
+    production path; both servers are child processes that die with this one.
+    """
+    from store.embedded import start_postgres, start_valkey
 
     root = data_path(settings)
     closers: list[Any] = []
@@ -77,6 +82,10 @@ def embedded_urls(settings: Settings) -> tuple[Settings, list[Any]]:
         pg = start_postgres(root / "embedded")
         closers.append(pg)
         settings = settings.with_(database_url=pg.url)
+    if settings.redis_url is None:
+        valkey = start_valkey(root / "embedded")
+        closers.append(valkey)
+        settings = settings.with_(redis_url=valkey.url)
     return settings, closers
 
 
@@ -106,7 +115,9 @@ async def running(
         raise ConfigError("no database: set SIGNOFF_DATABASE_URL (or use `signoff dev`)")
     if settings.redis_url is None and not (worker and gateway):
         raise ConfigError("separate gateway and worker processes need SIGNOFF_REDIS_URL")
-    store = await PostgresStore.connect(settings.database_url, max_size=settings.pool_size)
+    store = await PostgresStore.connect(
+        settings.database_url, max_size=settings.pool_size, timeout=settings.db_timeout_seconds
+    )
     bus = make_bus(settings)
     node = Node(settings=settings, store=store, bus=bus, app=app, model=model)
     try:
@@ -123,6 +134,7 @@ async def running(
                 policy=app.policy,
                 keys=keys,
                 services=app.services,
+                faults=Faults(settings.faults),
             )
         if worker:
             node.model = model or pick_model(settings)

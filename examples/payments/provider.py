@@ -10,7 +10,13 @@ from typing import Any
 
 import asyncpg
 
+# Bump when the demo tables change: a dev database with older demo tables is reset.
+SCHEMA_VERSION = 2
+TABLES = ("demo_refunds", "demo_charges", "demo_appointments", "demo_sales", "demo_accounts",
+          "demo_customers")
+
 SCHEMA = """
+CREATE TABLE IF NOT EXISTS demo_meta (version int NOT NULL);
 CREATE TABLE IF NOT EXISTS demo_customers (
     id        text PRIMARY KEY,
     tenant    text NOT NULL,
@@ -78,6 +84,13 @@ class Provider:
             await conn.execute("SELECT pg_advisory_lock(7401553902)")
             try:
                 await conn.execute(SCHEMA)
+                version = await conn.fetchval("SELECT max(version) FROM demo_meta")
+                if version != SCHEMA_VERSION:
+                    # demo data only: start over rather than migrate
+                    await conn.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)} CASCADE")
+                    await conn.execute(SCHEMA)
+                    await conn.execute("DELETE FROM demo_meta")
+                    await conn.execute("INSERT INTO demo_meta VALUES ($1)", SCHEMA_VERSION)
             finally:
                 await conn.execute("SELECT pg_advisory_unlock(7401553902)")
         return cls(pool)
