@@ -179,6 +179,10 @@ async def serve_gateway(
         lifespan="off",
         log_level="warning",
         ws_per_message_deflate=False,
+        # Outlive clients' idle pooled connections (load balancers, httpx: 5-60 s), so a
+        # client never sends on a connection the server is closing at the same moment.
+        timeout_keep_alive=75,
+        ws_max_size=node.settings.max_ws_message_bytes,  # refuse big frames while they stream
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

@@ -118,12 +118,27 @@ async def approve_all(c: Cluster, gw_url: str, cards: list[asyncpg.Record]) -> l
 
         async def one(card: asyncpg.Record) -> int:
             async with sem:
-                r = await http.post(
-                    f"/v1/cards/{card['id']}/resolve",
-                    json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]},
-                    headers=headers(c, card["owner"]),
-                )
-                return r.status_code
+                for attempt in range(3):
+                    try:
+                        r = await http.post(
+                            f"/v1/cards/{card['id']}/resolve",
+                            json={"decision": "approve", "snapshot_hash": card["snapshot_hash"]},
+                            headers=headers(c, card["owner"]),
+                        )
+                    except (httpx.ReadError, httpx.RemoteProtocolError):
+                        if attempt == 2:
+                            raise
+                        continue  # the connection dropped: the decision may or may not be in
+                    if attempt and r.status_code == 409:
+                        # a retry after a dropped reply: ours if the same owner approved it
+                        detail = r.json().get("detail", {})
+                        if (
+                            detail.get("status") != "pending"
+                            and detail.get("decided_by") == card["owner"]
+                        ):
+                            return 200
+                    return r.status_code
+                raise AssertionError("unreachable")
 
         return list(await asyncio.gather(*(one(card) for card in cards)))
 
