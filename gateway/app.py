@@ -6,6 +6,7 @@ from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -23,7 +24,19 @@ from runtime.config import Settings
 from runtime.decisions import Decisions
 from runtime.errors import SignoffError
 from runtime.keys import Keys
+from runtime.metrics import gauge, process_lines
 from store.postgres import PostgresStore
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """The router's own refusals (unknown path, wrong method) as typed JSON errors too (I9)."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    response = json_response({"error": code, "message": str(detail)}, status)
+    if isinstance(exc, HTTPException) and exc.headers:
+        response.headers.update(exc.headers)
+    return response
 
 
 def build_app(
@@ -63,20 +76,38 @@ def build_app(
             )
         return HTMLResponse(page.read_text(), headers=headers)
 
+    sockets = [0]  # open WebSockets, for /metrics
+
     async def ws(websocket: WebSocket) -> None:
-        await websocket_endpoint(
-            websocket,
-            service=service,
-            feeds=feeds,
-            tokens=tokens,
-            allowed_origins=settings.allowed_origins,
-            max_bytes=settings.max_ws_message_bytes,
+        sockets[0] += 1
+        try:
+            await websocket_endpoint(
+                websocket,
+                service=service,
+                feeds=feeds,
+                tokens=tokens,
+                allowed_origins=settings.allowed_origins,
+                max_bytes=settings.max_ws_message_bytes,
+                rate=settings.ws_frames_per_second,
+                burst=settings.ws_burst,
+            )
+        finally:
+            sockets[0] -= 1
+
+    async def metrics(request: Request) -> Response:
+        lines = [
+            *gauge("signoff_websockets", "Open WebSocket connections.", sockets[0]),
+            *process_lines(),
+        ]
+        return Response(
+            "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
     routes: list[Any] = [
         Route("/", index),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
+        Route("/metrics", metrics),
         Route("/openapi.json", openapi_json),
         WebSocketRoute("/v1/ws", ws),
         # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
@@ -84,7 +115,7 @@ def build_app(
         *api.routes(),
         *(extra_routes or []),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.feeds = feeds
     app.state.service = service
     return app

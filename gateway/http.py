@@ -25,7 +25,11 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 def error_response(exc: SignoffError) -> Response:
-    return json_response(error_body(exc), status_of(exc))
+    status = status_of(exc)
+    response = json_response(error_body(exc), status)
+    if status in (429, 503):
+        response.headers["Retry-After"] = "1"  # transient: the same request may succeed later
+    return response
 
 
 Handler = Callable[[Request, Principal], Awaitable[Response]]
@@ -52,10 +56,12 @@ class HttpApi:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
             raise InvalidInput(f"body larger than {MAX_BODY} bytes")
-        data = await request.body()
-        if len(data) > MAX_BODY:
-            raise InvalidInput(f"body larger than {MAX_BODY} bytes")
-        return data
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > MAX_BODY:  # a chunked body is never read past the limit
+                raise InvalidInput(f"body larger than {MAX_BODY} bytes")
+        return bytes(data)
 
     # -- endpoints ----------------------------------------------------------------------
 
@@ -75,9 +81,13 @@ class HttpApi:
 
     async def events(self, request: Request, who: Principal) -> Response:
         raw = request.query_params.get("after_seq", "0")
-        if not raw.lstrip("-").isdigit():
-            raise InvalidInput("after_seq must be an integer")
-        events = await self.service.events(request.path_params["thread_id"], int(raw), who)
+        try:
+            after_seq = int(raw)
+        except ValueError:
+            raise InvalidInput("after_seq must be an integer") from None
+        if not -(2**63) <= after_seq < 2**63:
+            raise InvalidInput("after_seq out of range")
+        events = await self.service.events(request.path_params["thread_id"], after_seq, who)
         return json_response({"events": events})
 
     async def get_card(self, request: Request, who: Principal) -> Response:

@@ -60,6 +60,8 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
         return msgspec.convert(data, typ)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidInput(f"invalid payload: {exc}") from exc
+    except RecursionError as exc:  # msgspec's decoder on deeply nested JSON
+        raise InvalidInput("invalid payload: nested too deeply") from exc
 
 
 class GatewayService:
@@ -81,6 +83,8 @@ class GatewayService:
         text = text.strip()
         if not text:
             raise InvalidInput("message text is empty")
+        if "\x00" in text:  # Postgres text cannot hold it: refuse here, not in the worker
+            raise InvalidInput("message text contains a NUL character")
         if len(text) > MAX_TEXT:
             raise InvalidInput(f"message longer than {MAX_TEXT} characters")
         await self.own_thread(thread_id, who)
@@ -115,7 +119,7 @@ class GatewayService:
 
     async def get_card(self, card_id: str, who: Principal) -> dict[str, Any]:
         card = await self.store.get_card(card_id)
-        if card.owner != who.user:
+        if card.owner != who.user or card.tenant != who.tenant:
             raise NotOwner("not your card", card_id=card_id)
         return card.public()
 
@@ -130,7 +134,9 @@ class GatewayService:
             reason=body.reason,
             edits=body.edits,
         )
-        return await self.decisions.resolve(card_id, res, principal=who.user, channel=channel)
+        return await self.decisions.resolve(
+            card_id, res, principal=who.user, channel=channel, tenant=who.tenant
+        )
 
     async def batch(
         self, run_id: str, body: BatchIn, who: Principal, channel: str
@@ -149,5 +155,5 @@ class GatewayService:
             for d in body.decisions
         ]
         return await self.decisions.resolve_batch(
-            run_id, items, principal=who.user, channel=channel
+            run_id, items, principal=who.user, channel=channel, tenant=who.tenant
         )

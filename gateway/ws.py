@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -22,7 +23,13 @@ from gateway.errors import error_body, status_of
 from gateway.feed import Feeds
 from gateway.service import GatewayService, ResolveIn, event_of, parse
 from runtime.agent import Hint
-from runtime.errors import InvalidInput, OriginRejected, SignoffError, Unauthenticated
+from runtime.errors import (
+    InvalidInput,
+    OriginRejected,
+    RateLimited,
+    SignoffError,
+    Unauthenticated,
+)
 
 log = logging.getLogger("signoff.ws")
 
@@ -43,8 +50,39 @@ class Frame(msgspec.Struct, frozen=True):
     edits: dict[str, Any] | None = None
 
 
+class _FrameId(msgspec.Struct):
+    id: str | None = None
+
+
 _enc = msgspec.json.Encoder()
 _frame = msgspec.json.Decoder(Frame)
+_frame_id = msgspec.json.Decoder(_FrameId)
+# What a frame that does not parse raises: msgspec's errors, and RecursionError on deep nesting.
+_BAD_FRAME = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+class RateLimit:
+    """A token bucket per socket: ``rate`` frames a second, ``burst`` at once (0: no limit)."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = max(burst, 1)
+        self.tokens = float(self.burst)
+        self.at = time.monotonic()
+        self.refused = 0  # frames refused since the last one let through
+
+    def take(self) -> bool:
+        if self.rate <= 0:
+            return True
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            self.refused = 0
+            return True
+        self.refused += 1
+        return False
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:
@@ -66,12 +104,14 @@ class Connection:
         feeds: Feeds,
         tokens: Tokens,
         max_bytes: int,
+        limit: RateLimit | None = None,
     ) -> None:
         self.ws = ws
         self.service = service
         self.feeds = feeds
         self.tokens = tokens
         self.max_bytes = max_bytes
+        self.limit = limit or RateLimit(0, 1)
         self.token = ""
         self.who: Principal | None = None
         self._send_lock = asyncio.Lock()
@@ -111,7 +151,7 @@ class Connection:
                 raise Unauthenticated("the first frame must be {type: auth, token}")
             self.token = frame.token or ""
             self.who = self.authorise()
-        except (TimeoutError, msgspec.DecodeError, msgspec.ValidationError):
+        except (TimeoutError, *_BAD_FRAME):
             await self.send_error(Unauthenticated("authenticate first"))
             await self.ws.close(code=4401)
             return
@@ -123,19 +163,37 @@ class Connection:
         try:
             while True:
                 raw = await self.receive()
-                await self.handle(raw)
+                if self.limit.take():
+                    await self.handle(raw)
+                else:
+                    await self.refuse(raw)
         except WebSocketDisconnect:
             pass
         finally:
             for thread_id, listener in self._listeners.items():
                 self.feeds.remove(thread_id, listener)
 
+    async def refuse(self, raw: bytes) -> None:
+        """Over the rate: a 429 error frame, nothing done. A client that keeps sending a
+        burst's worth of frames into refusals is flooding: it is disconnected (1008)."""
+        if self.limit.refused > self.limit.burst:
+            log.info("closing a flooding WebSocket of %s", self.who.user if self.who else "?")
+            await self.ws.close(code=1008, reason="rate limit exceeded")
+            raise WebSocketDisconnect(1008)
+        try:
+            frame_id = _frame_id.decode(raw).id
+        except _BAD_FRAME:
+            frame_id = None
+        await self.send_error(
+            RateLimited(f"more than {self.limit.rate:g} frames a second; slow down"), frame_id
+        )
+
     async def handle(self, raw: bytes) -> None:
         frame_id = None
         try:
             try:
                 frame = _frame.decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except _BAD_FRAME as exc:
                 raise InvalidInput(f"invalid frame: {exc}") from exc
             frame_id = frame.id
             who = self.authorise()
@@ -252,7 +310,10 @@ async def websocket_endpoint(
     tokens: Tokens,
     allowed_origins: tuple[str, ...],
     max_bytes: int,
+    rate: float = 0.0,
+    burst: int = 1,
 ) -> None:
+    """``rate``/``burst``: frames a second per socket past the first (0: no limit)."""
     origin = ws.headers.get("origin")
     if not origin_allowed(origin, ws.headers.get("host"), allowed_origins):
         log.info("rejected WebSocket from origin %r", origin)
@@ -260,4 +321,4 @@ async def websocket_endpoint(
             await ws.close(code=1008, reason=OriginRejected.code)
         return
     await ws.accept()
-    await Connection(ws, service, feeds, tokens, max_bytes).run()
+    await Connection(ws, service, feeds, tokens, max_bytes, RateLimit(rate, burst)).run()

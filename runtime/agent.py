@@ -41,6 +41,10 @@ SYSTEM_PROMPT = (
 )
 
 MAX_MODEL_CALLS = 12
+# An execution that got no answer (timeout, dropped connection) is asked again with the
+# same operation_id after these waits; the provider deduplicates by that key (I4).
+UNKNOWN_OUTCOME = (TimeoutError, ConnectionError)
+UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 
@@ -396,14 +400,26 @@ class Agent:
         if started is None:
             return await self.store.get_card(card.id)
         await self.hint(run.thread_id, seq=-1)
-        try:
-            # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
-            result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
-            ok = True
-            self.faults.hit("execute.after_provider")
-        except Exception as exc:
-            log.warning("card %s failed: %s", card.id, exc)
-            result, ok = {"error": str(exc)}, False
+        for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
+            try:
+                # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
+                result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
+                ok = True
+                self.faults.hit("execute.after_provider")
+            except UNKNOWN_OUTCOME as exc:
+                # No answer is not a failure: the provider may have acted. Ask again with the
+                # same idempotency key; if it stays unknown, leave the card `executing` for
+                # the sweeper to flag (I4) rather than record a failure that may be false.
+                if wait is None:
+                    log.error("card %s: outcome still unknown (%s); left executing", card.id, exc)
+                    return await self.store.get_card(card.id)
+                log.warning("card %s: no answer (%s); asking again, same key", card.id, exc)
+                await asyncio.sleep(wait)
+                continue
+            except Exception as exc:
+                log.warning("card %s failed: %s", card.id, exc)
+                result, ok = {"error": str(exc)}, False
+            break
         done = await self.store.finish_execution(card.id, ok=ok, result=result, actor=actor)
         return done or await self.store.get_card(card.id)
 

@@ -97,9 +97,22 @@ async def _worker(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(settings, _demo_app(settings), gateway=False):
+    async with running(settings, _demo_app(settings), gateway=False) as node:
+        metrics = None
+        if settings.metrics_port and node.worker is not None:
+            from runtime import metrics as m
+
+            worker = node.worker
+            metrics = await m.serve(
+                settings.host,
+                settings.metrics_port,
+                lambda: m.worker_text(worker),
+                worker.decision_latency_ns,
+            )
         print(f"signoff worker {settings.worker_id} running", flush=True)
         await stop.wait()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 

@@ -40,8 +40,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str = "demo"
     max_ws_message_bytes: int = 64 * 1024
     pool_size: int = 10
+    # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
+    db_timeout_seconds: float = 5.0
+    ws_frames_per_second: float = 20.0  # per WebSocket; 0: no limit
+    ws_burst: int = 40  # frames a socket may send at once before it is rate limited
     claim_idle_ms: int = 30_000  # inbox entries of a dead consumer idle this long are reclaimed
     faults: tuple[str, ...] = ()  # armed fault points (tests only), see runtime/faults.py
+    metrics_port: int = 0  # `signoff worker` serves /metrics on this port (0: off)
+    adopt_batch: int = 1000  # lapsed runs one worker adopts per lease tick
 
     def with_(self, **changes: Any) -> Settings:
         return msgspec.structs.replace(self, **changes)
@@ -69,8 +75,13 @@ _ENV: dict[str, str] = {
     "key_prefix": "SIGNOFF_KEY_PREFIX",
     "tenant": "SIGNOFF_TENANT",
     "pool_size": "SIGNOFF_POOL_SIZE",
+    "db_timeout_seconds": "SIGNOFF_DB_TIMEOUT_SECONDS",
+    "ws_frames_per_second": "SIGNOFF_WS_FRAMES_PER_SECOND",
+    "ws_burst": "SIGNOFF_WS_BURST",
     "claim_idle_ms": "SIGNOFF_CLAIM_IDLE_MS",
     "faults": "SIGNOFF_FAULTS",
+    "metrics_port": "SIGNOFF_METRICS_PORT",
+    "adopt_batch": "SIGNOFF_ADOPT_BATCH",
 }
 
 

@@ -7,6 +7,9 @@ raised before anything changes (I9).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from typing import Any
 
@@ -23,11 +26,20 @@ from runtime.errors import (
     SignoffError,
     ToolValidationError,
 )
+from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.notify import notify_card
 from runtime.policy import Policy, Verdict
 from runtime.tools import Registry, ToolContext
 from store.postgres import NewCard, PostgresStore
+
+log = logging.getLogger("signoff.decisions")
+
+
+def _quiet(fut: asyncio.Future[Any]) -> None:
+    """Retrieve a hint's error (e.g. Redis down) so it is never reported as unhandled."""
+    if not fut.cancelled():
+        fut.exception()
 
 MAX_REASON = 2000
 
@@ -56,6 +68,7 @@ class Decisions:
         policy: Policy,
         keys: Keys,
         services: Any = None,
+        faults: Faults | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -63,38 +76,72 @@ class Decisions:
         self.policy = policy
         self.keys = keys
         self.services = services
+        self.faults = faults or Faults()
 
     async def resolve(
-        self, card_id: str, res: Resolution, *, principal: str, channel: str
+        self,
+        card_id: str,
+        res: Resolution,
+        *,
+        principal: str,
+        channel: str,
+        tenant: str | None = None,
     ) -> Outcome:
+        """``tenant``: the principal's (I3: the same user name in another tenant is not the owner)."""
         received = time.time_ns()
         if res.reason is not None and len(res.reason) > MAX_REASON:
             raise InvalidInput(f"reason longer than {MAX_REASON} characters")
         if res.decision is Decision.EDIT:
-            old, new = await self._edit(card_id, res, principal=principal, channel=channel)
-            await notify_card(self.store, self.bus, self.keys, old, received)
+            old, new = await self._edit(
+                card_id, res, principal=principal, channel=channel, tenant=tenant
+            )
+            await self._notify(old, received)
             return Outcome(card=old.public(), new_card=new.public())
         if res.edits:
             raise InvalidInput("edits are only accepted with decision 'edit'")
-        card = await self.store.decide(
-            card_id,
-            principal=principal,
-            decision=res.decision,
-            snapshot_hash=res.snapshot_hash,
-            channel=channel,
-            reason=res.reason,
-        )
-        await notify_card(self.store, self.bus, self.keys, card, received)
+        # Which worker waits on the card is a hint: read it while the decision commits
+        # (one round trip less on the hot path); notify_card re-reads it if nobody heard.
+        owner = asyncio.ensure_future(self.bus.wait_owner(card_id))
+        owner.add_done_callback(_quiet)
+        try:
+            card = await self.store.decide(
+                card_id,
+                principal=principal,
+                decision=res.decision,
+                snapshot_hash=res.snapshot_hash,
+                channel=channel,
+                reason=res.reason,
+                tenant=tenant,
+            )
+        except BaseException:
+            owner.cancel()
+            raise
+        await self._notify(card, received, owner)
         return Outcome(card=card.public())
 
+    async def _notify(
+        self, card: Card, received: int, owner: asyncio.Future[str | None] | None = None
+    ) -> None:
+        """Tell the worker, after the commit. The decision is taken either way: a publish
+        that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6)."""
+        self.faults.hit("decide.before_publish")
+        early = None
+        if owner is not None:
+            with contextlib.suppress(SignoffError):
+                early = await owner
+        try:
+            await notify_card(self.store, self.bus, self.keys, card, received, early)
+        except SignoffError as exc:
+            log.warning("card %s decided; could not signal its worker: %s", card.id, exc)
+
     async def _edit(
-        self, card_id: str, res: Resolution, *, principal: str, channel: str
+        self, card_id: str, res: Resolution, *, principal: str, channel: str, tenant: str | None
     ) -> tuple[Card, Card]:
         edits = res.edits or {}
         if not edits:
             raise InvalidInput("an edit needs at least one field in 'edits'")
         card = await self.store.get_card(card_id)
-        if card.owner != principal:
+        if card.owner != principal or (tenant is not None and card.tenant != tenant):
             raise NotOwner("only the card's owner can decide it", card_id=card_id)
         if card.status is not Status.PENDING:
             raise AlreadyDecided(
@@ -154,14 +201,21 @@ class Decisions:
             channel=channel,
             edits=edits,
             new=new,
+            tenant=tenant,
         )
 
     async def resolve_batch(
-        self, run_id: str, items: list[tuple[str, Resolution]], *, principal: str, channel: str
+        self,
+        run_id: str,
+        items: list[tuple[str, Resolution]],
+        *,
+        principal: str,
+        channel: str,
+        tenant: str | None = None,
     ) -> list[dict[str, Any]]:
         """Several decisions for one run's cards; each succeeds or fails on its own."""
         run = await self.store.get_run(run_id)
-        if run.owner != principal:
+        if run.owner != principal or (tenant is not None and run.tenant != tenant):
             raise NotOwner("only the run's owner can decide its cards", run_id=run_id)
         out: list[dict[str, Any]] = []
         for card_id, res in items:
@@ -169,7 +223,9 @@ class Decisions:
                 card = await self.store.get_card(card_id)
                 if card.run_id != run_id:
                     raise InvalidInput(f"card {card_id} does not belong to run {run_id}")
-                outcome = await self.resolve(card_id, res, principal=principal, channel=channel)
+                outcome = await self.resolve(
+                    card_id, res, principal=principal, channel=channel, tenant=tenant
+                )
                 out.append({"card_id": card_id, "ok": True, **msgspec.to_builtins(outcome)})
             except SignoffError as exc:
                 out.append(

@@ -27,19 +27,32 @@ signal_decoder = msgspec.json.Decoder(CardSignal)
 
 
 async def notify_card(
-    store: PostgresStore, bus: Bus, keys: Keys, card: Card, at_ns: int = 0
+    store: PostgresStore,
+    bus: Bus,
+    keys: Keys,
+    card: Card,
+    at_ns: int = 0,
+    early_owner: str | None = None,
 ) -> int:
-    """Publish the change to the worker holding the run; returns how many heard it."""
-    owner = await bus.wait_owner(card.id)
-    if owner is None:
-        try:
-            owner = (await store.get_run(card.run_id)).worker_id
-        except SignoffError:
-            owner = None
+    """Publish the change to the worker holding the run; returns how many heard it.
+
+    ``early_owner``: the wait token as read while the change was committing (the
+    decision path reads it concurrently to save a round trip). Read before the
+    commit, it may name a worker that has since let the run go; if nobody hears
+    it, the token is read again now, as without it.
+    """
+    signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns))
     heard = 0
-    if owner:
-        heard = await bus.publish(
-            keys.worker_channel(owner), _enc.encode(CardSignal(card.id, str(card.status), at_ns))
-        )
+    if early_owner:
+        heard = await bus.publish(keys.worker_channel(early_owner), signal)
+    if not heard:
+        owner = await bus.wait_owner(card.id)
+        if owner is None:
+            try:
+                owner = (await store.get_run(card.run_id)).worker_id
+            except SignoffError:
+                owner = None
+        if owner and owner != early_owner:
+            heard = await bus.publish(keys.worker_channel(owner), signal)
     await bus.publish(keys.thread_channel(card.thread_id), b'{"seq":-1}')
     return heard

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +24,7 @@ from runtime.config import Settings
 from runtime.errors import SignoffError
 from runtime.faults import Faults
 from runtime.keys import Keys
+from runtime.metrics import LatencySamples
 from runtime.models.base import Model
 from runtime.notify import notify_card, signal_decoder
 from runtime.records import Run, RunStatus
@@ -68,10 +68,12 @@ class Worker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._subscribed = asyncio.Event()
+        self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
+        self._adopting = 0  # adopted runs not yet continued
         self._draining = False
         # Decision latency samples in ns: the gateway received the decision -> this worker's
         # future resolved (wall clocks of one machine; read by the bench and /metrics).
-        self.decision_latency_ns: deque[int] = deque(maxlen=100_000)
+        self.decision_latency_ns = LatencySamples(maxlen=100_000)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -240,16 +242,34 @@ class Worker:
     # -- leases and adoption -------------------------------------------------------------
 
     async def adopt(self, *, own: bool = False) -> list[str]:
-        """Take over active runs whose lease lapsed and continue them from the store."""
-        runs = await self.store.adopt_runs(self.worker_id, self.settings.lease_seconds, own=own)
+        """Take over active runs whose lease lapsed and continue them from the store.
+
+        At most ``adopt_batch`` adopted runs wait to be continued here at a time: the
+        rest stay lapsed for the next tick, or for another worker with room.
+        """
+        room = self.settings.adopt_batch - self._adopting
+        if room <= 0:
+            return []
+        runs = await self.store.adopt_runs(
+            self.worker_id, self.settings.lease_seconds, room, own=own
+        )
         parked = set(self.waits.parked_runs())
         adopted = []
         for run in runs:
             if run.id in parked:
                 continue
             adopted.append(run.id)
-            self.spawn(self._wake(run.id))
+            self._adopting += 1
+            self.spawn(self._adopted(run.id))
         return adopted
+
+    async def _adopted(self, run_id: str) -> None:
+        # Bounded: a batch of adopted runs must not queue on the pool past its timeout.
+        try:
+            async with self._adopt_slots:
+                await self._wake(run_id)
+        finally:
+            self._adopting -= 1
 
     async def _lease_loop(self) -> None:
         interval = min(max(self.settings.lease_seconds / 3, 0.2), 2.0)

@@ -27,6 +27,7 @@ from runtime.errors import (
     Conflict,
     Expired,
     IllegalTransition,
+    InvalidInput,
     NotFound,
     NotOwner,
     StaleCard,
@@ -41,6 +42,7 @@ T = TypeVar("T")
 Conn = asyncpg.Connection | PoolConnectionProxy
 
 _json_encode = msgspec.json.Encoder()
+MIGRATION_TIMEOUT = 3600.0  # a migration may rewrite big tables: not bound by the store timeout
 
 
 def _encode(value: Any) -> str:
@@ -121,11 +123,17 @@ def _run(row: asyncpg.Record) -> Run:
 class PostgresStore:
     """Store backed by one asyncpg pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, timeout: float | None = None) -> None:
         self._pool = pool
+        self._timeout = timeout
 
     @classmethod
-    async def connect(cls, url: str, *, min_size: int = 1, max_size: int = 10) -> PostgresStore:
+    async def connect(
+        cls, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float | None = None
+    ) -> PostgresStore:
+        """``timeout`` bounds connecting, waiting for a pooled connection and each statement:
+        a stalled or half-open Postgres then fails fast with :class:`Unavailable` (503)
+        instead of hanging its callers; the transaction is rolled back by the server."""
         try:
             pool = await asyncpg.create_pool(
                 url,
@@ -133,10 +141,12 @@ class PostgresStore:
                 max_size=max_size,
                 init=_init_connection,
                 reset=_no_reset,
+                command_timeout=timeout,
+                timeout=timeout or 60.0,
             )
         except (OSError, asyncpg.PostgresError) as exc:
             raise Unavailable(f"cannot reach Postgres: {exc}") from exc
-        return cls(pool)
+        return cls(pool, timeout)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -144,17 +154,22 @@ class PostgresStore:
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._pool.acquire(timeout=self._timeout) as conn, conn.transaction():
                 yield conn
         except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
+            # (TimeoutError is an OSError: a statement or pool wait ran past the timeout.)
             raise Unavailable(f"Postgres unavailable: {exc}") from exc
+        except asyncpg.DataError as exc:
+            raise InvalidInput(f"invalid value: {exc}") from exc
 
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         try:
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire(timeout=self._timeout) as conn:
                 return await fn(conn)
         except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
             raise Unavailable(f"Postgres unavailable: {exc}") from exc
+        except asyncpg.DataError as exc:
+            raise InvalidInput(f"invalid value: {exc}") from exc
 
     # -- schema -------------------------------------------------------------
 
@@ -173,7 +188,7 @@ class PostgresStore:
                 version = f.name.removesuffix(".sql")
                 if version in done:
                     continue
-                await conn.execute(f.read_text())
+                await conn.execute(f.read_text(), timeout=MIGRATION_TIMEOUT)
                 await conn.execute(q.MIGRATION_RECORD, version)
                 applied_now.append(version)
         return applied_now
@@ -421,14 +436,14 @@ class PostgresStore:
         return [msgspec.convert(dict(r), CardEvent) for r in rows]
 
     async def _diagnose(
-        self, conn: Conn, card_id: str, principal: str, snapshot_hash: str
+        self, conn: Conn, card_id: str, principal: str, snapshot_hash: str, tenant: str | None
     ) -> Exception:
         """Why a deciding update changed no row, checked in the order a caller should learn it."""
         row = await conn.fetchrow(q.CARD_DIAGNOSE, card_id)
         if row is None:
             return CardNotFound(f"card {card_id} not found", card_id=card_id)
         card = _card(row)
-        if card.owner != principal:
+        if card.owner != principal or (tenant is not None and card.tenant != tenant):
             return NotOwner("only the card's owner can decide it", card_id=card_id)
         if card.status is not Status.PENDING:
             return AlreadyDecided(
@@ -457,18 +472,21 @@ class PostgresStore:
         snapshot_hash: str,
         channel: str,
         reason: str | None = None,
+        tenant: str | None = None,
     ) -> Card:
-        """The deciding update (I2, I3, I7) with its audit row and log entry, or a precise error."""
+        """The deciding update (I2, I3, I7) with its audit row and log entry, or a precise error.
+
+        ``tenant``: the principal's tenant; a user of the same name elsewhere is not the owner."""
         if decision is Decision.EDIT:
             raise IllegalTransition("edits go through edit()")
         target = Status.APPROVED if decision is Decision.APPROVE else Status.REJECTED
         cid = _uuid(card_id)
         async with self._tx() as conn:
             row = await conn.fetchrow(
-                q.CARD_DECIDE, cid, str(target), principal, channel, reason, snapshot_hash
+                q.CARD_DECIDE, cid, str(target), principal, channel, reason, snapshot_hash, tenant
             )
             if row is None:
-                raise await self._diagnose(conn, cid, principal, snapshot_hash)
+                raise await self._diagnose(conn, cid, principal, snapshot_hash, tenant)
             card = _card(row)
             await conn.execute(
                 q.EVENT_INSERT,
@@ -492,16 +510,17 @@ class PostgresStore:
         channel: str,
         edits: dict[str, Any],
         new: NewCard,
+        tenant: str | None = None,
     ) -> tuple[Card, Card]:
         """Owner edits: the old card becomes ``modified`` and a new linked card is proposed."""
         cid = _uuid(card_id)
         new_id = str(uuid.uuid4())
         async with self._tx() as conn:
             row = await conn.fetchrow(
-                q.CARD_DECIDE, cid, "modified", principal, channel, None, snapshot_hash
+                q.CARD_DECIDE, cid, "modified", principal, channel, None, snapshot_hash, tenant
             )
             if row is None:
-                raise await self._diagnose(conn, cid, principal, snapshot_hash)
+                raise await self._diagnose(conn, cid, principal, snapshot_hash, tenant)
             created = await self._insert_card(conn, new, new_id, operation_id(new_id))
             if created is None:
                 raise Conflict("an identical card already exists in this run", card_id=card_id)

@@ -109,12 +109,13 @@ ORDER BY created_at DESC LIMIT $3
 """
 CARD_DIAGNOSE = f"SELECT {CARD_COLUMNS}, expires_at <= now() AS is_expired FROM cards WHERE id = $1"
 
-# The deciding update (I3, I7, I2): owner, pending, fresh hash and the database's clock.
+# The deciding update (I3, I7, I2): owner (of this tenant, when given), pending, fresh hash
+# and the database's clock.
 CARD_DECIDE = f"""
 UPDATE cards
 SET status = $2, decided_at = now(), decided_by = $3, channel = $4, reason = $5
 WHERE id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
-  AND expires_at > now()
+  AND expires_at > now() AND ($7::text IS NULL OR tenant = $7)
 RETURNING {CARD_COLUMNS}
 """
 # A plain conditional move (no owner involved): the state machine's edge, enforced in SQL.
