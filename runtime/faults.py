@@ -1,9 +1,16 @@
 """Named fault points: inert unless armed through settings (``SIGNOFF_FAULTS``).
 
-A test arms a point by name (comma-separated list) to SIGKILL the process at a
-precise step, e.g. ``inbox.before_ack`` (a card was created, the inbox entry
-not yet acknowledged) or ``execute.after_provider`` (the provider accepted,
-``executed`` not yet recorded).
+A test arms points by name (comma-separated) to SIGKILL the process at a precise
+step. The points, and where they are hit:
+
+* ``inbox.before_ack`` (worker, ``Worker._handle``): the message's step is stored
+  (e.g. its card created), the inbox entry not yet acknowledged.
+* ``execute.after_provider`` (worker, ``Agent.execute``): the provider accepted
+  the call, ``executed`` not yet recorded.
+* ``decide.before_publish`` (gateway, ``Decisions._notify``): the decision is
+  committed with its audit row, not yet published to the worker.
+
+Tests: ``tests/faults/test_crashes.py``, ``tests/e2e/test_pools.py``.
 """
 
 from __future__ import annotations

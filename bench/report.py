@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""Build ``bench/results/summary.json`` and the results table of ``bench/README.md``
+from the JSON files the bench scripts wrote. Nothing here is typed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS, ROOT, log
+
+README = ROOT / "bench" / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+FILES = ("limits", "decisions", "compare_langgraph", "parked", "failover")
+
+# metric -> (target text, predicate)
+TARGETS: dict[str, tuple[str, Any]] = {
+    "decision_p50_ms_at_100": ("≤ 1.5 ms", lambda v: v <= 1.5),
+    "decision_p99_ms_at_100": ("≤ 4 ms", lambda v: v <= 4),
+    "decision_p99_ms_at_1000": ("≤ 20 ms", lambda v: v <= 20),
+    "saturation_decisions_per_s": ("≥ 1500 /s", lambda v: v >= 1500),
+    "parked_worker_bytes": ("≤ 2 KB + conversation", lambda v: v <= 2048),
+    "parked_redis_bytes": ("≤ 200 B", lambda v: v <= 200),
+    "ws_idle_bytes": ("≤ 30 KB", lambda v: v <= 30 * 1024),
+    "failover_s": ("≤ 10 s", lambda v: v <= 10),
+    "failover_lost": ("0", lambda v: v == 0),
+    "double_executions": ("0", lambda v: v == 0),
+    "ratio_resume_p50": ("≥ 3×", lambda v: v >= 3),
+    "ratio_resume_p99": ("≥ 3×", lambda v: v >= 3),
+    "ratio_resumes_per_s": ("≥ 5×", lambda v: v >= 5),
+}
+
+LABELS = {
+    "floor_ms": "floor: one durable conditional UPDATE + one pub/sub hop (p50)",
+    "pg_commit_p50_ms": "Postgres conditional UPDATE commit, p50",
+    "redis_publish_p50_ms": "Redis PUBLISH → subscriber, one way, p50",
+    "decision_p50_ms_at_25": "decision latency p50, open loop 25/s",
+    "decision_p99_ms_at_25": "decision latency p99, open loop 25/s",
+    "decision_p50_ms_at_100": "decision latency p50, open loop 100/s",
+    "decision_p99_ms_at_100": "decision latency p99, open loop 100/s",
+    "decision_p50_ms_at_1000": "decision latency p50, open loop 1000/s",
+    "decision_p99_ms_at_1000": "decision latency p99, open loop 1000/s",
+    "decisions_per_s_at_100": "decisions answered/s, open loop offered 100/s",
+    "results_per_s_at_100": "executed results/s, open loop offered 100/s",
+    "decisions_per_s_at_1000": "decisions answered/s, open loop offered 1000/s",
+    "decision_to_result_p50_ms_at_100": "decision-to-result (click → executed event) p50, 100/s",
+    "decision_to_result_p99_ms_at_100": "decision-to-result p99, 100/s",
+    "saturation_decisions_per_s": "saturation: decisions answered/s (closed loop, best level)",
+    "saturation_results_per_s": "executed results/s in that phase (end to end)",
+    "parked_worker_bytes": "worker RSS per parked run (100k)",
+    "parked_worker_bytes_10k": "worker RSS per parked run (10k)",
+    "parked_redis_bytes": "Redis used_memory per parked run (100k)",
+    "wait_registry_bytes": "the wait itself: WaitRegistry per parked run (tracemalloc)",
+    "ws_idle_bytes": "gateway RSS per idle WebSocket (5k)",
+    "ws_idle_bytes_1k": "gateway RSS per idle WebSocket (1k)",
+    "failover_s": "failover: kill -9 → every run continued, every decision applied",
+    "failover_adopted_s": "failover: kill -9 → every run adopted",
+    "failover_lost": "failover: decisions lost",
+    "double_executions": "double executions (all bench runs)",
+    "langgraph_resume_p50_ms": "LangGraph resume p50 (concurrency 1)",
+    "langgraph_resume_p99_ms": "LangGraph resume p99 (concurrency 1)",
+    "langgraph_resumes_per_s": "LangGraph resumes/s (concurrency 16)",
+    "signoff_resume_p50_ms": "signoff decision latency p50 (concurrency 1)",
+    "signoff_resume_p99_ms": "signoff decision latency p99 (concurrency 1)",
+    "signoff_resumes_per_s": "signoff decisions/s (concurrency 16)",
+    "ratio_resume_p50": "LangGraph / signoff, resume p50",
+    "ratio_resume_p99": "LangGraph / signoff, resume p99",
+    "ratio_resumes_per_s": "signoff / LangGraph, resumes/s",
+    "langgraph_resume_and_act_p50_ms": "LangGraph resume + act (insert the charge) p50",
+    "signoff_decision_to_result_p50_ms": "signoff decision-to-result p50 (concurrency 1)",
+    "ratio_result_p50": "LangGraph resume+act / signoff decision-to-result, p50",
+    "langgraph_resume_and_act_p99_ms": "LangGraph resume + act p99",
+    "langgraph_resume_and_act_per_s": "LangGraph resume + act/s (concurrency 16)",
+    "langgraph_resume_p50_ms_at_16": "LangGraph resume p50 at concurrency 16",
+    "langgraph_resume_p99_ms_at_16": "LangGraph resume p99 at concurrency 16",
+    "signoff_decision_to_result_p99_ms": "signoff decision-to-result p99 (concurrency 1)",
+    "signoff_results_per_s": "signoff executed results/s (concurrency 16)",
+    "signoff_resume_p50_ms_at_16": "signoff decision latency p50 at concurrency 16",
+    "signoff_resume_p99_ms_at_16": "signoff decision latency p99 at concurrency 16",
+    "decision_to_result_p50_ms_at_25": "decision-to-result p50, 25/s",
+    "decision_to_result_p99_ms_at_25": "decision-to-result p99, 25/s",
+    "decision_to_result_p50_ms_at_1000": "decision-to-result p50, 1000/s",
+    "decision_to_result_p99_ms_at_1000": "decision-to-result p99, 1000/s",
+    "decisions_per_s_at_25": "decisions answered/s, open loop offered 25/s",
+    "results_per_s_at_25": "executed results/s, open loop offered 25/s",
+    "results_per_s_at_1000": "executed results/s, open loop offered 1000/s",
+    "decisions_per_s_closed_1": "decisions answered/s, closed loop, 1 user",
+    "decisions_per_s_closed_64": "decisions answered/s, closed loop, 64 users",
+    "decisions_per_s_closed_256": "decisions answered/s, closed loop, 256 users",
+    "decisions_per_s_closed_1000": "decisions answered/s, closed loop, 1000 users",
+    "parked_redis_bytes_10k": "Redis used_memory per parked run (10k)",
+    "ws_idle_bytes_5000": "gateway RSS per idle WebSocket (5k)",
+}
+
+
+def load(results: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in FILES:
+        path = results / f"{name}.json"
+        if path.exists():
+            out[name] = json.loads(path.read_text())
+    return out
+
+
+def _m(value: Any, unit: str, runs: int, lo: Any = None, hi: Any = None) -> dict[str, Any]:
+    return {
+        "value": value,
+        "unit": unit,
+        "runs": runs,
+        "min": value if lo is None else lo,
+        "max": value if hi is None else hi,
+    }
+
+
+def summary(data: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    s: dict[str, Any] = {}
+    if "limits" in data:
+        ls = data["limits"]["summary"]
+        s["floor_ms"] = ls["floor_ms"]
+        s["pg_commit_p50_ms"] = ls["pg_commit_p50_ms"]
+        s["redis_publish_p50_ms"] = ls["redis_publish_p50_ms"]
+    if "decisions" in data:
+        ds = data["decisions"]["summary"]
+        rates = sorted(int(k.split("_")[1]) for k in ds if k.startswith("open_"))
+        for r in rates:
+            g = ds[f"open_{r}"]
+            s[f"decision_p50_ms_at_{r}"] = g["decision_latency_p50_ms"]
+            s[f"decision_p99_ms_at_{r}"] = g["decision_latency_p99_ms"]
+            s[f"decision_to_result_p50_ms_at_{r}"] = g["decision_to_result_p50_ms"]
+            s[f"decision_to_result_p99_ms_at_{r}"] = g["decision_to_result_p99_ms"]
+            s[f"decisions_per_s_at_{r}"] = g["decisions_per_s"]
+            s[f"results_per_s_at_{r}"] = g["results_per_s"]
+        closed = {k: v for k, v in ds.items() if k.startswith("closed_")}
+        if closed:
+            best = max(closed, key=lambda k: closed[k]["decisions_per_s"]["value"] or 0)
+            s["saturation_decisions_per_s"] = {
+                **closed[best]["decisions_per_s"],
+                "at": f"concurrency {best.split('_')[1]}",
+            }
+            s["saturation_results_per_s"] = closed[best]["results_per_s"]
+        for k, v in closed.items():
+            s[f"decisions_per_s_closed_{k.split('_')[1]}"] = v["decisions_per_s"]
+    if "compare_langgraph" in data:
+        cs = data["compare_langgraph"]["summary"]
+        for k, v in cs.items():
+            s[k] = v
+    if "parked" in data:
+        ps = data["parked"]["summary"]
+        s["parked_worker_bytes"] = ps["parked_worker_bytes"]
+        s["parked_redis_bytes"] = ps["parked_redis_bytes"]
+        s["ws_idle_bytes"] = ps["ws_idle_bytes"]
+        for k, v in ps.items():
+            if k.endswith("_10000"):
+                s[k.replace("_10000", "_10k")] = v
+            if k.endswith("_1000") and k.startswith("ws_"):
+                s[k.replace("_1000", "_1k")] = v
+        if "wait_registry_bytes" in ps:
+            s["wait_registry_bytes"] = ps["wait_registry_bytes"]
+    if "failover" in data:
+        fs = data["failover"]["summary"]
+        s["failover_s"] = fs["failover_s"]
+        s["failover_adopted_s"] = fs["failover_adopted_s"]
+        s["failover_lost"] = fs["failover_lost"]
+    doubles = []
+    for d in data.values():
+        eo = d.get("exactly_once", {})
+        for check in eo.get("all", [eo]):
+            if "double_executions" in check:
+                doubles.append(int(check["double_executions"]))
+    if doubles:
+        s["double_executions"] = _m(
+            sum(doubles), "executions", len(doubles), min(doubles), max(doubles)
+        )
+    floor = s.get("floor_ms", {}).get("value")
+    for k, v in s.items():
+        if isinstance(v, dict) and v.get("unit") == "ms" and floor and v.get("value") is not None:
+            v["x_floor"] = round(v["value"] / floor, 1)
+        if k in TARGETS and isinstance(v, dict) and v.get("value") is not None:
+            text, ok = TARGETS[k]
+            try:
+                v["target"] = text
+                v["met"] = bool(ok(v["value"]))
+            except TypeError:
+                v["met"] = False
+    return s
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if math.isinf(v) or math.isnan(v):
+            return str(v)
+        return f"{v:,.3f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:,.0f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def table(s: dict[str, Any], data: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| metric | value | min..max | runs | × floor | target | met |",
+        "|---|---:|---:|---:|---:|---|:---:|",
+    ]
+    order = [k for k in LABELS if k in s] + sorted(k for k in s if k not in LABELS)
+    for k in order:
+        v = s[k]
+        if not isinstance(v, dict) or "value" not in v:
+            continue
+        unit = v.get("unit", "")
+        label = LABELS.get(k, k)
+        met = "" if "met" not in v else ("yes" if v["met"] else "**no**")
+        lines.append(
+            f"| {label} <br>`{k}` | {_fmt(v['value'])} {unit} | "
+            f"{_fmt(v.get('min'))}..{_fmt(v.get('max'))} | {v.get('runs', '')} | "
+            f"{_fmt(v.get('x_floor')) if 'x_floor' in v else ''} | {v.get('target', '')} | {met} |"
+        )
+    m = next((d["machine"] for d in data.values() if "machine" in d), {})
+    when = max((d.get("at", "") for d in data.values()), default="")
+    busy = {n: d.get("machine", {}).get("cpu_busy_before_start") for n, d in data.items()}
+    pk = m.get("packages", {})
+    lines += [
+        "",
+        f"Measured {when} on {m.get('cores')} cores ({m.get('cpu', '?')}), "
+        f"{m.get('memory_gib')} GiB, Linux {m.get('kernel')}, Python {m.get('python')}; "
+        f"Postgres {m.get('postgres')} (fsync {m.get('postgres_fsync')}, synchronous_commit "
+        f"{m.get('postgres_synchronous_commit')}), {m.get('redis_server')} {m.get('redis')}; "
+        f"asyncpg {pk.get('asyncpg')}, redis-py {pk.get('redis')}, uvicorn {pk.get('uvicorn')} + "
+        f"wsproto {pk.get('wsproto')}, LangGraph {pk.get('langgraph')} with "
+        f"langgraph-checkpoint-postgres {pk.get('langgraph-checkpoint-postgres')} "
+        f"(psycopg {pk.get('psycopg')}). Postgres, Redis, gateways, workers and the load "
+        "generator share the same cores.",
+        "",
+        "CPU already busy when each script started (other work on the machine skews "
+        "every figure): "
+        + ", ".join(f"{n} {b:.0%}" for n, b in busy.items() if isinstance(b, float))
+        + ".",
+        "",
+        "Duration of each script: "
+        + ", ".join(f"{n} {d.get('seconds')} s" for n, d in data.items())
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+COST_BEGIN, COST_END = "<!-- costs:begin -->", "<!-- costs:end -->"
+
+
+def costs(data: dict[str, dict[str, Any]]) -> str:
+    """Where the time goes, per decision, from the phases' cost snapshots and the floor probes."""
+    lines: list[str] = []
+    d = data.get("decisions")
+    if d:
+        lines += [
+            "| phase | decisions | cores busy (bench) | cores busy (others) | CPU ms/decision: "
+            "gateways | workers | postgres | redis | load generator | total | "
+            "Postgres commits/decision | Redis commands/decision |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for key, g in d["summary"].items():
+            cost = g.get("cost_run1")
+            if not cost:
+                continue
+            cpu = cost["cpu_ms_per_decision"]
+            redis = ", ".join(
+                f"{k} {v:g}" for k, v in list(cost["redis_commands_per_decision"].items())[:6]
+            )
+            kind, x = key.split("_", 1)
+            label = f"open loop {x}/s" if kind == "open" else f"closed loop, {x} users"
+            lines.append(
+                f"| {label} | {cost['decisions']} | {cost['machine_cores_busy']} | "
+                f"{cost.get('other_cores_busy', '–')} | "
+                f"{cpu.get('gateways')} | {cpu.get('workers')} | {cpu.get('postgres', '–')} | "
+                f"{cpu.get('redis', '–')} | {cpu.get('load_generator')} | {cpu.get('total')} | "
+                f"{cost['pg_commits_per_decision']} | {redis} |"
+            )
+        lines.append("")
+    lm = data.get("limits")
+    if lm:
+        ls = lm["summary"]
+
+        def v(k: str) -> str:
+            return _fmt(ls.get(k, {}).get("value"))
+
+        lines += [
+            "| Postgres, one at a time | p50 ms | p99 ms |",
+            "|---|---:|---:|",
+            f"| `SELECT 1` round trip | {v('pg_roundtrip_p50_ms')} | {v('pg_roundtrip_p99_ms')} |",
+            f"| one conditional `UPDATE`, autocommit (the floor's commit) | "
+            f"{v('pg_commit_p50_ms')} | {v('pg_commit_p99_ms')} |",
+            f"| signoff's deciding transaction, `PostgresStore.decide` (6 round trips) | "
+            f"{v('decide_store_p50_ms')} | {v('decide_store_p99_ms')} |",
+            f"| the same writes as one statement (CTEs, 1 round trip) | "
+            f"{v('decide_one_statement_p50_ms')} | {v('decide_one_statement_p99_ms')} |",
+        ]
+    return "\n".join(lines)
+
+
+def _splice(text: str, begin: str, end: str, body: str) -> str:
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        return head + begin + "\n" + body + "\n" + end + tail
+    return text
+
+
+def write(results: Path = RESULTS, readme: Path = README) -> dict[str, Any]:
+    data = load(results)
+    s = summary(data)
+    (results / "summary.json").write_text(json.dumps(s, indent=2, ensure_ascii=False) + "\n")
+    if readme.exists():
+        text = readme.read_text()
+        text = _splice(text, BEGIN, END, table(s, data))
+        text = _splice(text, COST_BEGIN, COST_END, costs(data))
+        readme.write_text(text)
+    return s
+
+
+if __name__ == "__main__":
+    out = write(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS)
+    log(f"report: {len(out)} metrics in summary.json; README table regenerated")

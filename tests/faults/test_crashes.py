@@ -1,0 +1,273 @@
+"""Processes killed at precise steps (fault points armed with SIGNOFF_FAULTS), duplicated
+inbox deliveries, and two workers recovering the same runs at once.
+
+Cases already covered in tests/e2e/test_pools.py (not repeated here): a worker killed
+with 100 parked runs (``test_kill9_worker_holding_100_parked_runs``), SIGTERM drain
+(``test_sigterm_drains_to_the_other_worker``), an inbox entry of a worker killed before
+its ack (``test_inbox_entry_of_dead_worker_is_redone_without_duplicate_card``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import uuid
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from examples.payments.provider import Provider
+from tests.cluster import cluster
+from tests.faults.conftest import Invariants, Profile
+from tests.faults.helpers import (
+    approve,
+    bearer,
+    count,
+    pending,
+    runs_done,
+    start_threads,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+
+async def test_worker_killed_after_provider_accepted_before_recording(
+    database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """I4: the worker is SIGKILLed right after the provider accepted the charge and before
+    `executed` was recorded. The run is adopted by another worker and continues, but the
+    card is never executed again: it stays `executing`, is flagged for reconciliation after
+    the stuck threshold, and the provider holds exactly one charge, under the card's
+    operation_id — the key any later reconciliation re-sends (which adds no charge)."""
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=0,
+        SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_SWEEP_SECONDS="0.5",
+        SIGNOFF_STUCK_AFTER_SECONDS="1",
+    ) as c:
+        invariants.watch(database_url, c.tenant, sweep_seconds=0.5, stuck_after_seconds=1)
+        doomed = c.add_worker("doomed", SIGNOFF_FAULTS="execute.after_provider")
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, gw.url, ["cr0"])
+            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
+            c.add_worker("survivor")
+            assert await approve(c, gw.url, [card]) == [200]
+            await asyncio.to_thread(doomed.wait, 30)
+            assert doomed.popen is not None and doomed.popen.returncode == -signal.SIGKILL
+
+            async def flagged() -> asyncpg.Record | None:
+                row = await db.fetchrow(
+                    "SELECT status, needs_reconciliation FROM cards WHERE id = $1", card["id"]
+                )
+                return row if row is not None and row["needs_reconciliation"] else None
+
+            row = await wait_until(flagged, what="the stuck card flagged")
+            assert row is not None and row["status"] == "executing"
+            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run continued")
+            told = await db.fetchval(
+                "SELECT body::text FROM messages m JOIN runs r ON r.id = m.run_id "
+                "WHERE r.tenant = $1 AND m.kind = 'tool_results'",
+                c.tenant,
+            )
+            assert "outcome is unknown" in told
+            charges = await db.fetch(
+                "SELECT idempotency_key FROM demo_charges WHERE tenant = $1", c.tenant
+            )
+            assert [r["idempotency_key"] for r in charges] == [card["operation_id"]]
+            op = await db.fetchval(
+                "SELECT status FROM operations WHERE operation_id = $1::uuid", card["operation_id"]
+            )
+            assert op == "started"
+            # An operator reconciling re-sends the stored snapshot with the stored key.
+            provider = await Provider.connect(database_url)
+            try:
+                snap = await db.fetchval(
+                    "SELECT args_snapshot::text FROM cards WHERE id = $1", card["id"]
+                )
+                args = json.loads(snap)
+                await provider.create_charge(
+                    card["operation_id"], c.tenant, args["customer_id"], args["amount_cents"], ""
+                )
+            finally:
+                await provider.close()
+            assert (
+                await count(db, "SELECT count(*) FROM demo_charges WHERE tenant = $1", c.tenant)
+                == 1
+            )
+            await invariants.check()
+        finally:
+            await db.close()
+
+
+async def test_gateway_killed_after_commit_before_publish(
+    database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """I6: a gateway is SIGKILLed after committing a decision and before publishing it.
+    The person sees the connection drop; the decision is in Postgres with its audit row,
+    the worker finds it on its slow poll and executes it once, and the person's retry on
+    another gateway gets a typed 409 saying they already approved it."""
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=1,
+        SIGNOFF_POLL_SECONDS="1",
+    ) as c:
+        invariants.watch(database_url, c.tenant)
+        doomed = c.add_gateway(SIGNOFF_FAULTS="decide.before_publish")
+        db = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, c.gateways[0].url, ["gk0"])
+            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
+            body = {"decision": "approve", "snapshot_hash": card["snapshot_hash"]}
+            async with httpx.AsyncClient(timeout=30) as http:
+                with pytest.raises(httpx.TransportError):
+                    await http.post(
+                        f"{doomed.url}/v1/cards/{card['id']}/resolve",
+                        json=body,
+                        headers=bearer(c, "gk0"),
+                    )
+                await asyncio.to_thread(doomed.wait, 30)
+                audit = await db.fetchrow(
+                    "SELECT actor, hash_seen FROM card_events "
+                    "WHERE card_id = $1 AND to_status = 'approved'",
+                    card["id"],
+                )
+                assert audit is not None
+                assert (audit["actor"], audit["hash_seen"]) == ("gk0", card["snapshot_hash"])
+                await wait_until(lambda: runs_done(db, c.tenant, 1), timeout=15, what="done")
+                r = await http.post(
+                    f"{c.gateways[0].url}/v1/cards/{card['id']}/resolve",
+                    json=body,
+                    headers=bearer(c, "gk0"),
+                )
+                assert r.status_code == 409 and r.json()["error"] == "already_decided"
+                assert r.json()["detail"]["decided_by"] == "gk0"
+            await invariants.check()
+        finally:
+            await db.close()
+
+
+async def test_duplicated_inbox_delivery_runs_once(
+    database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """I5: every user message is in the inbox three times (a gateway that retried XADD
+    after losing the reply), and two workers take the copies concurrently: one run and one
+    card per message, and one charge once approved."""
+    with cluster(database_url, redis_url, tmp_path, gateways=1, workers=2) as c:
+        invariants.watch(database_url, c.tenant)
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        r = aioredis.from_url(redis_url)
+        try:
+            n = 10
+            users = [f"dup{i}" for i in range(n)]
+            threads = []
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+                for user in users:
+                    resp = await http.post("/v1/threads", headers=bearer(c, user))
+                    threads.append(resp.json()["thread"]["id"])
+            for user, thread in zip(users, threads, strict=True):
+                job = {
+                    "thread_id": thread,
+                    "text": "cobre 21 do João",
+                    "user": user,
+                    "tenant": c.tenant,
+                    "channel": "http",
+                    "message_id": str(uuid.uuid4()),
+                }
+                for _ in range(3):
+                    await r.xadd(f"{c.prefix}inbox", {"job": json.dumps(job)})
+            cards = await wait_until(lambda: pending(db, c.tenant, n), what="one card each")
+            await asyncio.sleep(1.0)  # every copy taken and handled
+            assert await count(db, "SELECT count(*) FROM runs WHERE tenant = $1", c.tenant) == n
+            assert await count(db, "SELECT count(*) FROM cards WHERE tenant = $1", c.tenant) == n
+            users_logged = await count(
+                db,
+                "SELECT count(*) FROM messages m JOIN threads t ON t.id = m.thread_id "
+                "WHERE t.tenant = $1 AND m.kind = 'user'",
+                c.tenant,
+            )
+            assert users_logged == n
+            assert await approve(c, gw.url, cards) == [200] * n
+            await wait_until(lambda: runs_done(db, c.tenant, n), what="runs done")
+            await invariants.check()
+        finally:
+            await r.aclose()
+            await db.close()
+
+
+async def test_two_workers_recovering_the_same_runs_at_once(
+    database_url: str, redis_url: str, tmp_path: Path, profile: Profile, invariants: Invariants
+) -> None:
+    """I4 + I6: the worker holding the runs is killed; decisions land while nobody holds
+    them; two new workers try to adopt the same lapsed runs at the same moment (the test
+    holds the rows locked until both are trying). Each run is continued by one worker:
+    one tool_results entry, one final answer, one execution per card."""
+    n = profile.parked
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=0,
+        SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_POLL_SECONDS="1",
+    ) as c:
+        invariants.watch(database_url, c.tenant)
+        first = c.add_worker("first")
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, gw.url, [f"tw{i}" for i in range(n)])
+            cards = await wait_until(lambda: pending(db, c.tenant, n), what="parked cards")
+            first.signal(signal.SIGKILL)
+            await asyncio.to_thread(first.wait)
+            assert await approve(c, gw.url, cards) == [200] * n
+            await asyncio.sleep(2.5)  # leases lapse
+            holder = await asyncpg.connect(database_url)
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute(
+                "SELECT id FROM runs WHERE tenant = $1 AND status = 'waiting' FOR UPDATE",
+                c.tenant,
+            )
+            starting = [asyncio.to_thread(c.add_worker, name) for name in ("second", "third")]
+            started = asyncio.gather(*starting)
+            await asyncio.sleep(3.0)  # both are up (or blocked) and trying to adopt
+            await tx.rollback()
+            await holder.close()
+            await started
+            await wait_until(lambda: runs_done(db, c.tenant, n), timeout=60, what="runs done")
+            await asyncio.sleep(1.0)  # a second continuation, if any, would land now
+            rows = await db.fetch(
+                "SELECT r.id::text, r.worker_id, "
+                "count(*) FILTER (WHERE m.kind = 'tool_results') AS results, "
+                "count(*) FILTER (WHERE m.kind = 'run') AS ends "
+                "FROM runs r JOIN messages m ON m.run_id = r.id "
+                "WHERE r.tenant = $1 GROUP BY r.id, r.worker_id",
+                c.tenant,
+            )
+            assert len(rows) == n
+            for row in rows:
+                assert (row["results"], row["ends"]) == (1, 1), dict(row)
+            assert {row["worker_id"] for row in rows} <= {"second", "third"}
+            executed = await count(
+                db, "SELECT count(*) FROM cards WHERE tenant = $1 AND status = 'executed'", c.tenant
+            )
+            assert executed == n
+            await invariants.check()
+        finally:
+            await db.close()

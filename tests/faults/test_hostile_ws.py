@@ -1,0 +1,318 @@
+"""Hostile WebSocket clients against a real gateway process: cross-site origins, bad
+tokens, other owners, oversized frames, floods and malformed frames (I3, I9).
+
+There is no WhatsApp channel yet, so there is no webhook to attack; its not-owner and
+bad-signature cases belong here once it lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import jwt
+import pytest
+import websockets
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests import services
+from tests.cluster import SECRET, Cluster, cluster
+from tests.faults.conftest import Invariants
+from tests.faults.helpers import start_threads, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+ALLOWED = "https://chat.example"
+
+
+@dataclass
+class WsTarget:
+    c: Cluster
+    database_url: str
+
+    @property
+    def ws_url(self) -> str:
+        return self.c.gateways[0].url.replace("http", "ws") + "/v1/ws"
+
+    @property
+    def own_origin(self) -> str:
+        return self.c.gateways[0].url
+
+    async def connect(
+        self, user: str | None = "alice", origin: str | None = None, token: str | None = None
+    ) -> Any:
+        headers = {"Origin": origin} if origin else None
+        ws = await websockets.connect(self.ws_url, additional_headers=headers, max_size=2**24)
+        if user is not None:
+            await ws.send(json.dumps({"type": "auth", "token": token or self.c.token(user)}))
+            ready = json.loads(await ws.recv())
+            assert ready["type"] == "ready", ready
+        return ws
+
+
+@pytest.fixture(scope="module")
+def ws_target(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WsTarget]:
+    with cluster(
+        database_url,
+        services.redis_url(),
+        tmp_path_factory.mktemp("ws"),
+        gateways=1,
+        workers=1,
+        SIGNOFF_ALLOWED_ORIGINS=ALLOWED,
+    ) as c:
+        yield WsTarget(c, database_url)
+
+
+@pytest.fixture
+async def w(ws_target: WsTarget, invariants: Invariants) -> AsyncIterator[WsTarget]:
+    invariants.watch(ws_target.database_url, ws_target.c.tenant)
+    yield ws_target
+
+
+async def reply(ws: Any, frame_id: str, timeout: float = 15) -> dict[str, Any]:
+    while True:
+        msg: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        if msg.get("id") == frame_id and msg["type"] in ("ack", "resolved", "error", "ready"):
+            return msg
+
+
+async def a_card(w: WsTarget, user: str) -> asyncpg.Record:
+    db = await asyncpg.connect(w.database_url)
+    try:
+        (thread,) = await start_threads(w.c, w.c.gateways[0].url, [user])
+        row = await wait_until(
+            lambda: db.fetchrow(
+                "SELECT id::text, owner, snapshot_hash FROM cards "
+                "WHERE thread_id = $1 AND status = 'pending'",
+                thread,
+            ),
+            what="the card",
+        )
+        assert row is not None
+        return row
+    finally:
+        await db.close()
+
+
+async def status_of(w: WsTarget, card_id: str) -> tuple[str, int]:
+    db = await asyncpg.connect(w.database_url)
+    try:
+        status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card_id)
+        events = await db.fetchval("SELECT count(*) FROM card_events WHERE card_id = $1", card_id)
+        return status, events
+    finally:
+        await db.close()
+
+
+async def test_cross_site_origins_are_refused_before_accept(w: WsTarget) -> None:
+    """A browser page of another site cannot open the socket: a bad, `null` or look-alike
+    Origin is refused at the handshake. No Origin at all (not a browser) is let in, but
+    cannot do anything before authenticating."""
+    port = w.own_origin.rsplit(":", 1)[1]
+    refused = [
+        "https://evil.example",
+        "null",
+        "https://chat.example.evil.example",
+        "https://evil-chat.example",
+        "https://chat.example:444",
+        "http://chat.example",
+        "https://chat.example/",
+        "https://chat.example@evil.example",
+        "https://CHAT.EXAMPLE",
+        f"http://127.0.0.1:{port}.evil.example",
+        f"http://127.0.0.1.evil.example:{port}",
+        f"http://localhost:{port}",
+        "file://",
+    ]
+    for origin in refused:
+        with pytest.raises(InvalidStatus) as info:
+            await websockets.connect(w.ws_url, additional_headers={"Origin": origin})
+        assert info.value.response.status_code == 403, origin
+    for origin in (ALLOWED, w.own_origin):
+        ws = await w.connect(origin=origin)
+        await ws.close()
+    ws = await w.connect(user=None)  # no Origin header: let in, must authenticate first
+    await ws.send(json.dumps({"type": "resume", "thread_id": "x", "id": "1"}))
+    err = json.loads(await ws.recv())
+    assert err["type"] == "error" and err["status"] == 401
+    with pytest.raises(ConnectionClosed) as closed:
+        await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_missing_expired_forged_tokens_and_expiry_mid_session(w: WsTarget) -> None:
+    """Every bad token is a 401 and a 4401 close; a token that expires mid-session stops
+    the very next frame."""
+    now = int(time.time())
+    claims = {"iss": "signoff", "sub": "alice", "tenant": w.c.tenant, "iat": now, "exp": now + 60}
+    for token in (
+        "",
+        "forged",
+        jwt.encode(claims, key=None, algorithm="none"),
+        jwt.encode(claims, "other-secret-" + "q" * 40, algorithm="HS256"),
+        jwt.encode({**claims, "exp": now - 1}, SECRET, algorithm="HS256"),
+    ):
+        ws = await websockets.connect(w.ws_url)
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        err = json.loads(await ws.recv())
+        assert err["type"] == "error" and err["status"] == 401, token
+        with pytest.raises(ConnectionClosed):
+            await ws.recv()
+    card = await a_card(w, "short")
+    short = w.c.tokens.issue("short", w.c.tenant, ttl=2)
+    ws = await w.connect("short", token=short)
+    await asyncio.sleep(3.1)
+    await ws.send(
+        json.dumps(
+            {
+                "type": "resolve",
+                "id": "late",
+                "card_id": card["id"],
+                "decision": "approve",
+                "snapshot_hash": card["snapshot_hash"],
+            }
+        )
+    )
+    err = await reply(ws, "late")
+    assert err["type"] == "error" and err["status"] == 401, err
+    with pytest.raises(ConnectionClosed):
+        await ws.recv()
+    assert await status_of(w, card["id"]) == ("pending", 1)
+
+
+async def test_not_owner_and_other_tenant_over_ws(w: WsTarget) -> None:
+    """I3: another user of the tenant, and the owner's user name in another tenant,
+    get 403 for the card; it stays pending with only its creation audited."""
+    card = await a_card(w, "owner1")
+    frame = {
+        "type": "resolve",
+        "card_id": card["id"],
+        "decision": "approve",
+        "snapshot_hash": card["snapshot_hash"],
+    }
+    for user, tenant in (("mallory", w.c.tenant), ("owner1", "another-tenant")):
+        ws = await w.connect(user, token=w.c.tokens.issue(user, tenant))
+        await ws.send(json.dumps({**frame, "id": "x"}))
+        err = await reply(ws, "x")
+        assert err["type"] == "error" and err["status"] == 403, (user, tenant, err)
+        await ws.close()
+    assert await status_of(w, card["id"]) == ("pending", 1)
+
+
+async def test_oversized_frame_closes_only_that_socket(w: WsTarget) -> None:
+    """A frame over SIGNOFF_MAX_WS_MESSAGE_BYTES (64 KiB) closes that socket with 1009;
+    another user's socket on the same gateway goes on deciding."""
+    card = await a_card(w, "bystander")
+    other = await w.connect("bystander")
+    big = await w.connect("bigmouth")
+    await big.send(json.dumps({"type": "message", "text": "x" * (1 << 20), "id": "big"}))
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await asyncio.wait_for(big.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    await other.send(
+        json.dumps(
+            {
+                "type": "resolve",
+                "id": "ok",
+                "card_id": card["id"],
+                "decision": "approve",
+                "snapshot_hash": card["snapshot_hash"],
+            }
+        )
+    )
+    assert (await reply(other, "ok"))["type"] == "resolved"
+    await other.close()
+
+
+async def test_flood_is_rate_limited_then_closed_without_hurting_others(
+    w: WsTarget, invariants: Invariants
+) -> None:
+    """A socket sending `message` frames as fast as it can gets 429 error frames once past
+    its burst, then is closed (1008) for ignoring them; only a burst's worth of messages
+    reached the inbox. Meanwhile another user's whole approve round trip stays fast."""
+    flooder = await w.connect("flooder")
+    (thread,) = await start_threads(w.c, w.c.gateways[0].url, ["flooder"], text="saldo")
+    acks = 0
+    limited = 0
+    closed_code: int | None = None
+
+    async def flood() -> None:
+        frame = json.dumps({"type": "message", "thread_id": thread, "text": "saldo", "id": "f"})
+        try:
+            for _ in range(5000):
+                await flooder.send(frame)
+        except ConnectionClosed:
+            pass
+
+    async def listen() -> None:
+        nonlocal acks, limited, closed_code
+        try:
+            while True:
+                msg = json.loads(await asyncio.wait_for(flooder.recv(), 30))
+                if msg["type"] == "ack":
+                    acks += 1
+                elif msg["type"] == "error" and msg["status"] == 429:
+                    assert msg["error"] == "rate_limited"
+                    limited += 1
+        except ConnectionClosed as exc:
+            closed_code = exc.rcvd.code if exc.rcvd else None
+
+    async def bystander() -> float:
+        card = await a_card(w, "calm")
+        ws = await w.connect("calm")
+        t0 = time.monotonic()
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "resolve",
+                    "id": "calm",
+                    "card_id": card["id"],
+                    "decision": "approve",
+                    "snapshot_hash": card["snapshot_hash"],
+                }
+            )
+        )
+        assert (await reply(ws, "calm"))["type"] == "resolved"
+        took = time.monotonic() - t0
+        await ws.close()
+        return took
+
+    listener = asyncio.create_task(listen())
+    flooding = asyncio.create_task(flood())
+    took = await bystander()
+    await asyncio.wait_for(flooding, 60)
+    await asyncio.wait_for(listener, 60)
+    assert closed_code == 1008, (closed_code, acks, limited)
+    assert limited >= 1
+    assert acks <= 40 + 20 * 10, acks  # burst + rate x seconds: never the flood
+    assert took < 2.0, f"a bystander's decision took {took:.2f}s during the flood"
+
+
+async def test_malformed_frames_get_typed_errors_and_the_socket_survives(w: WsTarget) -> None:
+    """I9: deeply nested, non-JSON, binary, wrongly typed, unknown and NUL-carrying frames
+    each get a typed error frame; the socket keeps working."""
+    ws = await w.connect("weird")
+    frames: list[str | bytes] = [
+        "[" * 30_000 + "]" * 30_000,
+        '{"type": "resolve", "id": "d", "edits": ' + '{"a":' * 9_000 + "1" + "}" * 9_000 + "}",
+        "{broken",
+        b"\x00\xff binary",
+        json.dumps({"type": ["message"], "id": "t"}),
+        json.dumps({"type": "teleport", "id": "u"}),
+        json.dumps({"type": "message", "text": "oi\u0000", "id": "n"}),
+        json.dumps({"type": "resume", "thread_id": "not-a-uuid", "after_seq": 10**30, "id": "r"}),
+        json.dumps({"type": "resolve", "card_id": "x", "decision": "approve", "id": "v"}),
+    ]
+    for frame in frames:
+        await ws.send(frame)
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert msg["type"] == "error" and 400 <= msg["status"] < 500, (str(frame)[:80], msg)
+    await ws.send(json.dumps({"type": "message", "text": "saldo", "id": "fine"}))
+    assert (await reply(ws, "fine"))["type"] == "ack"
+    await ws.close()
