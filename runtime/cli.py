@@ -170,8 +170,19 @@ async def _cards(args: argparse.Namespace) -> int:
                 )
             )
         elif args.action == "reconcile":
-            card = await store.set_reconciled(args.card_id, "operator", args.note)
-            print(f"{card.id} reconciled: {args.note}")
+            if args.outcome is None:
+                print(
+                    "--outcome executed|failed is required (check the provider first)",
+                    file=sys.stderr,
+                )
+                return 2
+            card = await store.reconcile(
+                args.card_id,
+                executed=args.outcome == "executed",
+                actor="operator",
+                note=args.note,
+            )
+            print(f"{card.id} reconciled as {card.status}: {args.note}")
     finally:
         await store.close()
     return 0
@@ -231,6 +242,11 @@ def parser() -> argparse.ArgumentParser:
     cd.add_argument("--status")
     cd.add_argument("--limit", type=int, default=50)
     cd.add_argument("--note", default="checked with the provider")
+    cd.add_argument(
+        "--outcome",
+        choices=["executed", "failed"],
+        help="reconcile: what the provider says happened",
+    )
     cp = sub.add_parser("check-policy", help="list write tools without an explicit policy rule")
     common(cp)
     return p

@@ -648,23 +648,37 @@ class PostgresStore:
                 )
         return cards
 
-    async def set_reconciled(self, card_id: str, actor: str, note: str) -> Card:
+    async def reconcile(self, card_id: str, *, executed: bool, actor: str, note: str) -> Card:
+        """An operator settles a card stuck in ``executing`` after checking the provider.
+
+        ``executing -> executed|failed`` with the operator and their note in the audit;
+        the flag is cleared. Never re-executes anything.
+        """
+        dst = Status.EXECUTED if executed else Status.FAILED
+        result = {"reconciled_by": actor, "note": note}
         async with self._tx() as conn:
-            card_row = await conn.fetchrow(q.CARD_GET_FOR_UPDATE, _uuid(card_id))
-            if card_row is None:
-                raise CardNotFound(f"card {card_id} not found", card_id=card_id)
-            await conn.execute(q.CARD_RECONCILE_FLAG, card_row["id"], False)
-            await conn.execute(
-                q.EVENT_INSERT,
-                card_row["id"],
-                card_row["status"],
-                card_row["status"],
-                actor,
-                "cli",
-                None,
-                {"reconciled": note},
+            card = await self._move(
+                conn,
+                _uuid(card_id),
+                Status.EXECUTING,
+                dst,
+                actor=actor,
+                channel="cli",
+                result=result,
+                detail={"reconciled": note},
             )
-            row = await conn.fetchrow(q.CARD_GET, card_row["id"])
+            if card is None:
+                current = await conn.fetchrow(q.CARD_GET, _uuid(card_id))
+                if current is None:
+                    raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+                raise IllegalTransition(
+                    f"only a card in executing can be reconciled; this one is {current['status']}"
+                )
+            await conn.execute(q.CARD_RECONCILE_FLAG, card.id, False)
+            await conn.execute(
+                q.OPERATION_FINISH, card.operation_id, "succeeded" if executed else "failed", result
+            )
+            row = await conn.fetchrow(q.CARD_GET, card.id)
         return _card(_some(row))
 
     async def record_delivery(self, channel: str, message_id: str) -> bool:

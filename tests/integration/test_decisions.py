@@ -12,6 +12,7 @@ from runtime.errors import (
     CardNotFound,
     Expired,
     Forbidden,
+    IllegalTransition,
     InvalidInput,
     NotOwner,
     StaleCard,
@@ -239,7 +240,14 @@ async def test_stuck_execution_is_flagged_never_retried(database_url: str) -> No
         assert flagged[0].status is Status.EXECUTING
         assert await h.store.flag_stuck(0) == []  # flagged once
         assert await h.charges() == 0  # nothing retried it
-        done = await h.store.set_reconciled(card.id, "operator", "no charge at the provider")
+        done = await h.store.reconcile(
+            card.id, executed=False, actor="operator", note="no charge at the provider"
+        )
         assert not done.needs_reconciliation
+        assert done.status is Status.FAILED
         audit = await h.store.card_events(card.id)
+        assert (audit[-1].to_status, audit[-1].actor) == ("failed", "operator")
         assert audit[-1].detail == {"reconciled": "no charge at the provider"}
+        assert await h.store.flag_stuck(0) == []  # settled: never flagged again
+        with pytest.raises(IllegalTransition):
+            await h.store.reconcile(card.id, executed=True, actor="operator", note="again")
