@@ -445,6 +445,9 @@ class PostgresStore:
         card = _card(row)
         if card.owner != principal or (tenant is not None and card.tenant != tenant):
             return NotOwner("only the card's owner can decide it", card_id=card_id)
+        if card.status is Status.EXPIRED:
+            # 410 whether or not the sweeper has tidied it yet
+            return Expired("the card expired before the decision", card_id=card_id)
         if card.status is not Status.PENDING:
             return AlreadyDecided(
                 f"card already {card.status}",
