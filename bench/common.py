@@ -250,11 +250,11 @@ class Proc:
 
 
 def _die_with_parent() -> None:
-    """SIGTERM the child when the bench process dies, however it dies (Linux prctl)."""
+    """SIGKILL the child when the bench process dies, however it dies (Linux prctl)."""
     with contextlib.suppress(Exception):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def machine_busy(seconds: float = 1.0) -> dict[str, float]:
@@ -653,15 +653,27 @@ def spread(values: Sequence[float], unit: str, digits: int = 3) -> dict[str, Any
 # --------------------------------------------------------------------------- exactly once
 
 
-async def exactly_once(database_url: str, tenant: str | None = None) -> dict[str, Any]:
+async def exactly_once(
+    database_url: str, tenant: str | None = None, settle: float = 60.0
+) -> dict[str, Any]:
     """Every approved card executed once; nothing executed twice (store + demo provider).
 
-    ``ok`` is False when a card went to ``executing`` more than once, when the
-    executed cards and the provider's charges differ, when a charge has no executed
-    card, or when an approved card was never executed (lost).
+    First waits up to ``settle`` seconds for cards still ``approved`` or ``executing``
+    (work in flight) to finish. ``ok`` is False when a card went to ``executing`` more
+    than once, when the executed cards and the provider's charges differ, when a
+    charge has no executed card, or when an approved card was never executed (lost)
+    or stays ``executing`` (outcome unknown, left for an operator by design).
     """
     conn = await asyncpg.connect(database_url)
     try:
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            busy = await conn.fetchval(
+                "SELECT count(*) FROM cards WHERE status IN ('approved', 'executing')"
+            )
+            if busy == 0:
+                break
+            await asyncio.sleep(0.5)
         where = "" if tenant is None else "WHERE c.tenant = $1"
         args = () if tenant is None else (tenant,)
         row = await conn.fetchrow(
@@ -689,7 +701,7 @@ async def exactly_once(database_url: str, tenant: str | None = None) -> dict[str
             *args,
         )
         has_charges = await conn.fetchval("SELECT to_regclass('demo_charges') IS NOT NULL")
-        charges = keyed = dup_keys = 0
+        charges = keyed = dup_keys = charged_executing = 0
         if has_charges:
             cw = "" if tenant is None else "WHERE d.tenant = $1"
             charges = await conn.fetchval(f"SELECT count(*) FROM demo_charges d {cw}", *args)
@@ -697,6 +709,12 @@ async def exactly_once(database_url: str, tenant: str | None = None) -> dict[str
                 f"SELECT count(*) FROM demo_charges d JOIN cards c ON "
                 f"c.operation_id::text = d.idempotency_key {cw} "
                 f"{'AND' if cw else 'WHERE'} c.status = 'executed'",
+                *args,
+            )
+            charged_executing = await conn.fetchval(
+                f"SELECT count(*) FROM demo_charges d JOIN cards c ON "
+                f"c.operation_id::text = d.idempotency_key {cw} "
+                f"{'AND' if cw else 'WHERE'} c.status = 'executing'",
                 *args,
             )
             dup_keys = await conn.fetchval(
@@ -719,10 +737,16 @@ async def exactly_once(database_url: str, tenant: str | None = None) -> dict[str
         "charges_matching_executed_cards": int(keyed),
         "double_executions": int(cards_twice) + int(dup_keys),
     }
-    result["lost"] = result["approved_not_executed"] + result["stuck_executing"]
+    # Left `executing` although the provider charged: executed once, but the store never
+    # recorded it (finish_execution failed); an operator must reconcile it (I4).
+    result["charged_but_executing"] = int(charged_executing)
+    result["lost"] = (
+        result["approved_not_executed"] + result["stuck_executing"] - int(charged_executing)
+    )
     result["ok"] = (
         result["double_executions"] == 0
         and result["lost"] == 0
+        and result["stuck_executing"] == 0
         and executed == charges == keyed
         and int(executing_events) == executed + result["failed"]
     )

@@ -42,6 +42,7 @@ from bench.common import (
     exactly_once,
     log,
     machine,
+    machine_busy,
     plt,
     progress,
     raise_nofile,
@@ -69,12 +70,12 @@ def parser() -> Any:
     p.add_argument("--users", type=int, default=200, help="users of the open-loop phases")
     p.add_argument("--rates", type=ints, default=[25, 100, 1000], help="open-loop decisions/s")
     p.add_argument(
-        "--seconds", type=floats, default=[4.0, 2.0, 0.5], help="seconds of arrivals per rate"
+        "--seconds", type=floats, default=[4.0, 2.0, 0.4], help="seconds of arrivals per rate"
     )
     p.add_argument("--open-runs", type=ints, default=[2, 3, 2], help="runs per rate")
     p.add_argument("--concurrency", type=ints, default=[1, 64, 256, 1000])
     p.add_argument(
-        "--closed-decisions", type=ints, default=[60, 192, 512, 1000], help="per concurrency"
+        "--closed-decisions", type=ints, default=[60, 192, 256, 1000], help="per concurrency"
     )
     p.add_argument("--closed-runs", type=ints, default=[2, 2, 1, 1], help="runs per concurrency")
     p.add_argument("--park-limit", type=int, default=48, help="parkings in flight")
@@ -82,7 +83,7 @@ def parser() -> Any:
     p.add_argument(
         "--max-seconds",
         type=float,
-        default=120.0,
+        default=130.0,
         help="start no new phase after this long (the rest is reported as skipped)",
     )
     p.add_argument("--quick", action="store_true", help="a small smoke run (seconds, not minutes)")
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency, args.closed_decisions, args.closed_runs = [1, 16], [20, 64], [1, 1]
         args.users = 20
     raise_nofile()
+    busy = machine_busy()
     t_start = time.monotonic()
     with services(args, "decisions") as svc:
         versions = asyncio.run(server_versions(svc.database_url, svc.redis_url))
@@ -405,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             "ws_frame_limit": "off (SIGNOFF_WS_FRAMES_PER_SECOND=0): one simulated user clicks "
             "far more often than a person",
         },
-        "machine": {**machine(), **versions},
+        "machine": {**machine(), **versions, **busy},
         "summary": summary,
         "skipped_phases": result["skipped"],
         "phases": phases,

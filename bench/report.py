@@ -52,9 +52,10 @@ LABELS = {
     "decision_to_result_p99_ms_at_100": "decision-to-result p99, 100/s",
     "saturation_decisions_per_s": "saturation: decisions answered/s (closed loop, best level)",
     "saturation_results_per_s": "executed results/s in that phase (end to end)",
-    "parked_worker_bytes": "worker RSS per parked run (100k)",
+    "parked_runs_measured": "parked runs in the largest set (100k asked; fewer if adoption ran out of time)",
+    "parked_worker_bytes": "worker RSS per parked run (largest set)",
     "parked_worker_bytes_10k": "worker RSS per parked run (10k)",
-    "parked_redis_bytes": "Redis used_memory per parked run (100k)",
+    "parked_redis_bytes": "Redis used_memory per parked run (largest set)",
     "wait_registry_bytes": "the wait itself: WaitRegistry per parked run (tracemalloc)",
     "ws_idle_bytes": "gateway RSS per idle WebSocket (5k)",
     "ws_idle_bytes_1k": "gateway RSS per idle WebSocket (1k)",
@@ -154,6 +155,8 @@ def summary(data: dict[str, dict[str, Any]]) -> dict[str, Any]:
         s["parked_worker_bytes"] = ps["parked_worker_bytes"]
         s["parked_redis_bytes"] = ps["parked_redis_bytes"]
         s["ws_idle_bytes"] = ps["ws_idle_bytes"]
+        if "parked_runs_measured" in ps:
+            s["parked_runs_measured"] = ps["parked_runs_measured"]
         for k, v in ps.items():
             if k.endswith("_10000"):
                 s[k.replace("_10000", "_10k")] = v
@@ -243,6 +246,13 @@ def table(s: dict[str, Any], data: dict[str, dict[str, Any]]) -> str:
         + ", ".join(f"{n} {d.get('seconds')} s" for n, d in data.items())
         + ".",
     ]
+    run_all = RESULTS / "run_all.json"
+    if run_all.exists():
+        info = json.loads(run_all.read_text())
+        lines += [
+            "",
+            f"`run_all.py`: {info.get('seconds')} s in all. {info.get('note', '')}".strip(),
+        ]
     return "\n".join(lines)
 
 
@@ -257,7 +267,7 @@ def costs(data: dict[str, dict[str, Any]]) -> str:
         lines += [
             "| phase | decisions | cores busy (bench) | cores busy (others) | CPU ms/decision: "
             "gateways | workers | postgres | redis | load generator | total | "
-            "Postgres commits/decision | Redis commands/decision |",
+            "Postgres transactions/decision (reads included) | Redis commands/decision |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for key, g in d["summary"].items():
@@ -266,7 +276,9 @@ def costs(data: dict[str, dict[str, Any]]) -> str:
                 continue
             cpu = cost["cpu_ms_per_decision"]
             redis = ", ".join(
-                f"{k} {v:g}" for k, v in list(cost["redis_commands_per_decision"].items())[:6]
+                f"{k} {v:g}"
+                for k, v in list(cost["redis_commands_per_decision"].items())[:8]
+                if not k.startswith("client") and v >= 0.05
             )
             kind, x = key.split("_", 1)
             label = f"open loop {x}/s" if kind == "open" else f"closed loop, {x} users"
@@ -320,5 +332,9 @@ def write(results: Path = RESULTS, readme: Path = README) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    out = write(Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS)
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("results", nargs="?", type=Path, default=RESULTS, help="the JSON folder")
+    out = write(p.parse_args().results)
     log(f"report: {len(out)} metrics in summary.json; README table regenerated")

@@ -29,9 +29,9 @@ from bench.common import RESULTS, ROOT, log, machine_busy
 
 SCRIPTS = [
     ("limits", ["--samples", "600"], 60),
-    ("decisions", [], 210),
+    ("decisions", [], 220),
     ("compare_langgraph", [], 120),
-    ("parked", [], 290),
+    ("parked", [], 320),
     ("failover", [], 120),
 ]
 

@@ -69,6 +69,7 @@ class Worker:
         self._loops: list[asyncio.Task[Any]] = []
         self._subscribed = asyncio.Event()
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
+        self._step_slots = asyncio.Semaphore(max(settings.pool_size, 2))
         self._adopting = 0  # adopted runs not yet continued
         self._draining = False
         # Decision latency samples in ns: the gateway received the decision -> this worker's
@@ -197,19 +198,31 @@ class Worker:
     def _on_ready(self, run_id: str) -> None:
         self.spawn(self._wake(run_id))
 
-    async def _wake(self, run_id: str) -> None:
+    async def _wake(self, run_id: str, attempt: int = 0) -> None:
         try:
-            for card in await self.store.cards_of_run(run_id):
-                if card.status == "pending" and card.expires_at <= datetime.now(UTC):
-                    expired = await self.store.expire(card.id)
-                    if expired is not None:
-                        await self.agent.hint(expired.thread_id, seq=-1)
-            run = await self.agent.continue_run(run_id)
+            # Bounded: past the pool's size, continuations would only queue for a pooled
+            # connection, and one that waits past the store timeout fails mid-step (after
+            # the provider acted, a card is then left `executing` for an operator).
+            async with self._step_slots:
+                for card in await self.store.cards_of_run(run_id):
+                    if card.status == "pending" and card.expires_at <= datetime.now(UTC):
+                        expired = await self.store.expire(card.id)
+                        if expired is not None:
+                            await self.agent.hint(expired.thread_id, seq=-1)
+                run = await self.agent.continue_run(run_id)
         except SignoffError as exc:
-            log.warning("continuing run %s failed: %s", run_id, exc)
+            # The run is ours (we renew its lease) and no longer parked: unless we try
+            # again, nobody continues it and its decisions wait for our restart (I6).
+            delay = min(0.5 * 2**attempt, 30.0)
+            log.warning("continuing run %s failed: %s; again in %.1fs", run_id, exc, delay)
+            asyncio.get_running_loop().call_later(delay, self._retry_wake, run_id, attempt + 1)
             return
         if run is None or run.status is not RunStatus.WAITING:
             self.waits.drop_run(run_id)
+
+    def _retry_wake(self, run_id: str, attempt: int) -> None:
+        if not self._draining:
+            self.spawn(self._wake(run_id, attempt))
 
     async def _listen(self) -> None:
         """Own the subscription loop: re-subscribe after any drop and re-read Postgres."""
