@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,9 +20,9 @@ import msgspec
 from runtime import outcomes
 from runtime.bus import Bus
 from runtime.canonical import request_key, snapshot_hash
-from runtime.cards import DECIDED, Card, Status
+from runtime.cards import Card, Status
 from runtime.conversation import build_messages
-from runtime.errors import SignoffError, ToolValidationError
+from runtime.errors import SignoffError, ToolValidationError, Unavailable
 from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.models.base import Model
@@ -45,6 +46,8 @@ MAX_MODEL_CALLS = 12
 # same operation_id after these waits; the provider deduplicates by that key (I4).
 UNKNOWN_OUTCOME = (TimeoutError, ConnectionError)
 UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
+# Waits between attempts to record a known outcome when the store does not answer.
+RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0)
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 
@@ -95,7 +98,9 @@ class Agent:
         self.faults = faults or Faults()
         self._park = park
         self._unpark = unpark
-        self._locks: dict[str, asyncio.Lock] = {}
+        # One lock per thread while anyone holds or waits on it; weak values let locks of
+        # idle threads go (a held lock is referenced by the coroutine using it).
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def lock(self, thread_id: str) -> asyncio.Lock:
         lock = self._locks.get(thread_id)
@@ -420,9 +425,14 @@ class Agent:
                 log.warning("card %s failed: %s", card.id, exc)
                 result, ok = {"error": str(exc)}, False
             break
-        done = await self.store.finish_execution(card.id, ok=ok, result=result, actor=actor)
+        # The outcome is known now: recording it must not be lost to a passing store
+        # timeout (the move is conditional, so a repeat is harmless).
+        for wait in (*RECORD_RETRIES, None):
+            try:
+                done = await self.store.finish_execution(card.id, ok=ok, result=result, actor=actor)
+                break
+            except Unavailable:
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
         return done or await self.store.get_card(card.id)
-
-    @staticmethod
-    def decided(card: Card) -> bool:
-        return card.status in DECIDED

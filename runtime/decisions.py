@@ -41,6 +41,7 @@ def _quiet(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
 
+
 MAX_REASON = 2000
 
 

@@ -117,6 +117,7 @@ class Registry:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._specs: list[dict[str, Any]] | None = None
         for tool in tools:
             self.add(tool)
 
@@ -124,6 +125,7 @@ class Registry:
         if tool.name in self._tools:
             raise ConfigError(f"tool {tool.name!r} registered twice")
         self._tools[tool.name] = tool
+        self._specs = None
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -132,5 +134,10 @@ class Registry:
         return iter(self._tools.values())
 
     def specs(self) -> list[dict[str, Any]]:
-        """What the model is offered. There is, by construction, no approval tool here (I1)."""
-        return [t.spec() for t in self._tools.values()]
+        """What the model is offered. There is, by construction, no approval tool here (I1).
+
+        Built once per registry (schema generation showed up at ~6% of a worker's CPU).
+        """
+        if self._specs is None:
+            self._specs = [t.spec() for t in self._tools.values()]
+        return self._specs

@@ -251,3 +251,39 @@ async def test_stuck_execution_is_flagged_never_retried(database_url: str) -> No
         assert await h.store.flag_stuck(0) == []  # settled: never flagged again
         with pytest.raises(IllegalTransition):
             await h.store.reconcile(card.id, executed=True, actor="operator", note="again")
+
+
+async def test_known_outcome_is_recorded_despite_a_passing_store_timeout(
+    database_url: str,
+) -> None:
+    """The provider charged; the first attempts to record `executed` time out (a real store
+    call that fails, injected around the real Postgres store): the outcome is still
+    recorded, not left `executing` for an operator."""
+    from runtime.errors import Unavailable
+
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        real = h.store.finish_execution
+        failures = 2
+
+        async def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise Unavailable("statement timeout")
+            return await real(*args, **kwargs)
+
+        h.store.finish_execution = flaky  # type: ignore[method-assign]
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert failures == 0
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTED
+        assert await h.charges() == 1
+
+
+def test_tool_specs_are_built_once() -> None:
+    from examples.payments.tools import ALL_TOOLS
+    from runtime.tools import Registry
+
+    reg = Registry(ALL_TOOLS)
+    assert reg.specs() is reg.specs()
