@@ -19,7 +19,6 @@ import msgspec
 
 from runtime import outcomes
 from runtime.bus import Bus
-from runtime.canonical import request_key, snapshot_hash
 from runtime.cards import Card, Status
 from runtime.conversation import build_messages
 from runtime.errors import SignoffError, ToolValidationError, Unavailable
@@ -28,9 +27,10 @@ from runtime.keys import Keys
 from runtime.models.base import Model
 from runtime.notify import notify_card
 from runtime.policy import Policy, Verdict
+from runtime.proposal import new_card
 from runtime.records import Run, RunStatus
-from runtime.tools import Registry, Tool, ToolContext
-from store.postgres import NewCard, PostgresStore, RunInactive
+from runtime.tools import Registry, ToolContext
+from store.postgres import PostgresStore, RunInactive
 
 log = logging.getLogger("signoff.agent")
 
@@ -252,42 +252,22 @@ class Agent:
             op = f"{run.id}:{use_id}"
             return outcomes.tool_result(use_id, await tool.execute(prepared.args, op, ctx))
         card, created = await self.store.propose(
-            self._new_card(run, tool, use_id, raw, prepared.args, prepared.summary, prepared.impact)
+            new_card(
+                tool,
+                prepared,
+                thread_id=run.thread_id,
+                run_id=run.id,
+                tenant=run.tenant,
+                owner=run.owner,
+                tool_use_id=use_id,
+                raw_input=raw,
+            )
         )
         if created:
             await self.hint(run.thread_id, seq=-1)
         if not created and card.status is Status.REJECTED:
             return outcomes.refused_again(use_id, card)
         return card
-
-    def _new_card(
-        self,
-        run: Run,
-        tool: Tool,
-        use_id: str,
-        raw: dict[str, Any],
-        args: dict[str, Any],
-        summary: str,
-        impact: dict[str, Any],
-    ) -> NewCard:
-        impact = {"risk": str(tool.risk), **impact}
-        return NewCard(
-            thread_id=run.thread_id,
-            run_id=run.id,
-            tenant=run.tenant,
-            owner=run.owner,
-            tool=tool.name,
-            tool_use_id=use_id,
-            risk=str(tool.risk),
-            input=raw,
-            args_snapshot=args,
-            summary=summary,
-            impact=impact,
-            snapshot_hash=snapshot_hash(tool.name, args, summary, impact),
-            request_key=request_key(run.id, tool.name, args, tool.set_fields),
-            editable=sorted(tool.editable),
-            ttl_seconds=tool.ttl.total_seconds(),
-        )
 
     # -- waiting and continuing ------------------------------------------------
 

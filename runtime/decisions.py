@@ -16,7 +16,6 @@ from typing import Any
 import msgspec
 
 from runtime.bus import Bus
-from runtime.canonical import request_key, snapshot_hash
 from runtime.cards import Card, Decision, Status
 from runtime.errors import (
     AlreadyDecided,
@@ -30,8 +29,9 @@ from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.notify import notify_card
 from runtime.policy import Policy, Verdict
+from runtime.proposal import new_card
 from runtime.tools import Registry, ToolContext
-from store.postgres import NewCard, PostgresStore
+from store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.decisions")
 
@@ -177,23 +177,15 @@ class Decisions:
         verdict = self.policy.evaluate(tool, prepared.args, tenant=card.tenant, role=run.role)
         if verdict.verdict is Verdict.DENY:
             raise Forbidden(f"policy denies the edited action: {verdict.reason}")
-        impact = {"risk": str(tool.risk), **prepared.impact}
-        new = NewCard(
+        new = new_card(
+            tool,
+            prepared,
             thread_id=card.thread_id,
             run_id=card.run_id,
             tenant=card.tenant,
             owner=card.owner,
-            tool=card.tool,
             tool_use_id=card.tool_use_id,
-            risk=str(tool.risk),
-            input=msgspec.to_builtins(tool.parse(raw)),
-            args_snapshot=prepared.args,
-            summary=prepared.summary,
-            impact=impact,
-            snapshot_hash=snapshot_hash(tool.name, prepared.args, prepared.summary, impact),
-            request_key=request_key(card.run_id, tool.name, prepared.args, tool.set_fields),
-            editable=sorted(tool.editable),
-            ttl_seconds=tool.ttl.total_seconds(),
+            raw_input=msgspec.to_builtins(tool.parse(raw)),
         )
         return await self.store.edit(
             card_id,
