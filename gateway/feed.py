@@ -1,9 +1,10 @@
 """Thread feeds: one bus subscription per thread per gateway, fanned out to its sockets.
 
-A hint on the thread channel only says "something changed"; each listener
-re-reads the log from Postgres after the last seq it delivered, so a lost or
-reordered hint never loses or duplicates an event. Text deltas are the one
-thing carried by the hint itself (they are ephemeral, never stored).
+A hint on the thread channel carries the entries the log grew by (``runtime.hints``),
+decoded once here for every socket of the thread. Each listener sends the entries
+that follow the last seq it delivered and re-reads the log from Postgres on a gap,
+so a lost or reordered hint never loses or duplicates an event. Text deltas ride
+on hints too (they are ephemeral, never stored).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from runtime.agent import Hint
 from runtime.bus import Bus
+from runtime.hints import Hint, decode
 from runtime.keys import Keys
 
 log = logging.getLogger("signoff.feed")
 
 Listener = Callable[[Hint], Awaitable[None]]
-_hint = msgspec.json.Decoder(Hint)
 
 
 class Feeds:
@@ -65,7 +65,7 @@ class Feeds:
                     await self._dispatch(thread_id, Hint(seq=-1))
                     async for raw in sub:
                         try:
-                            hint = _hint.decode(raw)
+                            hint = decode(raw)
                         except msgspec.DecodeError:
                             continue
                         await self._dispatch(thread_id, hint)

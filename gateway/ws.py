@@ -22,7 +22,6 @@ from gateway.auth import Principal, Tokens
 from gateway.errors import error_body, status_of
 from gateway.feed import Feeds
 from gateway.service import GatewayService, ResolveIn, event_of, parse
-from runtime.agent import Hint
 from runtime.errors import (
     InvalidInput,
     OriginRejected,
@@ -30,6 +29,7 @@ from runtime.errors import (
     SignoffError,
     Unauthenticated,
 )
+from runtime.hints import Hint, WireEntry
 
 log = logging.getLogger("signoff.ws")
 
@@ -281,12 +281,37 @@ class Connection:
                             "text": hint.delta,
                         }
                     )
-                else:
+                elif not (hint.entries and await self.deliver(_t, hint.entries)):
                     await self.catch_up(_t)
 
             self._listeners[thread_id] = listener
             await self.feeds.add(thread_id, listener)
         await self.catch_up(thread_id)
+
+    async def deliver(self, thread_id: str, entries: list[WireEntry]) -> bool:
+        """Send the entries a hint carried, if they follow what this socket got; False on a
+        gap (the caller re-reads the log then)."""
+        async with self._catchup[thread_id]:
+            last = self._last_seq.get(thread_id, 0)
+            fresh = [e for e in entries if e.seq > last]
+            if fresh and fresh[0].seq != last + 1:
+                return False
+            for e in fresh:
+                await self.send(
+                    {
+                        "type": "event",
+                        "thread_id": thread_id,
+                        "seq": e.seq,
+                        "kind": e.kind,
+                        "run_id": e.run_id,
+                        "data": e.data,
+                        "at": e.at,
+                    }
+                )
+                self._last_seq[thread_id] = e.seq
+                if e.kind == "assistant":
+                    self._last_assistant[thread_id] = e.seq
+            return True
 
     async def catch_up(self, thread_id: str) -> None:
         async with self._catchup[thread_id]:

@@ -12,12 +12,13 @@ import asyncio
 import logging
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from runtime import outcomes
+from runtime import hints, outcomes
 from runtime.bus import Bus
 from runtime.cards import Card, Status
 from runtime.conversation import build_messages
@@ -28,7 +29,7 @@ from runtime.models.base import Model
 from runtime.notify import notify_card
 from runtime.policy import Policy, Verdict
 from runtime.proposal import new_card
-from runtime.records import Run, RunStatus
+from runtime.records import Entry, Moved, Run, RunStatus
 from runtime.tools import Registry, ToolContext
 from store.postgres import PostgresStore, RunInactive
 
@@ -49,20 +50,6 @@ UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
 # Waits between attempts to record a known outcome when the store does not answer.
 RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0)
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
-
-
-class Hint(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What goes on a thread channel: a new log seq, or a streamed text delta.
-
-    For a delta, ``seq`` is the last log seq before the model call that streams it.
-    """
-
-    seq: int = 0
-    delta: str = ""
-    run_id: str = ""
-
-
-_hint = msgspec.json.Encoder()
 
 
 class Agent:
@@ -108,12 +95,16 @@ class Agent:
             lock = self._locks[thread_id] = asyncio.Lock()
         return lock
 
-    async def hint(
-        self, thread_id: str, *, seq: int = 0, delta: str = "", run_id: str = ""
-    ) -> None:
-        await self.bus.publish(
-            self.keys.thread_channel(thread_id), _hint.encode(Hint(seq, delta, run_id))
-        )
+    async def hint(self, thread_id: str, entries: Sequence[Entry] = ()) -> None:
+        """Tell the thread's gateways the log grew by these entries (none: re-read it)."""
+        await self.bus.publish(self.keys.thread_channel(thread_id), hints.of_entries(entries))
+
+    async def moved(self, moved: Moved | None) -> Card | None:
+        """Hint a committed card change; the card it left."""
+        if moved is None:
+            return None
+        await self.hint(moved.card.thread_id, [moved.entry])
+        return moved.card
 
     def _ctx(self, run: Run) -> ToolContext:
         return ToolContext(
@@ -164,7 +155,7 @@ class Agent:
             for card in superseded:
                 # The holder of the superseded run may be another worker: tell it to let go.
                 await notify_card(self.store, self.bus, self.keys, card)
-            await self.hint(thread_id, seq=-1)
+            await self.hint(thread_id)
             return await self._step(run)
 
     # -- the loop ----------------------------------------------------------------
@@ -181,36 +172,46 @@ class Agent:
                 position = entries[-1].seq if entries else 0
 
                 async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
-                    await self.hint(_run.thread_id, seq=_pos, delta=delta, run_id=_run.id)
+                    await self.bus.publish(
+                        self.keys.thread_channel(_run.thread_id),
+                        hints.of_delta(_pos, delta, _run.id),
+                    )
 
                 reply = await self.model.respond(
                     system=self.system, messages=messages, tools=self.tools.specs(), on_text=on_text
                 )
-                entry = await self.store.append(
-                    run.thread_id, "assistant", {"content": reply.content}, run.id
-                )
-                await self.hint(run.thread_id, seq=entry.seq)
                 uses = reply.tool_uses()
+                assistant = ("assistant", {"content": reply.content})
                 if not uses:
-                    return await self._finish(run, RunStatus.DONE)
+                    # The reply and the end of the turn: one statement, one hint.
+                    done = ("run", {"status": str(RunStatus.DONE), "error": None})
+                    entries, run = await self.store.run_step(
+                        run.id, run.thread_id, [assistant, done], str(RunStatus.DONE), {}
+                    )
+                    await self.hint(run.thread_id, entries)
+                    return run
+                entry = await self.store.append(run.thread_id, *assistant, run.id)
+                await self.hint(run.thread_id, [entry])
                 results: dict[str, dict[str, Any]] = {}
                 waiting: dict[str, str] = {}
+                proposed: dict[str, Card] = {}
                 for use in uses:
                     outcome = await self._handle_tool_use(run, use)
                     if isinstance(outcome, Card):
                         waiting[use["id"]] = outcome.id
+                        proposed[outcome.id] = outcome
                     else:
                         results[use["id"]] = outcome
                 order = [u["id"] for u in uses]
                 if waiting:
                     state = {"order": order, "results": results, "waiting": waiting}
                     run = await self.store.set_run(run.id, RunStatus.WAITING, state)
-                    return await self._settle(run)
+                    return await self._settle(run, list(proposed.values()))
                 blocks = [results[i] for i in order]
                 entry, run = await self.store.finish_run_step(
                     run.id, run.thread_id, "tool_results", {"content": blocks}, "running", {}
                 )
-                await self.hint(run.thread_id, seq=entry.seq)
+                await self.hint(run.thread_id, [entry])
             return await self._finish(run, RunStatus.FAILED, "too many model calls in one turn")
         except RunInactive:
             log.info("run %s was superseded while stepping", run.id)
@@ -220,7 +221,7 @@ class Agent:
         entry, run = await self.store.finish_run_step(
             run.id, run.thread_id, "run", {"status": str(status), "error": error}, str(status), {}
         )
-        await self.hint(run.thread_id, seq=entry.seq)
+        await self.hint(run.thread_id, [entry])
         return run
 
     async def _handle_tool_use(self, run: Run, use: dict[str, Any]) -> Card | dict[str, Any]:
@@ -251,7 +252,7 @@ class Agent:
         if verdict.verdict is Verdict.ALLOW:
             op = f"{run.id}:{use_id}"
             return outcomes.tool_result(use_id, await tool.execute(prepared.args, op, ctx))
-        card, created = await self.store.propose(
+        card, entry = await self.store.propose(
             new_card(
                 tool,
                 prepared,
@@ -263,17 +264,22 @@ class Agent:
                 raw_input=raw,
             )
         )
-        if created:
-            await self.hint(run.thread_id, seq=-1)
-        if not created and card.status is Status.REJECTED:
+        if entry is not None:
+            await self.hint(run.thread_id, [entry])
+        elif card.status is Status.REJECTED:
             return outcomes.refused_again(use_id, card)
         return card
 
     # -- waiting and continuing ------------------------------------------------
 
-    async def _settle(self, run: Run) -> Run:
-        """Look at the run's cards in Postgres: park on the pending ones or go on."""
-        cards = {c.id: c for c in await self.store.cards_of_run(run.id)}
+    async def _settle(self, run: Run, known: list[Card] | None = None) -> Run:
+        """Look at the run's cards in Postgres: park on the pending ones or go on.
+
+        ``known``: the run's cards as just read or written, when they tell the whole
+        story (an edited card sends us to Postgres for its successor)."""
+        if known is None or any(c.status is Status.MODIFIED for c in known):
+            known = await self.store.cards_of_run(run.id)
+        cards = {c.id: c for c in known}
         waiting: dict[str, str] = dict(run.state.get("waiting", {}))
         changed = False
         for use_id, card_id in list(waiting.items()):
@@ -295,18 +301,33 @@ class Agent:
         return await self._resume(run, waiting, cards)
 
     async def continue_run(self, run_id: str) -> Run | None:
-        """Continue a parked run from the store (live path and recovery path alike)."""
-        run = await self.store.get_run(run_id)
-        async with self.lock(run.thread_id):
-            run = await self.store.get_run(run_id)
+        """Continue a parked run from the store (live path and recovery path alike).
+
+        One read of the run and its cards, under the run's lock. (Runs of one thread in
+        other processes are kept apart by Postgres alone: every step is conditional on
+        the run being active; the same conditions keep them apart here.)
+        """
+        async with self.lock(run_id):
+            run, cards = await self.store.run_with_cards(run_id)
             if run.status is RunStatus.RUNNING and run.worker_id == self.worker_id:
                 return await self._recover_running(run)
             if run.status is not RunStatus.WAITING:
                 return run
             try:
-                return await self._settle(run)
+                cards = await self._expire_overdue(cards)
+                return await self._settle(run, cards)
             except RunInactive:
                 return await self.store.get_run(run_id)
+
+    async def _expire_overdue(self, cards: list[Card]) -> list[Card]:
+        """Pending cards past their deadline expire now (the database clock decides, I7)."""
+        now = datetime.now(UTC)
+        out = []
+        for card in cards:
+            if card.status is Status.PENDING and card.expires_at <= now:
+                card = await self.moved(await self.store.expire(card.id)) or card
+            out.append(card)
+        return out
 
     async def _recover_running(self, run: Run) -> Run:
         """A run that was mid-step when its process died: step again from the log.
@@ -347,7 +368,7 @@ class Agent:
         entry, run = await self.store.finish_run_step(
             run.id, run.thread_id, "tool_results", {"content": blocks}, "running", {}
         )
-        await self.hint(run.thread_id, seq=entry.seq)
+        await self.hint(run.thread_id, [entry])
         return await self._step(run)
 
     async def execute(self, run: Run, card: Card) -> Card:
@@ -363,7 +384,7 @@ class Agent:
                 actor=actor,
                 result={"reason": f"tool {card.tool} is no longer available"},
             )
-            return moved or await self.store.get_card(card.id)
+            return await self.moved(moved) or await self.store.get_card(card.id)
         try:
             check = await tool.revalidate(card.args_snapshot, ctx)
         except Exception as exc:  # a tool's own failure must not wedge the run
@@ -380,11 +401,10 @@ class Agent:
                 result={"reason": reason, "changes": changes},
                 detail={"reason": reason, "changes": changes},
             )
-            return moved or await self.store.get_card(card.id)
-        started = await self.store.begin_execution(card.id, actor)
+            return await self.moved(moved) or await self.store.get_card(card.id)
+        started = await self.moved(await self.store.begin_execution(card.id, actor))
         if started is None:
             return await self.store.get_card(card.id)
-        await self.hint(run.thread_id, seq=-1)
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
@@ -409,10 +429,12 @@ class Agent:
         # timeout (the move is conditional, so a repeat is harmless).
         for wait in (*RECORD_RETRIES, None):
             try:
-                done = await self.store.finish_execution(card.id, ok=ok, result=result, actor=actor)
+                finished = await self.store.finish_execution(
+                    card.id, ok=ok, result=result, actor=actor
+                )
                 break
             except Unavailable:
                 if wait is None:
                     raise
                 await asyncio.sleep(wait)
-        return done or await self.store.get_card(card.id)
+        return await self.moved(finished) or await self.store.get_card(card.id)

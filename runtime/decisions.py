@@ -30,6 +30,7 @@ from runtime.keys import Keys
 from runtime.notify import notify_card
 from runtime.policy import Policy, Verdict
 from runtime.proposal import new_card
+from runtime.records import Entry
 from runtime.tools import Registry, ToolContext
 from store.postgres import PostgresStore
 
@@ -105,7 +106,7 @@ class Decisions:
         owner = asyncio.ensure_future(self.bus.wait_owner(card_id))
         owner.add_done_callback(_quiet)
         try:
-            card = await self.store.decide(
+            moved = await self.store.decide(
                 card_id,
                 principal=principal,
                 decision=res.decision,
@@ -117,11 +118,15 @@ class Decisions:
         except BaseException:
             owner.cancel()
             raise
-        await self._notify(card, received, owner)
-        return Outcome(card=card.public())
+        await self._notify(moved.card, received, owner, moved.entry)
+        return Outcome(card=moved.card.public())
 
     async def _notify(
-        self, card: Card, received: int, owner: asyncio.Future[str | None] | None = None
+        self,
+        card: Card,
+        received: int,
+        owner: asyncio.Future[str | None] | None = None,
+        entry: Entry | None = None,
     ) -> None:
         """Tell the worker, after the commit. The decision is taken either way: a publish
         that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6)."""
@@ -131,7 +136,7 @@ class Decisions:
             with contextlib.suppress(SignoffError):
                 early = await owner
         try:
-            await notify_card(self.store, self.bus, self.keys, card, received, early)
+            await notify_card(self.store, self.bus, self.keys, card, received, early, entry)
         except SignoffError as exc:
             log.warning("card %s decided; could not signal its worker: %s", card.id, exc)
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import msgspec
 
+from runtime import hints
 from runtime.bus import Bus
 from runtime.cards import Card
 from runtime.errors import SignoffError
 from runtime.keys import Keys
+from runtime.records import Entry
 from store.postgres import PostgresStore
 
 
@@ -33,13 +35,15 @@ async def notify_card(
     card: Card,
     at_ns: int = 0,
     early_owner: str | None = None,
+    entry: Entry | None = None,
 ) -> int:
     """Publish the change to the worker holding the run; returns how many heard it.
 
     ``early_owner``: the wait token as read while the change was committing (the
     decision path reads it concurrently to save a round trip). Read before the
     commit, it may name a worker that has since let the run go; if nobody hears
-    it, the token is read again now, as without it.
+    it, the token is read again now, as without it. ``entry``: the log entry the change
+    wrote, carried to the thread's gateways (without it they re-read the log).
     """
     signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns))
     heard = 0
@@ -54,5 +58,8 @@ async def notify_card(
                 owner = None
         if owner and owner != early_owner:
             heard = await bus.publish(keys.worker_channel(owner), signal)
-    await bus.publish(keys.thread_channel(card.thread_id), b'{"seq":-1}')
+    await bus.publish(
+        keys.thread_channel(card.thread_id),
+        hints.of_entries([entry]) if entry is not None else hints.RELOAD,
+    )
     return heard

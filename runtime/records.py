@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 
+from runtime.cards import Card
+
 
 class Thread(msgspec.Struct, frozen=True, kw_only=True):
     id: str
@@ -69,3 +71,11 @@ class CardEvent(msgspec.Struct, frozen=True, kw_only=True):
     hash_seen: str | None
     at: datetime
     detail: dict[str, Any]
+
+
+class Moved(msgspec.Struct, frozen=True):
+    """A card as a committed change left it, with the thread-log entry written with it
+    (what a thread hint carries to the gateways)."""
+
+    card: Card
+    entry: Entry

@@ -204,11 +204,6 @@ class Worker:
             # connection, and one that waits past the store timeout fails mid-step (after
             # the provider acted, a card is then left `executing` for an operator).
             async with self._step_slots:
-                for card in await self.store.cards_of_run(run_id):
-                    if card.status == "pending" and card.expires_at <= datetime.now(UTC):
-                        expired = await self.store.expire(card.id)
-                        if expired is not None:
-                            await self.agent.hint(expired.thread_id, seq=-1)
                 run = await self.agent.continue_run(run_id)
         except SignoffError as exc:
             # The run is ours (we renew its lease) and no longer parked: unless we try
@@ -301,13 +296,14 @@ class Worker:
         """Expire overdue pending cards (DB clock), flag stuck executions. Returns both lists."""
         expired: list[Card] = []
         for card_id in await self.store.overdue_card_ids():
-            card = await self.store.expire(card_id)
-            if card is not None:
+            moved = await self.store.expire(card_id)
+            if moved is not None:
+                card = moved.card
                 expired.append(card)
                 if not self.waits.resolve(card.id, "expired"):
-                    await notify_card(self.store, self.bus, self.keys, card)
+                    await notify_card(self.store, self.bus, self.keys, card, entry=moved.entry)
                 else:
-                    await self.agent.hint(card.thread_id, seq=-1)
+                    await self.agent.hint(card.thread_id, [moved.entry])
         stuck = await self.store.flag_stuck(self.settings.stuck_after_seconds)
         for card in stuck:
             log.error("card %s stuck in executing: flagged for reconciliation", card.id)

@@ -33,7 +33,7 @@ from runtime.errors import (
     StaleCard,
     Unavailable,
 )
-from runtime.records import CardEvent, Entry, Run, Thread
+from runtime.records import CardEvent, Entry, Moved, Run, Thread
 from store import queries as q
 
 T = TypeVar("T")
@@ -99,10 +99,28 @@ def _some(row: asyncpg.Record | None) -> asyncpg.Record:
     return row
 
 
+_EXTRA = ("is_expired", "body", "log_seq", "log_at")
+
+
 def _card(row: asyncpg.Record) -> Card:
     data = dict(row)
-    data.pop("is_expired", None)
+    for key in _EXTRA:
+        data.pop(key, None)
     return msgspec.convert(data, Card, from_attributes=False)
+
+
+def _moved(row: asyncpg.Record, kind: str = "card_update") -> Moved:
+    """A row of a ``queries.logged`` statement: the card and the log entry written with it."""
+    card = _card(row)
+    entry = Entry(
+        thread_id=card.thread_id,
+        seq=row["log_seq"],
+        run_id=card.run_id,
+        kind=kind,
+        body=row["body"],
+        created_at=row["log_at"],
+    )
+    return Moved(card, entry)
 
 
 def _entry(thread_id: str, row: asyncpg.Record) -> Entry:
@@ -225,11 +243,24 @@ class PostgresStore:
     async def append(
         self, thread_id: str, kind: str, body: dict[str, Any], run_id: str | None = None
     ) -> Entry:
-        """Append to the thread log. With a ``run_id``, only while that run is active."""
-        async with self._tx() as conn:
-            if run_id is not None:
-                await self._lock_active_run(conn, run_id)
-            return await self._append(conn, thread_id, kind, body, run_id)
+        """Append to the thread log. With a ``run_id``, only while that run is active
+        (:class:`RunInactive` otherwise; one statement either way)."""
+        if run_id is None:
+            async with self._tx() as conn:
+                return await self._append(conn, thread_id, kind, body, None)
+        row = await self._read(
+            lambda c: c.fetchrow(q.RUN_APPEND, _uuid(thread_id), kind, _uuid(run_id), body)
+        )
+        if row is None:
+            raise RunInactive(f"run {run_id} is no longer active", run_id=run_id)
+        return Entry(
+            thread_id=thread_id,
+            seq=row["seq"],
+            run_id=run_id,
+            kind=kind,
+            body=body,
+            created_at=row["created_at"],
+        )
 
     async def _lock_active_run(self, conn: Conn, run_id: str) -> None:
         status = await conn.fetchval(
@@ -290,7 +321,7 @@ class PostgresStore:
                     detail={"reason": "a new user message arrived"},
                 )
                 if moved is not None:
-                    superseded_cards.append(moved)
+                    superseded_cards.append(moved.card)
             old_runs = [_run(r) for r in await conn.fetch(q.RUN_SUPERSEDE_ACTIVE, thread_id)]
             run_row = await conn.fetchrow(
                 q.RUN_INSERT,
@@ -320,8 +351,7 @@ class PostgresStore:
         self, run_id: str, status: str, state: dict[str, Any], error: str | None = None
     ) -> Run:
         """Update an active run's status and state; :class:`RunInactive` if it is no longer active."""
-        async with self._tx() as conn:
-            row = await conn.fetchrow(q.RUN_SET_STATE, run_id, status, state, error)
+        row = await self._read(lambda c: c.fetchrow(q.RUN_SET_STATE, run_id, status, state, error))
         if row is None:
             raise RunInactive(f"run {run_id} is no longer active", run_id=run_id)
         return _run(row)
@@ -335,45 +365,82 @@ class PostgresStore:
         status: str,
         state: dict[str, Any],
     ) -> tuple[Entry, Run]:
-        """Append a log entry and set the run's status in one transaction."""
-        async with self._tx() as conn:
-            await self._lock_active_run(conn, run_id)
-            entry = await self._append(conn, thread_id, kind, body, run_id)
-            row = await conn.fetchrow(q.RUN_SET_STATE, run_id, status, state, None)
-        return entry, _run(_some(row))
+        """Append a log entry and set the run's status in one statement."""
+        entries, run = await self.run_step(run_id, thread_id, [(kind, body)], status, state)
+        return entries[-1], run
+
+    async def run_step(
+        self,
+        run_id: str,
+        thread_id: str,
+        items: list[tuple[str, dict[str, Any]]],
+        status: str,
+        state: dict[str, Any],
+        error: str | None = None,
+    ) -> tuple[list[Entry], Run]:
+        """Append entries (kind, body), in order, and set an active run's status, state and
+        error: one statement. :class:`RunInactive` (and nothing written) if the run is no
+        longer active."""
+        kinds = [k for k, _ in items]
+        bodies = [b for _, b in items]
+        row = await self._read(
+            lambda c: c.fetchrow(
+                q.RUN_STEP, _uuid(run_id), _uuid(thread_id), kinds, bodies, status, state, error
+            )
+        )
+        if row is None:
+            raise RunInactive(f"run {run_id} is no longer active", run_id=run_id)
+        data = dict(row)
+        seqs, ats = data.pop("seqs"), data.pop("ats")
+        entries = [
+            Entry(thread_id=thread_id, seq=seq, run_id=run_id, kind=k, body=b, created_at=at)
+            for seq, at, k, b in zip(seqs, ats, kinds, bodies, strict=True)
+        ]
+        return entries, msgspec.convert(data, Run)
+
+    async def run_with_cards(self, run_id: str) -> tuple[Run, list[Card]]:
+        """A run and its cards in one read (what continuing a parked run starts from)."""
+        row = await self._read(lambda c: c.fetchrow(q.RUN_WITH_CARDS, _uuid(run_id)))
+        if row is None:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        data = dict(row)
+        cards = msgspec.convert(data.pop("cards"), list[Card])
+        return msgspec.convert(data, Run), cards
 
     async def renew_leases(self, worker_id: str, lease_seconds: float) -> None:
-        async with self._tx() as conn:
-            await conn.execute(q.RUN_RENEW_LEASES, worker_id, lease_seconds)
+        await self._read(lambda c: c.execute(q.RUN_RENEW_LEASES, worker_id, lease_seconds))
 
     async def release_runs(self, worker_id: str) -> None:
-        async with self._tx() as conn:
-            await conn.execute(q.RUN_RELEASE, worker_id)
+        await self._read(lambda c: c.execute(q.RUN_RELEASE, worker_id))
 
     async def adopt_runs(
         self, worker_id: str, lease_seconds: float, limit: int = 1000, *, own: bool = False
     ) -> list[Run]:
         """Take over active runs whose lease lapsed (``own``: also those already ours)."""
-        async with self._tx() as conn:
-            rows = await conn.fetch(q.RUN_ADOPT, worker_id, lease_seconds, limit, own)
+        rows = await self._read(
+            lambda c: c.fetch(q.RUN_ADOPT, worker_id, lease_seconds, limit, own)
+        )
         return [_run(r) for r in rows]
 
     # -- cards ----------------------------------------------------------------
 
-    async def propose(self, new: NewCard) -> tuple[Card, bool]:
-        """Insert a pending card, or return the card this request already has (I5)."""
+    async def propose(self, new: NewCard) -> tuple[Card, Entry | None]:
+        """Insert a pending card with its audit row and ``card`` log entry (one statement),
+        or return the card this request already has, with no entry (I5)."""
         card_id = new.id or str(uuid.uuid4())
         op_id = new.operation_id or operation_id(card_id)
-        async with self._tx() as conn:
-            card = await self._insert_card(conn, new, card_id, op_id)
-            if card is not None:
-                return card, True
-            row = await conn.fetchrow(q.CARD_BY_REQUEST_KEY, new.request_key)
-        return _card(_some(row)), False
+        row = await self._read(
+            lambda c: c.fetchrow(q.CARD_PROPOSE, *self._card_values(new, card_id, op_id))
+        )
+        if row is not None:
+            moved = _moved(row, "card")
+            return moved.card, moved.entry
+        row = await self._read(lambda c: c.fetchrow(q.CARD_BY_REQUEST_KEY, new.request_key))
+        return _card(_some(row)), None
 
-    async def _insert_card(self, conn: Conn, new: NewCard, card_id: str, op_id: str) -> Card | None:
-        row = await conn.fetchrow(
-            q.CARD_INSERT,
+    @staticmethod
+    def _card_values(new: NewCard, card_id: str, op_id: str) -> tuple[Any, ...]:
+        return (
             card_id,
             new.thread_id,
             new.run_id,
@@ -392,14 +459,10 @@ class PostgresStore:
             new.editable,
             new.ttl_seconds,
         )
-        if row is None:
-            return None
-        card = _card(row)
-        await conn.execute(
-            q.EVENT_INSERT, card.id, None, "pending", "system", None, card.snapshot_hash, {}
-        )
-        await self._append(conn, card.thread_id, "card", card.public(), card.run_id)
-        return card
+
+    async def _insert_card(self, conn: Conn, new: NewCard, card_id: str, op_id: str) -> Card | None:
+        row = await conn.fetchrow(q.CARD_PROPOSE, *self._card_values(new, card_id, op_id))
+        return None if row is None else _card(row)
 
     async def get_card(self, card_id: str) -> Card:
         row = await self._read(lambda c: c.fetchrow(q.CARD_GET, _uuid(card_id)))
@@ -476,33 +539,33 @@ class PostgresStore:
         channel: str,
         reason: str | None = None,
         tenant: str | None = None,
-    ) -> Card:
-        """The deciding update (I2, I3, I7) with its audit row and log entry, or a precise error.
+    ) -> Moved:
+        """The deciding update (I2, I3, I7) with its audit row and log entry (one statement),
+        or a precise error.
 
         ``tenant``: the principal's tenant; a user of the same name elsewhere is not the owner."""
         if decision is Decision.EDIT:
             raise IllegalTransition("edits go through edit()")
         target = Status.APPROVED if decision is Decision.APPROVE else Status.REJECTED
         cid = _uuid(card_id)
-        async with self._tx() as conn:
-            row = await conn.fetchrow(
-                q.CARD_DECIDE, cid, str(target), principal, channel, reason, snapshot_hash, tenant
-            )
-            if row is None:
-                raise await self._diagnose(conn, cid, principal, snapshot_hash, tenant)
-            card = _card(row)
-            await conn.execute(
-                q.EVENT_INSERT,
-                card.id,
-                "pending",
+        detail = {"reason": reason} if reason else {}
+        row = await self._read(
+            lambda c: c.fetchrow(
+                q.CARD_DECIDE_LOGGED,
+                cid,
                 str(target),
                 principal,
                 channel,
+                reason,
                 snapshot_hash,
-                {"reason": reason} if reason else {},
+                tenant,
+                detail,
             )
-            await self._append(conn, card.thread_id, "card_update", card.public(), card.run_id)
-        return card
+        )
+        if row is None:
+            async with self._tx() as conn:
+                raise await self._diagnose(conn, cid, principal, snapshot_hash, tenant)
+        return _moved(row)
 
     async def edit(
         self,
@@ -557,17 +620,44 @@ class PostgresStore:
         channel: str | None = None,
         result: dict[str, Any] | None = None,
         detail: dict[str, Any] | None = None,
-    ) -> Card | None:
+        statement: str = q.CARD_MOVE_LOGGED,
+        extra: tuple[Any, ...] = (),
+    ) -> Moved | None:
+        """``src -> dst`` with its audit row and log entry: one statement."""
         check_move(src, dst)
-        row = await conn.fetchrow(q.CARD_MOVE, card_id, str(src), str(dst), result, None, actor)
-        if row is None:
-            return None
-        card = _card(row)
-        await conn.execute(
-            q.EVENT_INSERT, card.id, str(src), str(dst), actor, channel, None, detail or {}
+        row = await conn.fetchrow(
+            statement, card_id, str(src), str(dst), result, actor, channel, detail or {}, *extra
         )
-        await self._append(conn, card.thread_id, "card_update", card.public(), card.run_id)
-        return card
+        return None if row is None else _moved(row)
+
+    async def _move1(
+        self,
+        card_id: str,
+        src: Status,
+        dst: Status,
+        *,
+        actor: str,
+        result: dict[str, Any] | None = None,
+        detail: dict[str, Any] | None = None,
+        statement: str = q.CARD_MOVE_LOGGED,
+        extra: tuple[Any, ...] = (),
+    ) -> Moved | None:
+        cid = _uuid(card_id)
+
+        async def go(conn: Conn) -> Moved | None:
+            return await self._move(
+                conn,
+                cid,
+                src,
+                dst,
+                actor=actor,
+                result=result,
+                detail=detail,
+                statement=statement,
+                extra=extra,
+            )
+
+        return await self._read(go)
 
     async def move(
         self,
@@ -578,50 +668,39 @@ class PostgresStore:
         actor: str,
         result: dict[str, Any] | None = None,
         detail: dict[str, Any] | None = None,
-    ) -> Card | None:
+    ) -> Moved | None:
         """A conditional move ``src -> dst``; ``None`` when the card was not in ``src``."""
-        async with self._tx() as conn:
-            return await self._move(
-                conn, _uuid(card_id), src, dst, actor=actor, result=result, detail=detail
-            )
+        return await self._move1(card_id, src, dst, actor=actor, result=result, detail=detail)
 
-    async def begin_execution(self, card_id: str, actor: str) -> Card | None:
+    async def begin_execution(self, card_id: str, actor: str) -> Moved | None:
         """``approved -> executing`` and the operation row, atomically; ``None`` if we lost (I4)."""
-        async with self._tx() as conn:
-            card = await self._move(
-                conn, _uuid(card_id), Status.APPROVED, Status.EXECUTING, actor=actor
-            )
-            if card is None:
-                return None
-            await conn.execute(q.OPERATION_START, card.operation_id, card.id, card.tool)
-        return card
+        return await self._move1(
+            card_id,
+            Status.APPROVED,
+            Status.EXECUTING,
+            actor=actor,
+            statement=q.CARD_BEGIN_EXECUTION,
+        )
 
     async def finish_execution(
         self, card_id: str, *, ok: bool, result: dict[str, Any], actor: str
-    ) -> Card | None:
-        dst = Status.EXECUTED if ok else Status.FAILED
-        async with self._tx() as conn:
-            card = await self._move(
-                conn, _uuid(card_id), Status.EXECUTING, dst, actor=actor, result=result
-            )
-            if card is not None:
-                await conn.execute(
-                    q.OPERATION_FINISH, card.operation_id, "succeeded" if ok else "failed", result
-                )
-        return card
+    ) -> Moved | None:
+        """``executing -> executed|failed`` and the operation's outcome, atomically."""
+        return await self._move1(
+            card_id,
+            Status.EXECUTING,
+            Status.EXECUTED if ok else Status.FAILED,
+            actor=actor,
+            result=result,
+            statement=q.CARD_FINISH_EXECUTION,
+            extra=("succeeded" if ok else "failed",),
+        )
 
-    async def expire(self, card_id: str) -> Card | None:
+    async def expire(self, card_id: str) -> Moved | None:
         """``pending -> expired`` if the database clock says the deadline passed."""
-        async with self._tx() as conn:
-            row = await conn.fetchrow(q.CARD_EXPIRE, _uuid(card_id))
-            if row is None:
-                return None
-            card = _card(row)
-            await conn.execute(
-                q.EVENT_INSERT, card.id, "pending", "expired", "clock", None, None, {}
-            )
-            await self._append(conn, card.thread_id, "card_update", card.public(), card.run_id)
-        return card
+        cid = _uuid(card_id)
+        row = await self._read(lambda c: c.fetchrow(q.CARD_EXPIRE_LOGGED, cid))
+        return None if row is None else _moved(row)
 
     async def decided_among(self, card_ids: list[str]) -> dict[str, str]:
         """Which of these cards left ``pending`` (card id -> status)."""
@@ -660,7 +739,7 @@ class PostgresStore:
         dst = Status.EXECUTED if executed else Status.FAILED
         result = {"reconciled_by": actor, "note": note}
         async with self._tx() as conn:
-            card = await self._move(
+            moved = await self._move(
                 conn,
                 _uuid(card_id),
                 Status.EXECUTING,
@@ -670,13 +749,14 @@ class PostgresStore:
                 result=result,
                 detail={"reconciled": note},
             )
-            if card is None:
+            if moved is None:
                 current = await conn.fetchrow(q.CARD_GET, _uuid(card_id))
                 if current is None:
                     raise CardNotFound(f"card {card_id} not found", card_id=card_id)
                 raise IllegalTransition(
                     f"only a card in executing can be reconciled; this one is {current['status']}"
                 )
+            card = moved.card
             await conn.execute(q.CARD_RECONCILE_FLAG, card.id, False)
             await conn.execute(
                 q.OPERATION_FINISH, card.operation_id, "succeeded" if executed else "failed", result

@@ -13,6 +13,43 @@ RUN_COLUMNS = """
     id::text, thread_id::text, tenant, owner, role, status, worker_id, lease_until, state, error
 """
 
+
+def logged(
+    update: str,
+    *,
+    src: str,
+    actor: str,
+    channel: str,
+    hash_seen: str,
+    detail: str,
+    also: str = "",
+    kind: str = "card_update",
+) -> str:
+    """One statement for one card transition: the conditional ``UPDATE cards ...`` (or the
+    proposal's ``INSERT``, with ``kind='card'``; without RETURNING), its ``card_events`` row and its thread-log entry (the card as clients see
+    it, built by ``signoff_card_json``). Returns the card's columns plus ``body``,
+    ``log_seq`` and ``log_at``; no row when the update matched nothing, and then nothing
+    was written. ``also``: further CTEs over ``c`` (the moved card), e.g. the operation row.
+    """
+    return f"""
+WITH c AS ({update} RETURNING cards.*, signoff_card_json(cards) AS body),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, {src}, status, {actor}, {channel}, {hash_seen}, {detail} FROM c
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM c WHERE threads.id = c.thread_id
+    RETURNING threads.id, threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT t.id, t.last_seq, c.run_id, '{kind}', c.body FROM c JOIN t ON t.id = c.thread_id
+    RETURNING seq AS log_seq, created_at AS log_at
+){also}
+SELECT {CARD_COLUMNS}, c.body, m.log_seq, m.log_at FROM c, m
+"""
+
+
 MIGRATIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS signoff_migrations (
     version     text PRIMARY KEY,
@@ -62,6 +99,50 @@ UPDATE runs SET status = $2, state = $3, error = $4, updated_at = now()
 WHERE id = $1 AND status IN ('running', 'waiting')
 RETURNING {RUN_COLUMNS}
 """
+# Append entries ($3 kinds, $4 a JSON array of bodies) to an active run's thread and
+# set the run's status, state and error, in one statement. No row: the run is no
+# longer active, and nothing was written.
+RUN_STEP = f"""
+WITH r AS (
+    UPDATE runs SET status = $5, state = $6, error = $7, updated_at = now()
+    WHERE id = $1 AND status IN ('running', 'waiting')
+    RETURNING {RUN_COLUMNS}
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + cardinality($3::text[])
+    FROM r WHERE threads.id = $2
+    RETURNING threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT $2, t.last_seq - cardinality($3::text[]) + x.ord, $1, ($3::text[])[x.ord], x.body
+    FROM t, jsonb_array_elements($4::jsonb) WITH ORDINALITY AS x(body, ord)
+    RETURNING seq, created_at
+)
+SELECT r.*, (SELECT array_agg(seq ORDER BY seq) FROM m) AS seqs,
+       (SELECT array_agg(created_at ORDER BY seq) FROM m) AS ats
+FROM r
+"""
+# Append one entry while the run is active (the run row is locked for it).
+RUN_APPEND = """
+WITH r AS (
+    SELECT id FROM runs WHERE id = $3 AND status IN ('running', 'waiting') FOR UPDATE
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM r WHERE threads.id = $1
+    RETURNING threads.last_seq
+)
+INSERT INTO messages (thread_id, seq, run_id, kind, body)
+SELECT $1, t.last_seq, $3, $2, $4 FROM t
+RETURNING seq, created_at
+"""
+# A run and its cards (as clients see them) in one read: what a wake needs.
+RUN_WITH_CARDS = f"""
+SELECT {RUN_COLUMNS},
+       (SELECT coalesce(jsonb_agg(signoff_card_json(c) ORDER BY c.created_at, c.id), '[]')
+        FROM cards c WHERE c.run_id = runs.id) AS cards
+FROM runs WHERE id = $1
+"""
 RUN_RENEW_LEASES = """
 UPDATE runs SET lease_until = now() + make_interval(secs => $2)
 WHERE worker_id = $1 AND status IN ('running', 'waiting')
@@ -94,6 +175,22 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, '
 ON CONFLICT (request_key) DO NOTHING
 RETURNING {CARD_COLUMNS}
 """
+# A proposal with its audit row and its 'card' log entry, in one statement (I5: nothing
+# when the request already has its card).
+CARD_PROPOSE = logged(
+    """INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk, input,
+                   args_snapshot, summary, impact, snapshot_hash, request_key, operation_id,
+                   editable, status, expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, 'pending',
+            now() + make_interval(secs => $17))
+    ON CONFLICT (request_key) DO NOTHING""",
+    src="NULL",
+    actor="'system'",
+    channel="NULL",
+    hash_seen="snapshot_hash",
+    detail="'{}'::jsonb",
+    kind="card",
+)
 CARD_GET = f"SELECT {CARD_COLUMNS} FROM cards WHERE id = $1"
 CARD_GET_FOR_UPDATE = f"SELECT {CARD_COLUMNS} FROM cards WHERE id = $1 FOR UPDATE"
 CARD_BY_REQUEST_KEY = f"SELECT {CARD_COLUMNS} FROM cards WHERE request_key = $1"
@@ -108,6 +205,7 @@ WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR owner = $2)
 ORDER BY created_at DESC LIMIT $3
 """
 CARD_DIAGNOSE = f"SELECT {CARD_COLUMNS}, expires_at <= now() AS is_expired FROM cards WHERE id = $1"
+
 
 # The deciding update (I3, I7, I2): owner (of this tenant, when given), pending, fresh hash
 # and the database's clock.
@@ -130,6 +228,69 @@ SET status = $3,
 WHERE id = $1 AND status = $2
 RETURNING {CARD_COLUMNS}
 """
+# The same, with its audit row and log entry, in one statement (one round trip).
+# $8: the event's detail.
+CARD_DECIDE_LOGGED = logged(
+    """UPDATE cards
+    SET status = $2, decided_at = now(), decided_by = $3, channel = $4, reason = $5
+    WHERE id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
+      AND expires_at > now() AND ($7::text IS NULL OR tenant = $7)""",
+    src="'pending'",
+    actor="$3",
+    channel="$4",
+    hash_seen="$6",
+    detail="$8::jsonb",
+)
+_MOVE = """UPDATE cards
+    SET status = $3,
+        result = COALESCE($4, result),
+        executing_since = CASE WHEN $3 = 'executing' THEN now() ELSE executing_since END,
+        decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now())
+                          ELSE decided_at END,
+        decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END
+    WHERE id = $1 AND status = $2"""
+# $1 id, $2 from, $3 to, $4 result, $5 actor, $6 channel, $7 detail
+CARD_MOVE_LOGGED = logged(
+    _MOVE, src="$2", actor="$5", channel="$6::text", hash_seen="NULL", detail="$7::jsonb"
+)
+# approved -> executing and the operation row, in the same statement (I4).
+CARD_BEGIN_EXECUTION = logged(
+    _MOVE,
+    src="$2",
+    actor="$5",
+    channel="$6::text",
+    hash_seen="NULL",
+    detail="$7::jsonb",
+    also=""",
+op AS (
+    INSERT INTO operations (operation_id, card_id, tool, status)
+    SELECT operation_id, id, tool, 'started' FROM c
+)""",
+)
+# executing -> executed|failed and the operation's outcome ($8), in the same statement.
+CARD_FINISH_EXECUTION = logged(
+    _MOVE,
+    src="$2",
+    actor="$5",
+    channel="$6::text",
+    hash_seen="NULL",
+    detail="$7::jsonb",
+    also=""",
+op AS (
+    UPDATE operations SET status = $8, result = $4, finished_at = now()
+    FROM c WHERE operations.operation_id = c.operation_id
+)""",
+)
+CARD_EXPIRE_LOGGED = logged(
+    """UPDATE cards SET status = 'expired', decided_at = now(), decided_by = 'clock'
+    WHERE id = $1 AND status = 'pending' AND expires_at <= now()""",
+    src="'pending'",
+    actor="'clock'",
+    channel="NULL",
+    hash_seen="NULL",
+    detail="'{}'::jsonb",
+)
+
 CARDS_OVERDUE = """
 SELECT id::text FROM cards WHERE status = 'pending' AND expires_at <= now()
 ORDER BY expires_at LIMIT $1

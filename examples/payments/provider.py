@@ -12,8 +12,14 @@ import asyncpg
 
 # Bump when the demo tables change: a dev database with older demo tables is reset.
 SCHEMA_VERSION = 2
-TABLES = ("demo_refunds", "demo_charges", "demo_appointments", "demo_sales", "demo_accounts",
-          "demo_customers")
+TABLES = (
+    "demo_refunds",
+    "demo_charges",
+    "demo_appointments",
+    "demo_sales",
+    "demo_accounts",
+    "demo_customers",
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS demo_meta (version int NOT NULL);

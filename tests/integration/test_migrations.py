@@ -23,6 +23,9 @@ UNION ALL
 SELECT 'constraint', conrelid::regclass::text || ' ' || pg_get_constraintdef(oid)
 FROM pg_constraint WHERE connamespace = 'public'::regnamespace
   AND conrelid::regclass::text <> 'signoff_migrations'
+UNION ALL
+SELECT 'function', pg_get_functiondef(oid) FROM pg_proc
+WHERE pronamespace = 'public'::regnamespace
 ORDER BY 1, 2
 """
 
