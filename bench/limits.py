@@ -11,11 +11,9 @@ the least software in the way:
   another process on a raw socket, one way (wall clock stamped into the payload).
 * ``pg_roundtrip``: ``SELECT 1``, for scale.
 
-* ``decide_store``: signoff's own deciding transaction, ``PostgresStore.decide`` (the
-  conditional ``UPDATE`` + audit row + thread-log entry; BEGIN, four statements, COMMIT).
-* ``decide_one_statement``: the same writes as one statement (data-modifying CTEs,
-  autocommit) - what the decision would cost in Postgres with one round trip. Its
-  log entry is ``to_jsonb`` of the row, not signoff's exact JSON: a probe, not a patch.
+* ``decide_store``: signoff's own deciding statement, ``PostgresStore.decide`` (the
+  conditional ``UPDATE`` + audit row + thread-log entry with the card's JSON, one
+  statement of data-modifying CTEs, autocommit), to set beside the bare commit.
 
 ``floor_ms`` = p50 commit + p50 pub/sub hop. Samples are paced (``--gap-ms``) so each
 one meets an idle machine, as a decision at 100/s does.
@@ -48,7 +46,6 @@ from bench.common import (
     summarize_ms,
     write_json,
 )
-from store.queries import CARD_DECIDE
 
 SUBSCRIBER = r"""
 import socket, sys, time
@@ -159,33 +156,21 @@ SELECT cid, tid, rid, 'floor', 'ana', 'create_pix_charge', 'critical',
 FROM g RETURNING id::text
 """
 
-ONE_STATEMENT = f"""
-WITH c AS ({CARD_DECIDE}),
-ev AS (INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
-       SELECT c.id::uuid, 'pending', $2, $3, $4, $6, '{{}}'::jsonb FROM c),
-s AS (UPDATE threads t SET last_seq = t.last_seq + 1 FROM c
-      WHERE t.id = c.thread_id::uuid RETURNING t.id, t.last_seq)
-INSERT INTO messages (thread_id, seq, run_id, kind, body)
-SELECT s.id, s.last_seq, c.run_id::uuid, 'card_update', to_jsonb(c) FROM s, c
-RETURNING seq
-"""
 
-
-async def decides(database_url: str, n: int, gap: float, salt: str) -> tuple[list[int], list[int]]:
-    """signoff's deciding transaction vs the same writes in one statement, one at a time."""
+async def decides(database_url: str, n: int, gap: float, salt: str) -> list[int]:
+    """signoff's deciding statement through the store, one at a time."""
     from runtime.cards import Decision
     from store.postgres import PostgresStore
 
     conn = await asyncpg.connect(database_url)
     store = await PostgresStore.connect(database_url, max_size=2)
     try:
-        ids = [r["id"] for r in await conn.fetch(SEED, salt, 2 * n)]
-        one = await conn.prepare(ONE_STATEMENT)
-        store_ns, one_ns = [], []
+        ids = [r["id"] for r in await conn.fetch(SEED, salt, n)]
+        store_ns = []
         for i in range(n):
             t = time.perf_counter_ns()
             await store.decide(
-                ids[2 * i],
+                ids[i],
                 principal="ana",
                 decision=Decision.APPROVE,
                 snapshot_hash="h",
@@ -193,12 +178,7 @@ async def decides(database_url: str, n: int, gap: float, salt: str) -> tuple[lis
             )
             store_ns.append(time.perf_counter_ns() - t)
             await asyncio.sleep(gap)
-            t = time.perf_counter_ns()
-            row = await one.fetchrow(ids[2 * i + 1], "approved", "ana", "bench", None, "h", None)
-            one_ns.append(time.perf_counter_ns() - t)
-            assert row is not None
-            await asyncio.sleep(gap)
-        return store_ns, one_ns
+        return store_ns
     finally:
         await store.close()
         await conn.close()
@@ -211,7 +191,7 @@ def measure(database_url: str, redis_url: str, n: int, runs: int, gap: float, ba
         bar.update(1)
         hops = redis_hop(redis_url, n, gap)
         bar.update(1)
-        store_ns, one_ns = asyncio.run(decides(database_url, n // 2, gap, f"r{len(per_run)}"))
+        store_ns = asyncio.run(decides(database_url, n // 2, gap, f"r{len(per_run)}"))
         bar.update(1)
         per_run.append(
             {
@@ -219,7 +199,6 @@ def measure(database_url: str, redis_url: str, n: int, runs: int, gap: float, ba
                 "pg_roundtrip_ms": summarize_ms(trips),
                 "redis_publish_ms": summarize_ms(hops),
                 "decide_store_ms": summarize_ms(store_ns),
-                "decide_one_statement_ms": summarize_ms(one_ns),
             }
         )
     return {"runs": per_run}
@@ -247,7 +226,6 @@ def main(argv: list[str] | None = None) -> int:
         "pg_roundtrip_ms",
         "redis_publish_ms",
         "decide_store_ms",
-        "decide_one_statement_ms",
     ):
         for q in ("p50", "p99"):
             summary[f"{fig.removesuffix('_ms')}_{q}_ms"] = spread([r[fig][q] for r in runs], "ms")

@@ -303,10 +303,9 @@ def costs(data: dict[str, dict[str, Any]]) -> str:
             f"| `SELECT 1` round trip | {v('pg_roundtrip_p50_ms')} | {v('pg_roundtrip_p99_ms')} |",
             f"| one conditional `UPDATE`, autocommit (the floor's commit) | "
             f"{v('pg_commit_p50_ms')} | {v('pg_commit_p99_ms')} |",
-            f"| signoff's deciding transaction, `PostgresStore.decide` (6 round trips) | "
+            f"| signoff's deciding statement, `PostgresStore.decide` "
+            f"(update + audit row + log entry, 1 round trip) | "
             f"{v('decide_store_p50_ms')} | {v('decide_store_p99_ms')} |",
-            f"| the same writes as one statement (CTEs, 1 round trip) | "
-            f"{v('decide_one_statement_p50_ms')} | {v('decide_one_statement_p99_ms')} |",
         ]
     return "\n".join(lines)
 

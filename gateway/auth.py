@@ -18,12 +18,20 @@ class Principal(msgspec.Struct, frozen=True):
     role: str = "user"
 
 
+VERIFIED_CACHE = 10_000
+
+
 class Tokens:
+    """Issue and verify tokens. A verified token is remembered until it expires (WebSocket
+    frames are authorised one by one, mostly with the same token): the signature of a
+    given token string is checked once, its expiry every time."""
+
     def __init__(self, secret: str, ttl_seconds: int = 12 * 3600) -> None:
         if len(secret) < 32:
             raise ConfigError("SIGNOFF_SECRET must be at least 32 characters")
         self._secret = secret
         self._ttl = ttl_seconds
+        self._verified: dict[str, tuple[Principal, float]] = {}
 
     def issue(self, user: str, tenant: str, role: str = "user", ttl: int | None = None) -> str:
         now = int(time.time())
@@ -40,6 +48,11 @@ class Tokens:
     def verify(self, token: str | None) -> Principal:
         if not token:
             raise Unauthenticated("missing bearer token")
+        known = self._verified.get(token)
+        if known is not None:
+            if time.time() < known[1]:
+                return known[0]
+            del self._verified[token]
         try:
             claims = jwt.decode(
                 token,
@@ -55,7 +68,11 @@ class Tokens:
         sub, tenant, role = claims.get("sub"), claims.get("tenant"), claims.get("role", "user")
         if not isinstance(sub, str) or not sub or not isinstance(tenant, str):
             raise Unauthenticated("token lacks a user or tenant")
-        return Principal(user=sub, tenant=tenant, role=str(role))
+        who = Principal(user=sub, tenant=tenant, role=str(role))
+        if len(self._verified) >= VERIFIED_CACHE:
+            self._verified.clear()
+        self._verified[token] = (who, float(claims["exp"]))
+        return who
 
 
 def bearer(header: str | None) -> str | None:

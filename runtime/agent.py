@@ -160,11 +160,19 @@ class Agent:
 
     # -- the loop ----------------------------------------------------------------
 
-    async def _step(self, run: Run) -> Run:
-        """Call the model until it ends its turn or parks on cards."""
+    async def _step(self, run: Run, conversation: list[Entry] | None = None) -> Run:
+        """Call the model until it ends its turn or parks on cards.
+
+        ``conversation``: the thread's conversation as just read, plus what this run
+        appended since. (It cannot have grown otherwise: a new user message supersedes
+        the run first, and then this run's next conditional write fails.)
+        """
         try:
             for _ in range(MAX_MODEL_CALLS):
-                entries = await self.store.conversation(run.thread_id)
+                if conversation is None:
+                    entries = await self.store.conversation(run.thread_id)
+                else:
+                    entries, conversation = conversation, None
                 messages = build_messages(entries)
 
                 # Deltas carry the log position they stream after, so a gateway can drop
@@ -272,7 +280,9 @@ class Agent:
 
     # -- waiting and continuing ------------------------------------------------
 
-    async def _settle(self, run: Run, known: list[Card] | None = None) -> Run:
+    async def _settle(
+        self, run: Run, known: list[Card] | None = None, conversation: list[Entry] | None = None
+    ) -> Run:
         """Look at the run's cards in Postgres: park on the pending ones or go on.
 
         ``known``: the run's cards as just read or written, when they tell the whole
@@ -298,7 +308,7 @@ class Agent:
             if self._park is not None:
                 await self._park(run, pending)
             return run
-        return await self._resume(run, waiting, cards)
+        return await self._resume(run, waiting, cards, conversation)
 
     async def continue_run(self, run_id: str) -> Run | None:
         """Continue a parked run from the store (live path and recovery path alike).
@@ -308,14 +318,14 @@ class Agent:
         the run being active; the same conditions keep them apart here.)
         """
         async with self.lock(run_id):
-            run, cards = await self.store.run_with_cards(run_id)
+            run, cards, conversation = await self.store.run_with_cards(run_id)
             if run.status is RunStatus.RUNNING and run.worker_id == self.worker_id:
                 return await self._recover_running(run)
             if run.status is not RunStatus.WAITING:
                 return run
             try:
                 cards = await self._expire_overdue(cards)
-                return await self._settle(run, cards)
+                return await self._settle(run, cards, conversation)
             except RunInactive:
                 return await self.store.get_run(run_id)
 
@@ -353,7 +363,13 @@ class Agent:
             return await self._finish(run, RunStatus.DONE)
         return await self._step(run)
 
-    async def _resume(self, run: Run, waiting: dict[str, str], cards: dict[str, Card]) -> Run:
+    async def _resume(
+        self,
+        run: Run,
+        waiting: dict[str, str],
+        cards: dict[str, Card],
+        conversation: list[Entry] | None = None,
+    ) -> Run:
         """Every card is decided: execute the approved ones, tell the model, step on."""
         results: dict[str, dict[str, Any]] = dict(run.state.get("results", {}))
         for use_id in run.state.get("order", []):
@@ -369,7 +385,7 @@ class Agent:
             run.id, run.thread_id, "tool_results", {"content": blocks}, "running", {}
         )
         await self.hint(run.thread_id, [entry])
-        return await self._step(run)
+        return await self._step(run, None if conversation is None else [*conversation, entry])
 
     async def execute(self, run: Run, card: Card) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id)."""

@@ -398,14 +398,16 @@ class PostgresStore:
         ]
         return entries, msgspec.convert(data, Run)
 
-    async def run_with_cards(self, run_id: str) -> tuple[Run, list[Card]]:
-        """A run and its cards in one read (what continuing a parked run starts from)."""
+    async def run_with_cards(self, run_id: str) -> tuple[Run, list[Card], list[Entry]]:
+        """A run, its cards and its thread's conversation in one read (what continuing a
+        parked run starts from)."""
         row = await self._read(lambda c: c.fetchrow(q.RUN_WITH_CARDS, _uuid(run_id)))
         if row is None:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
         data = dict(row)
         cards = msgspec.convert(data.pop("cards"), list[Card])
-        return msgspec.convert(data, Run), cards
+        conversation = msgspec.convert(data.pop("conversation"), list[Entry])
+        return msgspec.convert(data, Run), cards, conversation
 
     async def renew_leases(self, worker_id: str, lease_seconds: float) -> None:
         await self._read(lambda c: c.execute(q.RUN_RENEW_LEASES, worker_id, lease_seconds))

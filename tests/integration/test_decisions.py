@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import pytest
 
-from runtime.cards import Decision, Status
+from runtime.cards import Card, Decision, Status
 from runtime.errors import (
     AlreadyDecided,
     CardNotFound,
@@ -287,3 +288,51 @@ def test_tool_specs_are_built_once() -> None:
 
     reg = Registry(ALL_TOOLS)
     assert reg.specs() is reg.specs()
+
+
+async def test_log_entries_show_the_card_as_the_api_does(database_url: str) -> None:
+    """Card entries are built in SQL (store/queries.card_json) in the same statement as the
+    move: they must equal Card.public() field for field, timestamps included."""
+    async with harness(database_url, model=Scripted(pix("7"))) as h:
+        card = await one_card(h)
+        (proposed,) = [
+            e for e in await h.store.entries_after(card.thread_id, 0) if e.kind == "card"
+        ]
+        assert proposed.body == card.public()
+        moved = await h.store.decide(
+            card.id,
+            principal="alice",
+            decision=Decision.APPROVE,
+            snapshot_hash=card.snapshot_hash,
+            channel="test",
+        )
+        assert moved.card.status is Status.APPROVED
+        assert moved.entry.kind == "card_update"
+        assert moved.entry.body == moved.card.public()
+        assert set(moved.entry.body) == set(Card.__struct_fields__)
+        stored = await h.store.entries_after(card.thread_id, moved.entry.seq - 1)
+        assert stored[0].seq == moved.entry.seq
+        assert stored[0].body == moved.card.public()
+        # a timestamp on a whole second is written without a fraction, as msgspec does
+        conn_card = await h.store.move(
+            card.id, Status.APPROVED, Status.EXECUTING, actor="test", result={"at": 1}
+        )
+        assert conn_card is not None
+        assert conn_card.entry.body == conn_card.card.public()
+
+
+@pytest.mark.parametrize("micro", [0, 1, 120000, 999999])
+async def test_sql_timestamps_match_msgspec(database_url: str, micro: int) -> None:
+    import asyncpg
+    import msgspec
+
+    from store.queries import _ts
+
+    at = datetime(2026, 11, 30, 23, 59, 59, micro, tzinfo=UTC)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("SET TIME ZONE 'America/Sao_Paulo'")  # the session zone must not matter
+        text = await conn.fetchval(f"SELECT {_ts('$1::timestamptz')}", at)
+    finally:
+        await conn.close()
+    assert text == msgspec.to_builtins(at)
