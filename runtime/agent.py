@@ -49,6 +49,9 @@ UNKNOWN_OUTCOME = (TimeoutError, ConnectionError)
 UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
 # Waits between attempts to record a known outcome when the store does not answer.
 RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The log kinds the model sees (runtime.conversation.build_messages).
+CONVERSATION = frozenset({"user", "assistant", "tool_results"})
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 
@@ -160,24 +163,45 @@ class Agent:
 
     # -- the loop ----------------------------------------------------------------
 
-    async def _step(self, run: Run, conversation: list[Entry] | None = None) -> Run:
+    async def _step(
+        self,
+        run: Run,
+        conversation: list[Entry] | None = None,
+        pending: list[tuple[str, dict[str, Any]]] | None = None,
+    ) -> Run:
         """Call the model until it ends its turn or parks on cards.
 
         ``conversation``: the thread's conversation as just read, plus what this run
         appended since. (It cannot have grown otherwise: a new user message supersedes
         the run first, and then this run's next conditional write fails.)
+
+        ``pending``: tool results the model is shown now and that are written with this
+        step's next write (one statement instead of two). They are derived from the
+        cards and the run's state in Postgres, so a crash before that write loses
+        nothing: whoever continues the run derives them again.
         """
+        todo = list(pending or ())
         try:
             for _ in range(MAX_MODEL_CALLS):
                 if conversation is None:
                     entries = await self.store.conversation(run.thread_id)
                 else:
                     entries, conversation = conversation, None
-                messages = build_messages(entries)
-
                 # Deltas carry the log position they stream after, so a gateway can drop
                 # those that arrive after the assistant entry they belong to.
                 position = entries[-1].seq if entries else 0
+                shown = entries + [
+                    Entry(
+                        thread_id=run.thread_id,
+                        seq=position,
+                        run_id=run.id,
+                        kind=kind,
+                        body=body,
+                        created_at=_EPOCH,
+                    )
+                    for kind, body in todo
+                ]
+                messages = build_messages(shown)
 
                 async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
                     await self.bus.publish(
@@ -191,15 +215,21 @@ class Agent:
                 uses = reply.tool_uses()
                 assistant = ("assistant", {"content": reply.content})
                 if not uses:
-                    # The reply and the end of the turn: one statement, one hint.
+                    # The results, the reply and the end of the turn: one statement, one hint.
                     done = ("run", {"status": str(RunStatus.DONE), "error": None})
-                    entries, run = await self.store.run_step(
-                        run.id, run.thread_id, [assistant, done], str(RunStatus.DONE), {}
+                    written, run = await self.store.run_step(
+                        run.id, run.thread_id, [*todo, assistant, done], str(RunStatus.DONE), {}
                     )
-                    await self.hint(run.thread_id, entries)
+                    await self.hint(run.thread_id, written)
                     return run
-                entry = await self.store.append(run.thread_id, *assistant, run.id)
-                await self.hint(run.thread_id, [entry])
+                if todo:
+                    written, run = await self.store.run_step(
+                        run.id, run.thread_id, [*todo, assistant], str(RunStatus.RUNNING), {}
+                    )
+                    todo = []
+                else:
+                    written = [await self.store.append(run.thread_id, *assistant, run.id)]
+                await self.hint(run.thread_id, written)
                 results: dict[str, dict[str, Any]] = {}
                 waiting: dict[str, str] = {}
                 proposed: dict[str, Card] = {}
@@ -215,21 +245,28 @@ class Agent:
                     state = {"order": order, "results": results, "waiting": waiting}
                     run = await self.store.set_run(run.id, RunStatus.WAITING, state)
                     return await self._settle(run, list(proposed.values()))
-                blocks = [results[i] for i in order]
-                entry, run = await self.store.finish_run_step(
-                    run.id, run.thread_id, "tool_results", {"content": blocks}, "running", {}
-                )
-                await self.hint(run.thread_id, [entry])
-            return await self._finish(run, RunStatus.FAILED, "too many model calls in one turn")
+                # Reads only: their results go with the next write.
+                todo = [("tool_results", {"content": [results[i] for i in order]})]
+                conversation = [*entries, *(e for e in written if e.kind in CONVERSATION)]
+            return await self._finish(
+                run, RunStatus.FAILED, "too many model calls in one turn", todo
+            )
         except RunInactive:
             log.info("run %s was superseded while stepping", run.id)
             return await self.store.get_run(run.id)
 
-    async def _finish(self, run: Run, status: RunStatus, error: str | None = None) -> Run:
-        entry, run = await self.store.finish_run_step(
-            run.id, run.thread_id, "run", {"status": str(status), "error": error}, str(status), {}
+    async def _finish(
+        self,
+        run: Run,
+        status: RunStatus,
+        error: str | None = None,
+        pending: list[tuple[str, dict[str, Any]]] | None = None,
+    ) -> Run:
+        end = ("run", {"status": str(status), "error": error})
+        written, run = await self.store.run_step(
+            run.id, run.thread_id, [*(pending or ()), end], str(status), {}
         )
-        await self.hint(run.thread_id, [entry])
+        await self.hint(run.thread_id, written)
         return run
 
     async def _handle_tool_use(self, run: Run, use: dict[str, Any]) -> Card | dict[str, Any]:
@@ -381,11 +418,8 @@ class Agent:
             results[use_id] = outcomes.card_outcome(use_id, card)
             await self.bus.clear_wait(card.id)
         blocks = [results[i] for i in run.state.get("order", [])]
-        entry, run = await self.store.finish_run_step(
-            run.id, run.thread_id, "tool_results", {"content": blocks}, "running", {}
-        )
-        await self.hint(run.thread_id, [entry])
-        return await self._step(run, None if conversation is None else [*conversation, entry])
+        # The results are written with the step's next write (see _step).
+        return await self._step(run, conversation, [("tool_results", {"content": blocks})])
 
     async def execute(self, run: Run, card: Card) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id)."""

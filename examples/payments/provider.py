@@ -77,6 +77,10 @@ SEED_CUSTOMERS = [
 ]
 
 
+async def _no_reset(conn: Any) -> None:
+    """Nothing to reset between uses (see Provider.connect)."""
+
+
 class Provider:
     """The demo app's service handle, passed to tools as ``ctx.services``."""
 
@@ -85,7 +89,9 @@ class Provider:
 
     @classmethod
     async def connect(cls, url: str) -> Provider:
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=5)
+        # No reset query on release (asyncpg's default costs a round trip per call): the
+        # provider's sessions never change settings, LISTEN or keep advisory locks.
+        pool = await asyncpg.create_pool(url, min_size=1, max_size=5, reset=_no_reset)
         async with pool.acquire() as conn:
             await conn.execute("SELECT pg_advisory_lock(7401553902)")
             try:
