@@ -7,7 +7,7 @@ decision, because every receiver re-reads Postgres (DESIGN.md I6). Backends:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
@@ -51,6 +51,10 @@ class Bus(Protocol):
     async def set_wait(self, card_id: str, worker_id: str, ttl_ms: int) -> None: ...
 
     async def clear_wait(self, card_id: str) -> None: ...
+
+    async def clear_waits(self, card_ids: Iterable[str]) -> None:
+        """Clear many wait tokens in a few round trips (a stopping worker's parked cards)."""
+        ...
 
     async def wait_owner(self, card_id: str) -> str | None: ...
 

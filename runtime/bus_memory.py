@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 from runtime.bus import Delivery, Job, Subscription
@@ -58,6 +58,10 @@ class MemoryBus:
 
     async def clear_wait(self, card_id: str) -> None:
         self._waits.pop(card_id, None)
+
+    async def clear_waits(self, card_ids: Iterable[str]) -> None:
+        for card_id in card_ids:
+            self._waits.pop(card_id, None)
 
     async def wait_owner(self, card_id: str) -> str | None:
         item = self._waits.get(card_id)

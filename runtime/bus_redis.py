@@ -3,7 +3,8 @@
 Every command here names at most one key (``PUBLISH``, ``SET``/``GET``/``DEL``/
 ``EXISTS``, ``XADD``/``XREADGROUP``/``XPENDING``/``XCLAIM``/``XACK``/``XDEL`` on the
 one inbox stream), so the bus runs unchanged on a Redis Cluster without hash
-tags; the one transaction (``XACK`` + ``XDEL`` in ``ack``) touches the inbox alone.
+tags; the one transaction (``XACK`` + ``XDEL`` in ``ack``) touches the inbox alone,
+and ``clear_waits`` pipelines one-key ``DEL``s rather than sending a multi-key one.
 
 Pub/sub: one connection per :class:`RedisBus`, multiplexed in-process. The first
 local subscriber of a channel sends ``SUBSCRIBE`` and is let in only once Redis
@@ -38,8 +39,9 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from itertools import islice
 from typing import Any, TypeVar
 
 import msgspec
@@ -68,6 +70,7 @@ CONFIRM_TIMEOUT = 10.0
 # A local subscriber this far behind is cut off (like Redis's own output buffer limit).
 MAX_BACKLOG = 10_000
 TAKE_COUNT = 16
+CLEAR_BATCH = 1000  # wait tokens deleted per pipelined round trip
 CLAIM_BATCH = 100  # XPENDING page size
 CLAIM_PAGES = 10  # pages looked at per claim round
 JOB_FIELD = b"job"
@@ -405,6 +408,20 @@ class RedisBus:
     async def clear_wait(self, card_id: str) -> None:
         key = self._keys.wait(card_id)
         await self._call("DEL", lambda: self._client.delete(key))
+
+    async def clear_waits(self, card_ids: Iterable[str]) -> None:
+        """Pipelined single-key DELs, ``CLEAR_BATCH`` per round trip; stops at the first
+        batch that fails after retries (the tokens left expire by their TTL)."""
+        ids = iter(card_ids)
+        while batch := [self._keys.wait(card_id) for card_id in islice(ids, CLEAR_BATCH)]:
+
+            async def delete(keys: list[str] = batch) -> None:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.delete(key)
+                    await pipe.execute()
+
+            await self._call("DEL", delete)
 
     async def wait_owner(self, card_id: str) -> str | None:
         key = self._keys.wait(card_id)

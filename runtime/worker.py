@@ -106,9 +106,8 @@ class Worker:
         self.waits.drop_all()
         if not release:
             return
-        for card_id in parked:
-            with contextlib.suppress(Exception):
-                await self.bus.clear_wait(card_id)
+        with contextlib.suppress(Exception):
+            await self.bus.clear_waits(parked)
         with contextlib.suppress(Exception):
             await self.store.release_runs(self.worker_id)
 

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as rx
 
 from runtime.bus import Delivery, Job
-from runtime.bus_redis import RETRY_DELAYS, BusDisconnected, RedisBus
+from runtime.bus_redis import CLEAR_BATCH, RETRY_DELAYS, BusDisconnected, RedisBus
 from runtime.errors import ConfigError, Unavailable
 from runtime.keys import Keys
 from store import embedded
@@ -149,6 +149,19 @@ async def test_wait_tokens_expire_after_their_ttl(bus: AnyBus) -> None:
     assert await bus.wait_owner("card-2") == "w-1"
     await asyncio.sleep(0.35)
     assert await bus.wait_owner("card-2") is None
+
+
+async def test_clear_waits_clears_many_tokens_and_only_those(bus: AnyBus) -> None:
+    cards = [f"card-{i}" for i in range(2 * CLEAR_BATCH + 7)]  # several Redis batches
+    for card in [*cards, "kept"]:
+        await bus.set_wait(card, "w-1", 10_000)
+    await bus.clear_waits([])
+    assert await bus.wait_owner(cards[0]) == "w-1"
+    # any iterable; unknown ids and repeats are fine
+    await bus.clear_waits(card for card in [*cards, "never-set", cards[0]])
+    owners = [await bus.wait_owner(card) for card in cards]
+    assert owners == [None] * len(cards)
+    assert await bus.wait_owner("kept") == "w-1"
 
 
 async def test_heartbeat_marks_a_worker_alive_until_it_lapses(bus: AnyBus) -> None:

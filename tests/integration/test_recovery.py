@@ -102,3 +102,24 @@ async def test_two_workers_recovering_same_runs_execute_once(database_url: str) 
         assert n == 5
         for card in cards:
             assert (await b.store.get_card(card.id)).status is Status.EXECUTED
+
+
+async def test_a_graceful_stop_clears_the_wait_tokens_and_releases_the_runs(
+    database_url: str,
+) -> None:
+    async with harness(database_url, model=Scripted(pix("5"))) as a:
+        cards = []
+        for i in range(3):
+            thread = await a.thread(f"s{i}")
+            run = await a.say(thread, "cobre", f"s{i}")
+            assert run is not None and run.status == "waiting"
+            cards.extend(await a.store.pending_cards(thread))
+        assert len(cards) == 3  # (lapsed runs of other tests may be parked here too)
+        assert {c.id for c in cards} <= set(a.worker.waits.parked_cards())
+        for card in cards:
+            assert await a.bus.wait_owner(card.id) == a.worker.worker_id
+        await a.worker.stop()
+        assert len(a.worker.waits) == 0
+        for card in cards:
+            assert await a.bus.wait_owner(card.id) is None
+            assert (await a.store.get_run(card.run_id)).worker_id is None
