@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
-from asyncpg.pool import PoolConnectionProxy
 
 from runtime.canonical import operation_id
 from runtime.cards import Card, Decision, Status, check_move
@@ -35,11 +34,11 @@ from runtime.errors import (
 )
 from runtime.records import CardEvent, Entry, Moved, Run, Thread
 from store import queries as q
+from store.pool import Pool
 
 T = TypeVar("T")
 
-# A pooled connection or a dedicated one: both run the same queries.
-Conn = asyncpg.Connection | PoolConnectionProxy
+Conn = asyncpg.Connection
 
 _json_encode = msgspec.json.Encoder()
 MIGRATION_TIMEOUT = 3600.0  # a migration may rewrite big tables: not bound by the store timeout
@@ -54,14 +53,6 @@ async def _init_connection(conn: Conn) -> None:
         await conn.set_type_codec(
             typ, encoder=_encode, decoder=msgspec.json.decode, schema="pg_catalog"
         )
-
-
-async def _no_reset(conn: Conn) -> None:
-    """Skip asyncpg's per-release reset query (~35% of a short transaction here).
-
-    Safe because pooled sessions never LISTEN, hold session advisory locks or
-    change settings; anything that does uses a dedicated connection.
-    """
 
 
 class RunInactive(Conflict):
@@ -139,9 +130,9 @@ def _run(row: asyncpg.Record) -> Run:
 
 
 class PostgresStore:
-    """Store backed by one asyncpg pool."""
+    """Store backed by one pool of asyncpg connections (``store.pool``)."""
 
-    def __init__(self, pool: asyncpg.Pool, timeout: float | None = None) -> None:
+    def __init__(self, pool: Pool, timeout: float | None = None) -> None:
         self._pool = pool
         self._timeout = timeout
 
@@ -153,14 +144,13 @@ class PostgresStore:
         a stalled or half-open Postgres then fails fast with :class:`Unavailable` (503)
         instead of hanging its callers; the transaction is rolled back by the server."""
         try:
-            pool = await asyncpg.create_pool(
+            pool = await Pool.create(
                 url,
                 min_size=min_size,
                 max_size=max_size,
                 init=_init_connection,
-                reset=_no_reset,
                 command_timeout=timeout,
-                timeout=timeout or 60.0,
+                connect_timeout=timeout or 60.0,
             )
         except (OSError, asyncpg.PostgresError) as exc:
             raise Unavailable(f"cannot reach Postgres: {exc}") from exc
@@ -172,7 +162,7 @@ class PostgresStore:
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:
         try:
-            async with self._pool.acquire(timeout=self._timeout) as conn, conn.transaction():
+            async with self._pool.connection(self._timeout) as conn, conn.transaction():
                 yield conn
         except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
             # (TimeoutError is an OSError: a statement or pool wait ran past the timeout.)
@@ -182,7 +172,7 @@ class PostgresStore:
 
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         try:
-            async with self._pool.acquire(timeout=self._timeout) as conn:
+            async with self._pool.connection(self._timeout) as conn:
                 return await fn(conn)
         except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
             raise Unavailable(f"Postgres unavailable: {exc}") from exc
