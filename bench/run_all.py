@@ -97,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"run_all: {name} exit {code} in {timings[name]} s")
         if code != 0:
             failed.append(name)
-    summary = report.write(args.out)
     total = round(time.monotonic() - t0, 1)
+    # run_all.json first: the report quotes it.
     (args.out / "run_all.json").write_text(
         json.dumps({"seconds": total, "scripts": timings, "failed": failed}, indent=2) + "\n"
     )
+    summary = report.write(args.out)
     missed = [k for k, v in summary.items() if isinstance(v, dict) and v.get("met") is False]
     log(f"run_all: {total} s; failed: {failed or 'none'}; targets missed: {missed or 'none'}")
     for k, v in summary.items():
