@@ -146,8 +146,8 @@ WITH g AS (SELECT i, md5($1 || ':t:' || i)::uuid AS tid, md5($1 || ':r:' || i)::
                   md5($1 || ':c:' || i)::uuid AS cid, md5($1 || ':o:' || i)::uuid AS oid
            FROM generate_series(1, $2::int) i),
 th AS (INSERT INTO threads (id, tenant, owner, last_seq) SELECT tid, 'floor', 'ana', 3 FROM g),
-ru AS (INSERT INTO runs (id, thread_id, tenant, owner, status, worker_id, lease_until)
-       SELECT rid, tid, 'floor', 'ana', 'waiting', 'nobody', now() FROM g)
+ru AS (INSERT INTO runs (id, thread_id, tenant, owner, status, worker_id)
+       SELECT rid, tid, 'floor', 'ana', 'waiting', 'nobody' FROM g)
 INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, risk, args_snapshot, summary,
                    impact, snapshot_hash, request_key, operation_id, status, expires_at)
 SELECT cid, tid, rid, 'floor', 'ana', 'create_pix_charge', 'critical',

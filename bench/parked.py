@@ -8,7 +8,7 @@ path in a bench's time (each is a full turn: inbox, model, prepare, card), so:
 2. that thread, its log, its run and its card are cloned in Postgres with
    ``INSERT ... SELECT ... FROM generate_series`` (fresh ids, a unique
    ``request_key`` and ``operation_id`` each, the pending card's audit row), the
-   runs left to a worker id that does not exist and a lease that already lapsed;
+   runs held by a worker whose lease already lapsed (a row in ``workers``);
 3. the measured ``signoff worker`` adopts them through its normal lease loop
    (``SIGNOFF_ADOPT_BATCH`` runs per tick), i.e. the production recovery path:
    re-read the run and its cards, set the wait token in Redis, park a future.
@@ -83,8 +83,8 @@ WITH t AS (
   SELECT g.tid, m.seq, CASE WHEN m.run_id IS NULL THEN NULL ELSE g.rid END, m.kind, m.body
   FROM g, messages m, t WHERE m.thread_id = t.thread_id
 ), ru AS (
-  INSERT INTO runs (id, thread_id, tenant, owner, role, status, worker_id, lease_until, state)
-  SELECT g.rid, g.tid, r.tenant, r.owner, r.role, 'waiting', $5, now() - interval '1 second',
+  INSERT INTO runs (id, thread_id, tenant, owner, role, status, worker_id, state)
+  SELECT g.rid, g.tid, r.tenant, r.owner, r.role, 'waiting', $5,
          jsonb_build_object('order', r.state -> 'order', 'results', '{}'::jsonb,
                             'waiting', jsonb_build_object(c.tool_use_id, g.cid::text))
   FROM g, runs r, cards c, t WHERE r.id = t.run_id AND c.id = t.card_id
@@ -110,6 +110,11 @@ async def clone(database_url: str, template: str, start: int, end: int, salt: st
         step = 5000
         for lo in range(start, end + 1, step):
             hi = min(lo + step - 1, end)
+            await conn.execute(
+                "INSERT INTO workers (id, lease_until) VALUES ($1, now() - interval '1 second') "
+                "ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+                DEAD,
+            )
             await conn.execute(CLONE, template, lo, salt, hi, DEAD, timeout=600)
     finally:
         await conn.close()

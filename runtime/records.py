@@ -56,7 +56,6 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     role: str
     status: RunStatus
     worker_id: str | None
-    lease_until: datetime | None
     state: dict[str, Any]
     error: str | None
 

@@ -304,6 +304,7 @@ class Worker:
                 else:
                     await self.agent.hint(card.thread_id, [moved.entry])
         stuck = await self.store.flag_stuck(self.settings.stuck_after_seconds)
+        await self.store.forget_workers()
         for card in stuck:
             log.error("card %s stuck in executing: flagged for reconciliation", card.id)
         return expired, stuck

@@ -90,6 +90,16 @@ def _some(row: asyncpg.Record | None) -> asyncpg.Record:
     return row
 
 
+# The server went away or the session broke mid-statement: Unavailable (503), retryable.
+# (TimeoutError is an OSError; asyncpg raises InternalClientError when a session is
+# terminated by the server while a statement is in flight.)
+_GONE = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.InternalClientError,
+)
+
 _EXTRA = ("is_expired", "body", "log_seq", "log_at")
 
 
@@ -164,7 +174,7 @@ class PostgresStore:
         try:
             async with self._pool.connection(self._timeout) as conn, conn.transaction():
                 yield conn
-        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
+        except _GONE as exc:
             # (TimeoutError is an OSError: a statement or pool wait ran past the timeout.)
             raise Unavailable(f"Postgres unavailable: {exc}") from exc
         except asyncpg.DataError as exc:
@@ -174,7 +184,7 @@ class PostgresStore:
         try:
             async with self._pool.connection(self._timeout) as conn:
                 return await fn(conn)
-        except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.PostgresConnectionError) as exc:
+        except _GONE as exc:
             raise Unavailable(f"Postgres unavailable: {exc}") from exc
         except asyncpg.DataError as exc:
             raise InvalidInput(f"invalid value: {exc}") from exc
@@ -400,15 +410,23 @@ class PostgresStore:
         return msgspec.convert(data, Run), cards, conversation
 
     async def renew_leases(self, worker_id: str, lease_seconds: float) -> None:
-        await self._read(lambda c: c.execute(q.RUN_RENEW_LEASES, worker_id, lease_seconds))
+        """Renew this worker's lease: every run it holds stays held (one row)."""
+        await self._read(lambda c: c.execute(q.WORKER_RENEW, worker_id, lease_seconds))
 
     async def release_runs(self, worker_id: str) -> None:
+        """Hand every run back at once and drop the worker's lease (graceful stop)."""
         await self._read(lambda c: c.execute(q.RUN_RELEASE, worker_id))
+
+    async def forget_workers(self, idle_seconds: float = 3600.0) -> int:
+        """Drop the lease rows of workers lapsed for ``idle_seconds`` that hold no run."""
+        status = await self._read(lambda c: c.execute(q.WORKERS_FORGET, idle_seconds))
+        return int(status.split()[-1])
 
     async def adopt_runs(
         self, worker_id: str, lease_seconds: float, limit: int = 1000, *, own: bool = False
     ) -> list[Run]:
-        """Take over active runs whose lease lapsed (``own``: also those already ours)."""
+        """Take over active runs nobody holds: released ones and those of workers whose
+        lease lapsed (``own``: also those already ours). Renews our lease too."""
         rows = await self._read(
             lambda c: c.fetch(q.RUN_ADOPT, worker_id, lease_seconds, limit, own)
         )

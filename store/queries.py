@@ -10,7 +10,7 @@ CARD_COLUMNS = """
 """
 
 RUN_COLUMNS = """
-    id::text, thread_id::text, tenant, owner, role, status, worker_id, lease_until, state, error
+    id::text, thread_id::text, tenant, owner, role, status, worker_id, state, error
 """
 
 
@@ -113,9 +113,15 @@ UPDATE runs SET status = 'superseded', updated_at = now()
 WHERE thread_id = $1 AND status IN ('running', 'waiting')
 RETURNING {RUN_COLUMNS}
 """
+# A new run is held by the worker that starts it: its lease row exists from here on
+# (inserted if this worker never renewed, e.g. one driven without its lease loop).
 RUN_INSERT = f"""
-INSERT INTO runs (id, thread_id, tenant, owner, role, status, worker_id, lease_until)
-VALUES ($1, $2, $3, $4, $5, 'running', $6, now() + make_interval(secs => $7))
+WITH w AS (
+    INSERT INTO workers (id, lease_until) VALUES ($6, now() + make_interval(secs => $7))
+    ON CONFLICT (id) DO NOTHING
+)
+INSERT INTO runs (id, thread_id, tenant, owner, role, status, worker_id)
+VALUES ($1, $2, $3, $4, $5, 'running', $6)
 RETURNING {RUN_COLUMNS}
 """
 RUN_GET = f"SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"
@@ -178,27 +184,51 @@ SELECT {RUN_COLUMNS},
        ) AS conversation
 FROM runs WHERE id = $1
 """
-RUN_RENEW_LEASES = """
-UPDATE runs SET lease_until = now() + make_interval(secs => $2)
-WHERE worker_id = $1 AND status IN ('running', 'waiting')
+# Leases are per worker (migration 0002): renewing is one row, however many runs it holds.
+WORKER_RENEW = """
+INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
+ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
 """
+# A graceful stop hands the runs back at once and forgets the worker.
 RUN_RELEASE = """
-UPDATE runs SET lease_until = now(), worker_id = NULL
-WHERE worker_id = $1 AND status IN ('running', 'waiting')
+WITH r AS (
+    UPDATE runs SET worker_id = NULL
+    WHERE worker_id = $1 AND status IN ('running', 'waiting')
+)
+DELETE FROM workers WHERE id = $1
 """
-RUN_ADOPT = """
-WITH lapsed AS (
-    SELECT id FROM runs
+# Take over active runs nobody holds: released ones, and those of workers whose lease
+# lapsed (``$4``: also this worker's own, for a restarted worker with a stable id). The
+# adopter's own lease is renewed in the same statement. Both arms are index scans on
+# runs_holder; a run another adopter took first fails the re-check under its lock (its
+# new holder is alive) and is skipped.
+RUN_ADOPT = f"""
+WITH me AS (
+    INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
+    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+),
+lapsed AS (
+    SELECT id, worker_id FROM runs
     WHERE status IN ('running', 'waiting')
-      AND (lease_until IS NULL OR lease_until < now() OR ($4 AND worker_id = $1))
-    ORDER BY lease_until NULLS FIRST
+      AND (worker_id IS NULL
+           OR worker_id = ANY (ARRAY(
+               SELECT w.id FROM workers w WHERE w.lease_until < now() AND w.id <> $1
+           ) || CASE WHEN $4 THEN ARRAY[$1::text] ELSE ARRAY[]::text[] END))
+    ORDER BY updated_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
-UPDATE runs r SET worker_id = $1, lease_until = now() + make_interval(secs => $2)
-FROM lapsed WHERE r.id = lapsed.id
-RETURNING r.id::text, r.thread_id::text, r.tenant, r.owner, r.role, r.status, r.worker_id,
-          r.lease_until, r.state, r.error
+UPDATE runs r SET worker_id = $1
+FROM lapsed WHERE r.id = lapsed.id AND r.worker_id IS NOT DISTINCT FROM lapsed.worker_id
+RETURNING {", ".join("r." + c.strip() for c in RUN_COLUMNS.split(","))}
+"""
+# Lease rows of workers that are gone and hold nothing any more.
+WORKERS_FORGET = """
+DELETE FROM workers w
+WHERE w.lease_until < now() - make_interval(secs => $1)
+  AND NOT EXISTS (
+      SELECT 1 FROM runs r WHERE r.worker_id = w.id AND r.status IN ('running', 'waiting')
+  )
 """
 
 CARD_INSERT = f"""

@@ -29,7 +29,6 @@ CREATE TABLE runs (
     role         text NOT NULL DEFAULT 'user',
     status       text NOT NULL CHECK (status IN ('running', 'waiting', 'done', 'failed', 'superseded')),
     worker_id    text,
-    lease_until  timestamptz,
     state        jsonb NOT NULL DEFAULT '{}'::jsonb,
     error        text,
     created_at   timestamptz NOT NULL DEFAULT now(),
@@ -38,7 +37,14 @@ CREATE TABLE runs (
 -- At most one active run per thread, across every worker.
 CREATE UNIQUE INDEX runs_one_active_per_thread ON runs (thread_id)
     WHERE status IN ('running', 'waiting');
-CREATE INDEX runs_lease ON runs (lease_until) WHERE status IN ('running', 'waiting');
+CREATE INDEX runs_holder ON runs (worker_id) WHERE status IN ('running', 'waiting');
+
+-- A run is held by runs.worker_id while that worker's lease is in the future: renewing
+-- is one row per worker, however many runs it holds.
+CREATE TABLE workers (
+    id           text PRIMARY KEY,
+    lease_until  timestamptz NOT NULL
+);
 
 CREATE TABLE cards (
     id                    uuid PRIMARY KEY,

@@ -60,7 +60,12 @@ async def test_broken_or_interrupted_connections_are_not_reused(database_url: st
         try:
             async with pool.connection() as conn:
                 await conn.fetchval("SELECT 1")
-        except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError):
+        except (
+            asyncpg.PostgresConnectionError,
+            asyncpg.InterfaceError,
+            asyncpg.exceptions.InternalClientError,
+            OSError,
+        ):
             pass
         async with pool.connection() as conn:
             assert await conn.fetchval("SELECT 1") == 1
