@@ -231,15 +231,6 @@ WHERE w.lease_until < now() - make_interval(secs => $1)
   )
 """
 
-CARD_INSERT = f"""
-INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk, input,
-                   args_snapshot, summary, impact, snapshot_hash, request_key, operation_id,
-                   editable, status, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, 'pending',
-        now() + make_interval(secs => $17))
-ON CONFLICT (request_key) DO NOTHING
-RETURNING {CARD_COLUMNS}
-"""
 # A proposal with its audit row and its 'card' log entry, in one statement (I5: nothing
 # when the request already has its card).
 CARD_PROPOSE = logged(
@@ -257,7 +248,6 @@ CARD_PROPOSE = logged(
     kind="card",
 )
 CARD_GET = f"SELECT {CARD_COLUMNS} FROM cards WHERE id = $1"
-CARD_GET_FOR_UPDATE = f"SELECT {CARD_COLUMNS} FROM cards WHERE id = $1 FOR UPDATE"
 CARD_BY_REQUEST_KEY = f"SELECT {CARD_COLUMNS} FROM cards WHERE request_key = $1"
 CARDS_OF_RUN = f"SELECT {CARD_COLUMNS} FROM cards WHERE run_id = $1 ORDER BY created_at, id"
 CARDS_PENDING_OF_THREAD = f"""
@@ -281,18 +271,6 @@ WHERE id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
   AND expires_at > now() AND ($7::text IS NULL OR tenant = $7)
 RETURNING {CARD_COLUMNS}
 """
-# A plain conditional move (no owner involved): the state machine's edge, enforced in SQL.
-CARD_MOVE = f"""
-UPDATE cards
-SET status = $3,
-    result = COALESCE($4, result),
-    superseded_by = COALESCE($5::uuid, superseded_by),
-    executing_since = CASE WHEN $3 = 'executing' THEN now() ELSE executing_since END,
-    decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now()) ELSE decided_at END,
-    decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $6) ELSE decided_by END
-WHERE id = $1 AND status = $2
-RETURNING {CARD_COLUMNS}
-"""
 # The same, with its audit row and log entry, in one statement (one round trip).
 # $8: the event's detail.
 CARD_DECIDE_LOGGED = logged(
@@ -314,38 +292,34 @@ _MOVE = """UPDATE cards
                           ELSE decided_at END,
         decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END
     WHERE id = $1 AND status = $2"""
-# $1 id, $2 from, $3 to, $4 result, $5 actor, $6 channel, $7 detail
-CARD_MOVE_LOGGED = logged(
-    _MOVE, src="$2", actor="$5", channel="$6::text", hash_seen="NULL", detail="$7::jsonb"
-)
+
+
+def _move_logged(also: str = "") -> str:
+    """$1 id, $2 from, $3 to, $4 result, $5 actor, $6 channel, $7 detail (+ ``also``'s)."""
+    return logged(
+        _MOVE,
+        src="$2",
+        actor="$5",
+        channel="$6::text",
+        hash_seen="NULL",
+        detail="$7::jsonb",
+        also=also,
+    )
+
+
+CARD_MOVE_LOGGED = _move_logged()
 # approved -> executing and the operation row, in the same statement (I4).
-CARD_BEGIN_EXECUTION = logged(
-    _MOVE,
-    src="$2",
-    actor="$5",
-    channel="$6::text",
-    hash_seen="NULL",
-    detail="$7::jsonb",
-    also=""",
+CARD_BEGIN_EXECUTION = _move_logged(""",
 op AS (
     INSERT INTO operations (operation_id, card_id, tool, status)
     SELECT operation_id, id, tool, 'started' FROM c
-)""",
-)
+)""")
 # executing -> executed|failed and the operation's outcome ($8), in the same statement.
-CARD_FINISH_EXECUTION = logged(
-    _MOVE,
-    src="$2",
-    actor="$5",
-    channel="$6::text",
-    hash_seen="NULL",
-    detail="$7::jsonb",
-    also=""",
+CARD_FINISH_EXECUTION = _move_logged(""",
 op AS (
     UPDATE operations SET status = $8, result = $4, finished_at = now()
     FROM c WHERE operations.operation_id = c.operation_id
-)""",
-)
+)""")
 CARD_EXPIRE_LOGGED = logged(
     """UPDATE cards SET status = 'expired', decided_at = now(), decided_by = 'clock'
     WHERE id = $1 AND status = 'pending' AND expires_at <= now()""",
@@ -377,9 +351,6 @@ SELECT id, card_id::text, from_status, to_status, actor, channel, hash_seen, at,
 FROM card_events WHERE card_id = $1 ORDER BY id
 """
 
-OPERATION_START = """
-INSERT INTO operations (operation_id, card_id, tool, status) VALUES ($1, $2, $3, 'started')
-"""
 OPERATION_FINISH = """
 UPDATE operations SET status = $2, result = $3, finished_at = now() WHERE operation_id = $1
 """
@@ -388,12 +359,6 @@ DELIVERY_INSERT = """
 INSERT INTO deliveries (channel, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
 """
 
-# Expiry is decided by the database clock (I7).
-CARD_EXPIRE = f"""
-UPDATE cards SET status = 'expired', decided_at = now(), decided_by = 'clock'
-WHERE id = $1 AND status = 'pending' AND expires_at <= now()
-RETURNING {CARD_COLUMNS}
-"""
 CARDS_DECIDED_AMONG = (
     "SELECT id::text, status FROM cards WHERE id = ANY($1::uuid[]) AND status <> 'pending'"
 )
