@@ -80,9 +80,10 @@ async def sample(c: Cluster, args: Any, out: Path) -> dict[str, Any]:
             argv = [spy, "record", "--pid", str(p.pid), "--duration", str(int(args.seconds))]
             argv += ["--rate", str(args.rate), "--format", "raw", "-o", str(raw), "--nonblocking"]
             argv += ["--gil"] if gil else []
-            runs.append((p.name, raw, subprocess.Popen(argv, stdout=subprocess.DEVNULL)))
-        for name, raw, popen in runs:
-            await asyncio.to_thread(popen.wait)
+            spawned = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL)
+            runs.append((p.name, raw, spawned))
+        for name, raw, spawned in runs:
+            await spawned.wait()
             if raw.exists():
                 key = "python_cpu" if gil else "on_cpu_or_in_syscalls"
                 result.setdefault(name, {})[key] = summarize(raw, args.top)
