@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install signoff with its test extras into .venv and run the test suite.
+# Install signoff with its test extras into .venv, check style and types, run the tests.
 #   usage: bash scripts/test.sh [pytest args]
 # Postgres and Redis: the machine's (127.0.0.1:5432 db "test", 127.0.0.1:6379) when they
 # answer, otherwise embedded servers started from wheels (tests/services.py).
@@ -15,6 +15,14 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
   echo "test.sh: installing chromium from Debian's packages" >&2
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "test.sh: could not install chromium; browser tests will fail" >&2
+fi
+
+# Style and types first (seconds): ruff + mypy strict, as STYLE asks.
+# SIGNOFF_SKIP_LINT=1 skips them for a quick local run of a few tests.
+if [ "${SIGNOFF_SKIP_LINT:-0}" != 1 ]; then
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+  .venv/bin/mypy
 fi
 
 set +e
