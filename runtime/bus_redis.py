@@ -54,6 +54,7 @@ from redis.backoff import NoBackoff
 from runtime.bus import Delivery, Job, Subscription
 from runtime.errors import ConfigError, Unavailable
 from runtime.keys import Keys
+from runtime.redis_pipe import Pipe, supported
 
 log = logging.getLogger("signoff.bus")
 
@@ -239,6 +240,13 @@ class RedisBus:
         # A BLOCK longer than the socket timeout would read as a dead connection.
         self._max_block_ms = max(int(timeout * 1000) - 500, 1) if timeout else None
         self._link: _Link | None = None
+        # PUBLISH/GET/SET/DEL go through one pipelined connection (runtime.redis_pipe);
+        # a TLS client keeps redis-py for them.
+        pool = client.connection_pool
+        self._pipe_kwargs = pool.connection_kwargs if supported(pool.connection_class) else None
+        self._pipe_timeout = timeout
+        self._pipe: Pipe | None = None
+        self._pipe_lock = asyncio.Lock()
         self._readers: set[asyncio.Task[None]] = set()
         self._link_lock = asyncio.Lock()
         self._connect_failures = 0
@@ -272,11 +280,25 @@ class RedisBus:
                 raise Unavailable(f"Redis {what} failed: {exc}", command=what) from exc
         raise AssertionError("unreachable")
 
+    async def _fast(self, *args: bytes | str | int) -> Any:
+        """One command on the pipelined connection, (re)opened on demand."""
+        pipe = self._pipe
+        if pipe is None or pipe.closed:
+            async with self._pipe_lock:
+                pipe = self._pipe
+                if pipe is None or pipe.closed:
+                    assert self._pipe_kwargs is not None
+                    pipe = self._pipe = await Pipe.open(self._pipe_kwargs, self._pipe_timeout)
+        return await pipe.call(*args)
+
     # -- pub/sub -------------------------------------------------------------------------
 
     async def publish(self, channel: str, message: bytes) -> int:
         """PUBLISH; the number of Redis subscribers (connections, not local listeners)."""
-        return await self._call("PUBLISH", lambda: self._client.publish(channel, message))
+        if self._pipe_kwargs is None:
+            return await self._call("PUBLISH", lambda: self._client.publish(channel, message))
+        heard: int = await self._call("PUBLISH", lambda: self._fast(b"PUBLISH", channel, message))
+        return heard
 
     @asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
@@ -403,11 +425,17 @@ class RedisBus:
 
     async def set_wait(self, card_id: str, worker_id: str, ttl_ms: int) -> None:
         key = self._keys.wait(card_id)
-        await self._call("SET", lambda: self._client.set(key, worker_id, px=max(ttl_ms, 1)))
+        if self._pipe_kwargs is None:
+            await self._call("SET", lambda: self._client.set(key, worker_id, px=max(ttl_ms, 1)))
+            return
+        await self._call("SET", lambda: self._fast(b"SET", key, worker_id, b"PX", max(ttl_ms, 1)))
 
     async def clear_wait(self, card_id: str) -> None:
         key = self._keys.wait(card_id)
-        await self._call("DEL", lambda: self._client.delete(key))
+        if self._pipe_kwargs is None:
+            await self._call("DEL", lambda: self._client.delete(key))
+            return
+        await self._call("DEL", lambda: self._fast(b"DEL", key))
 
     async def clear_waits(self, card_ids: Iterable[str]) -> None:
         """Pipelined single-key DELs, ``CLEAR_BATCH`` per round trip; stops at the first
@@ -425,7 +453,10 @@ class RedisBus:
 
     async def wait_owner(self, card_id: str) -> str | None:
         key = self._keys.wait(card_id)
-        owner = await self._call("GET", lambda: self._client.get(key))
+        if self._pipe_kwargs is None:
+            owner = await self._call("GET", lambda: self._client.get(key))
+        else:
+            owner = await self._call("GET", lambda: self._fast(b"GET", key))
         return None if owner is None else _text(owner)
 
     async def heartbeat(self, worker_id: str, ttl_ms: int) -> None:
@@ -603,4 +634,7 @@ class RedisBus:
             reader.cancel()
         if readers:
             await asyncio.wait(readers)  # (not `await reader`: that would swallow our own cancel)
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
         await self._client.aclose()
