@@ -7,8 +7,6 @@ raised before anything changes (I9).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -35,12 +33,6 @@ from runtime.tools import Registry, ToolContext
 from store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.decisions")
-
-
-def _quiet(fut: asyncio.Future[Any]) -> None:
-    """Retrieve a hint's error (e.g. Redis down) so it is never reported as unhandled."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 MAX_REASON = 2000
@@ -101,42 +93,32 @@ class Decisions:
             return Outcome(card=old.public(), new_card=new.public())
         if res.edits:
             raise InvalidInput("edits are only accepted with decision 'edit'")
-        # Which worker waits on the card is a hint: read it while the decision commits
-        # (one round trip less on the hot path); notify_card re-reads it if nobody heard.
-        owner = asyncio.ensure_future(self.bus.wait_owner(card_id))
-        owner.add_done_callback(_quiet)
-        try:
-            moved = await self.store.decide(
-                card_id,
-                principal=principal,
-                decision=res.decision,
-                snapshot_hash=res.snapshot_hash,
-                channel=channel,
-                reason=res.reason,
-                tenant=tenant,
-            )
-        except BaseException:
-            owner.cancel()
-            raise
-        await self._notify(moved.card, received, owner, moved.entry)
+        # The decision's statement also names the worker holding the card's run: the
+        # signal goes there first (notify_card falls back to the wait token).
+        moved = await self.store.decide(
+            card_id,
+            principal=principal,
+            decision=res.decision,
+            snapshot_hash=res.snapshot_hash,
+            channel=channel,
+            reason=res.reason,
+            tenant=tenant,
+        )
+        await self._notify(moved.card, received, moved.holder, moved.entry)
         return Outcome(card=moved.card.public())
 
     async def _notify(
         self,
         card: Card,
         received: int,
-        owner: asyncio.Future[str | None] | None = None,
+        holder: str | None = None,
         entry: Entry | None = None,
     ) -> None:
         """Tell the worker, after the commit. The decision is taken either way: a publish
         that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6)."""
         self.faults.hit("decide.before_publish")
-        early = None
-        if owner is not None:
-            with contextlib.suppress(SignoffError):
-                early = await owner
         try:
-            await notify_card(self.store, self.bus, self.keys, card, received, early, entry)
+            await notify_card(self.store, self.bus, self.keys, card, received, holder, entry)
         except SignoffError as exc:
             log.warning("card %s decided; could not signal its worker: %s", card.id, exc)
 

@@ -39,10 +39,9 @@ async def notify_card(
 ) -> int:
     """Publish the change to the worker holding the run; returns how many heard it.
 
-    ``early_owner``: the wait token as read while the change was committing (the
-    decision path reads it concurrently to save a round trip). Read before the
-    commit, it may name a worker that has since let the run go; if nobody hears
-    it, the token is read again now, as without it. ``entry``: the log entry the change
+    ``early_owner``: the worker holding the card's run as the deciding statement saw
+    it (no Redis read on the decision path). If nobody hears the signal there, the
+    wait token is read, then the run's holder again, as without it. ``entry``: the log entry the change
     wrote, carried to the thread's gateways (without it they re-read the log).
     """
     signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns))

@@ -74,7 +74,9 @@ class CardEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 class Moved(msgspec.Struct, frozen=True):
     """A card as a committed change left it, with the thread-log entry written with it
-    (what a thread hint carries to the gateways)."""
+    (what a thread hint carries to the gateways) and the worker holding its run then
+    (where the decision's signal goes)."""
 
     card: Card
     entry: Entry
+    holder: str | None = None

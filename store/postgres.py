@@ -100,7 +100,7 @@ _GONE = (
     asyncpg.exceptions.InternalClientError,
 )
 
-_EXTRA = ("is_expired", "body", "log_seq", "log_at")
+_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder")
 
 
 def _card(row: asyncpg.Record) -> Card:
@@ -121,7 +121,7 @@ def _moved(row: asyncpg.Record, kind: str = "card_update") -> Moved:
         body=row["body"],
         created_at=row["log_at"],
     )
-    return Moved(card, entry)
+    return Moved(card, entry, row["holder"])
 
 
 def _entry(thread_id: str, row: asyncpg.Record) -> Entry:

@@ -55,7 +55,7 @@ def logged(
     """One statement for one card transition: the conditional ``UPDATE cards ...`` (or the
     proposal's ``INSERT``, with ``kind='card'``; without RETURNING), its ``card_events`` row and its thread-log entry (the card as clients see
     it, built by ``card_json``). Returns the card's columns plus ``body``,
-    ``log_seq`` and ``log_at``; no row when the update matched nothing, and then nothing
+    ``log_seq``, ``log_at`` and ``holder`` (the worker holding the card's run); no row when the update matched nothing, and then nothing
     was written. ``also``: further CTEs over ``c`` (the moved card), e.g. the operation row.
     One statement is one round trip and one implicit transaction: no BEGIN/COMMIT.
     """
@@ -74,7 +74,9 @@ m AS (
     SELECT t.id, t.last_seq, c.run_id, '{kind}', c.body FROM c JOIN t ON t.id = c.thread_id
     RETURNING seq AS log_seq, created_at AS log_at
 ){also}
-SELECT {CARD_COLUMNS}, c.body, m.log_seq, m.log_at FROM c, m
+SELECT {CARD_COLUMNS}, c.body, m.log_seq, m.log_at,
+       (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c, m
 """
 
 
