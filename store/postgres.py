@@ -262,13 +262,6 @@ class PostgresStore:
             created_at=row["created_at"],
         )
 
-    async def _lock_active_run(self, conn: Conn, run_id: str) -> None:
-        status = await conn.fetchval(
-            "SELECT status FROM runs WHERE id = $1 FOR UPDATE", _uuid(run_id)
-        )
-        if status not in ("running", "waiting"):
-            raise RunInactive(f"run {run_id} is {status}", run_id=run_id, status=status)
-
     async def entries_after(self, thread_id: str, after_seq: int, limit: int = 1000) -> list[Entry]:
         rows = await self._read(
             lambda c: c.fetch(q.MESSAGES_AFTER, _uuid(thread_id), after_seq, limit)
@@ -355,19 +348,6 @@ class PostgresStore:
         if row is None:
             raise RunInactive(f"run {run_id} is no longer active", run_id=run_id)
         return _run(row)
-
-    async def finish_run_step(
-        self,
-        run_id: str,
-        thread_id: str,
-        kind: str,
-        body: dict[str, Any],
-        status: str,
-        state: dict[str, Any],
-    ) -> tuple[Entry, Run]:
-        """Append a log entry and set the run's status in one statement."""
-        entries, run = await self.run_step(run_id, thread_id, [(kind, body)], status, state)
-        return entries[-1], run
 
     async def run_step(
         self,
