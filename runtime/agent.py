@@ -218,17 +218,31 @@ class Agent:
                     # The results, the reply and the end of the turn: one statement, one hint.
                     done = ("run", {"status": str(RunStatus.DONE), "error": None})
                     written, run = await self.store.run_step(
-                        run.id, run.thread_id, [*todo, assistant, done], str(RunStatus.DONE), {}
+                        run.id,
+                        run.thread_id,
+                        [*todo, assistant, done],
+                        str(RunStatus.DONE),
+                        {},
+                        holder=self.worker_id,
                     )
                     await self.hint(run.thread_id, written)
                     return run
                 if todo:
                     written, run = await self.store.run_step(
-                        run.id, run.thread_id, [*todo, assistant], str(RunStatus.RUNNING), {}
+                        run.id,
+                        run.thread_id,
+                        [*todo, assistant],
+                        str(RunStatus.RUNNING),
+                        {},
+                        holder=self.worker_id,
                     )
                     todo = []
                 else:
-                    written = [await self.store.append(run.thread_id, *assistant, run.id)]
+                    written = [
+                        await self.store.append(
+                            run.thread_id, *assistant, run.id, holder=self.worker_id
+                        )
+                    ]
                 await self.hint(run.thread_id, written)
                 results: dict[str, dict[str, Any]] = {}
                 waiting: dict[str, str] = {}
@@ -243,7 +257,9 @@ class Agent:
                 order = [u["id"] for u in uses]
                 if waiting:
                     state = {"order": order, "results": results, "waiting": waiting}
-                    run = await self.store.set_run(run.id, RunStatus.WAITING, state)
+                    run = await self.store.set_run(
+                        run.id, RunStatus.WAITING, state, holder=self.worker_id
+                    )
                     return await self._settle(run, list(proposed.values()))
                 # Reads only: their results go with the next write.
                 todo = [("tool_results", {"content": [results[i] for i in order]})]
@@ -264,7 +280,7 @@ class Agent:
     ) -> Run:
         end = ("run", {"status": str(status), "error": error})
         written, run = await self.store.run_step(
-            run.id, run.thread_id, [*(pending or ()), end], str(status), {}
+            run.id, run.thread_id, [*(pending or ()), end], str(status), {}, holder=self.worker_id
         )
         await self.hint(run.thread_id, written)
         return run
@@ -338,7 +354,7 @@ class Agent:
                 changed = True
         if changed:
             run = await self.store.set_run(
-                run.id, RunStatus.WAITING, {**run.state, "waiting": waiting}
+                run.id, RunStatus.WAITING, {**run.state, "waiting": waiting}, holder=self.worker_id
             )
         pending = [cards[c] for c in waiting.values() if cards[c].status is Status.PENDING]
         if pending:
@@ -395,7 +411,9 @@ class Agent:
                     else:
                         results[use["id"]] = outcome
                 state = {"order": [u["id"] for u in uses], "results": results, "waiting": waiting}
-                run = await self.store.set_run(run.id, RunStatus.WAITING, state)
+                run = await self.store.set_run(
+                    run.id, RunStatus.WAITING, state, holder=self.worker_id
+                )
                 return await self._settle(run)
             return await self._finish(run, RunStatus.DONE)
         return await self._step(run)

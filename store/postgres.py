@@ -241,15 +241,21 @@ class PostgresStore:
         )
 
     async def append(
-        self, thread_id: str, kind: str, body: dict[str, Any], run_id: str | None = None
+        self,
+        thread_id: str,
+        kind: str,
+        body: dict[str, Any],
+        run_id: str | None = None,
+        *,
+        holder: str | None = None,
     ) -> Entry:
-        """Append to the thread log. With a ``run_id``, only while that run is active
-        (:class:`RunInactive` otherwise; one statement either way)."""
+        """Append to the thread log. With a ``run_id``, only while that run is active and,
+        with ``holder``, held by that worker (:class:`RunInactive` otherwise)."""
         if run_id is None:
             async with self._tx() as conn:
                 return await self._append(conn, thread_id, kind, body, None)
         row = await self._read(
-            lambda c: c.fetchrow(q.RUN_APPEND, _uuid(thread_id), kind, _uuid(run_id), body)
+            lambda c: c.fetchrow(q.RUN_APPEND, _uuid(thread_id), kind, _uuid(run_id), body, holder)
         )
         if row is None:
             raise RunInactive(f"run {run_id} is no longer active", run_id=run_id)
@@ -341,10 +347,19 @@ class PostgresStore:
         return None if row is None else _run(row)
 
     async def set_run(
-        self, run_id: str, status: str, state: dict[str, Any], error: str | None = None
+        self,
+        run_id: str,
+        status: str,
+        state: dict[str, Any],
+        error: str | None = None,
+        *,
+        holder: str | None = None,
     ) -> Run:
-        """Update an active run's status and state; :class:`RunInactive` if it is no longer active."""
-        row = await self._read(lambda c: c.fetchrow(q.RUN_SET_STATE, run_id, status, state, error))
+        """Update an active run's status and state; :class:`RunInactive` if it is no longer
+        active or, with ``holder``, no longer held by that worker."""
+        row = await self._read(
+            lambda c: c.fetchrow(q.RUN_SET_STATE, run_id, status, state, error, holder)
+        )
         if row is None:
             raise RunInactive(f"run {run_id} is no longer active", run_id=run_id)
         return _run(row)
@@ -357,15 +372,26 @@ class PostgresStore:
         status: str,
         state: dict[str, Any],
         error: str | None = None,
+        *,
+        holder: str | None = None,
     ) -> tuple[list[Entry], Run]:
         """Append entries (kind, body), in order, and set an active run's status, state and
         error: one statement. :class:`RunInactive` (and nothing written) if the run is no
-        longer active."""
+        longer active or, with ``holder``, no longer held by that worker (a fence: a worker
+        whose runs were adopted while it stalled cannot write them any more)."""
         kinds = [k for k, _ in items]
         bodies = [b for _, b in items]
         row = await self._read(
             lambda c: c.fetchrow(
-                q.RUN_STEP, _uuid(run_id), _uuid(thread_id), kinds, bodies, status, state, error
+                q.RUN_STEP,
+                _uuid(run_id),
+                _uuid(thread_id),
+                kinds,
+                bodies,
+                status,
+                state,
+                error,
+                holder,
             )
         )
         if row is None:

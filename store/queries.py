@@ -132,16 +132,16 @@ SELECT {RUN_COLUMNS} FROM runs WHERE thread_id = $1 AND status IN ('running', 'w
 """
 RUN_SET_STATE = f"""
 UPDATE runs SET status = $2, state = $3, error = $4, updated_at = now()
-WHERE id = $1 AND status IN ('running', 'waiting')
+WHERE id = $1 AND status IN ('running', 'waiting') AND ($5::text IS NULL OR worker_id = $5)
 RETURNING {RUN_COLUMNS}
 """
 # Append entries ($3 kinds, $4 a JSON array of bodies) to an active run's thread and
 # set the run's status, state and error, in one statement. No row: the run is no
-# longer active, and nothing was written.
+# longer active (or, with $8, no longer held by that worker), and nothing was written.
 RUN_STEP = f"""
 WITH r AS (
     UPDATE runs SET status = $5, state = $6, error = $7, updated_at = now()
-    WHERE id = $1 AND status IN ('running', 'waiting')
+    WHERE id = $1 AND status IN ('running', 'waiting') AND ($8::text IS NULL OR worker_id = $8)
     RETURNING {RUN_COLUMNS}
 ),
 t AS (
@@ -162,7 +162,9 @@ FROM r
 # Append one entry while the run is active (the run row is locked for it).
 RUN_APPEND = """
 WITH r AS (
-    SELECT id FROM runs WHERE id = $3 AND status IN ('running', 'waiting') FOR UPDATE
+    SELECT id FROM runs
+    WHERE id = $3 AND status IN ('running', 'waiting') AND ($5::text IS NULL OR worker_id = $5)
+    FOR UPDATE
 ),
 t AS (
     UPDATE threads SET last_seq = threads.last_seq + 1 FROM r WHERE threads.id = $1

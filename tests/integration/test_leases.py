@@ -91,3 +91,26 @@ async def test_a_graceful_release_hands_every_run_back_at_once(store: PostgresSt
     await store.renew_leases(b, -1)
     own = {r.id for r in await store.adopt_runs(b, 30, 1000, own=True)}
     assert set(again) <= own
+
+
+async def test_a_worker_whose_runs_were_adopted_cannot_write_them(store: PostgresStore) -> None:
+    """The fence: a worker that stalled past its lease finds its writes refused once another
+    worker adopted the run, so the run never gets two replies."""
+    from store.postgres import RunInactive
+
+    a, b = "wa-" + secrets.token_hex(3), "wb-" + secrets.token_hex(3)
+    (run_id,) = await start_runs(store, a, 1)
+    run = await store.get_run(run_id)
+    await store.renew_leases(a, -1)  # a stalls past its lease
+    assert run_id in {r.id for r in await store.adopt_runs(b, 30, 1000)}
+    before = (await store.get_thread(run.thread_id)).last_seq
+    reply = ("assistant", {"content": [{"type": "text", "text": "late"}]})
+    with pytest.raises(RunInactive):
+        await store.run_step(run_id, run.thread_id, [reply], "done", {}, holder=a)
+    with pytest.raises(RunInactive):
+        await store.append(run.thread_id, *reply, run_id, holder=a)
+    with pytest.raises(RunInactive):
+        await store.set_run(run_id, "waiting", {}, holder=a)
+    assert (await store.get_thread(run.thread_id)).last_seq == before  # nothing written
+    written, done = await store.run_step(run_id, run.thread_id, [reply], "done", {}, holder=b)
+    assert [e.seq for e in written] == [before + 1] and done.status == "done"
