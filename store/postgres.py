@@ -646,7 +646,7 @@ class PostgresStore:
         )
         return None if row is None else _moved(row)
 
-    async def _move1(
+    async def _move_one(
         self,
         card_id: str,
         src: Status,
@@ -659,10 +659,9 @@ class PostgresStore:
         extra: tuple[Any, ...] = (),
     ) -> Moved | None:
         cid = _uuid(card_id)
-
-        async def go(conn: Conn) -> Moved | None:
-            return await self._move(
-                conn,
+        return await self._read(
+            lambda c: self._move(
+                c,
                 cid,
                 src,
                 dst,
@@ -672,8 +671,7 @@ class PostgresStore:
                 statement=statement,
                 extra=extra,
             )
-
-        return await self._read(go)
+        )
 
     async def move(
         self,
@@ -686,11 +684,11 @@ class PostgresStore:
         detail: dict[str, Any] | None = None,
     ) -> Moved | None:
         """A conditional move ``src -> dst``; ``None`` when the card was not in ``src``."""
-        return await self._move1(card_id, src, dst, actor=actor, result=result, detail=detail)
+        return await self._move_one(card_id, src, dst, actor=actor, result=result, detail=detail)
 
     async def begin_execution(self, card_id: str, actor: str) -> Moved | None:
         """``approved -> executing`` and the operation row, atomically; ``None`` if we lost (I4)."""
-        return await self._move1(
+        return await self._move_one(
             card_id,
             Status.APPROVED,
             Status.EXECUTING,
@@ -702,7 +700,7 @@ class PostgresStore:
         self, card_id: str, *, ok: bool, result: dict[str, Any], actor: str
     ) -> Moved | None:
         """``executing -> executed|failed`` and the operation's outcome, atomically."""
-        return await self._move1(
+        return await self._move_one(
             card_id,
             Status.EXECUTING,
             Status.EXECUTED if ok else Status.FAILED,
