@@ -24,7 +24,7 @@ from runtime.config import Settings
 from runtime.decisions import Decisions
 from runtime.errors import SignoffError
 from runtime.keys import Keys
-from runtime.metrics import gauge, process_lines
+from runtime.metrics import COUNTERS, gauge, process_lines
 from store.postgres import PostgresStore
 
 
@@ -97,6 +97,7 @@ def build_app(
     async def metrics(request: Request) -> Response:
         lines = [
             *gauge("signoff_websockets", "Open WebSocket connections.", sockets[0]),
+            *COUNTERS.render(),
             *process_lines(),
         ]
         return Response(

@@ -26,7 +26,7 @@ from runtime.errors import SignoffError, ToolValidationError, Unavailable
 from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.models.base import Model
-from runtime.notify import notify_card
+from runtime.notify import notify_card, quietly
 from runtime.policy import Policy, Verdict
 from runtime.proposal import new_card
 from runtime.records import Entry, Moved, Run, RunStatus
@@ -92,6 +92,11 @@ class Agent:
         # idle threads go (a held lock is referenced by the coroutine using it).
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
+    @staticmethod
+    def run_id_for(message_id: str) -> str:
+        """The run a message starts: derived from its id, so a redelivery finds it (I5)."""
+        return str(uuid.uuid5(_RUN_NS, message_id))
+
     def lock(self, thread_id: str) -> asyncio.Lock:
         lock = self._locks.get(thread_id)
         if lock is None:
@@ -99,8 +104,13 @@ class Agent:
         return lock
 
     async def hint(self, thread_id: str, entries: Sequence[Entry] = ()) -> None:
-        """Tell the thread's gateways the log grew by these entries (none: re-read it)."""
-        await self.bus.publish(self.keys.thread_channel(thread_id), hints.of_entries(entries))
+        """Tell the thread's gateways the log grew by these entries (none: re-read it).
+        Never raises: the entries are committed, and a gateway that missed the hint
+        re-reads the log on its next one or when it re-subscribes (I6)."""
+        await quietly(
+            self.bus.publish(self.keys.thread_channel(thread_id), hints.of_entries(entries)),
+            f"thread hint for {thread_id}",
+        )
 
     async def moved(self, moved: Moved | None) -> Card | None:
         """Hint a committed card change; the card it left."""
@@ -136,7 +146,7 @@ class Agent:
         A message seen before (same ``message_id``) is not run twice: its run is
         left to whoever holds its lease, and adoption continues it from the store.
         """
-        run_id = str(uuid.uuid5(_RUN_NS, message_id)) if message_id else None
+        run_id = self.run_id_for(message_id) if message_id else None
         async with self.lock(thread_id):
             run, superseded, old_runs, created = await self.store.start_run(
                 thread_id,
@@ -204,9 +214,12 @@ class Agent:
                 messages = build_messages(shown)
 
                 async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
-                    await self.bus.publish(
-                        self.keys.thread_channel(_run.thread_id),
-                        hints.of_delta(_pos, delta, _run.id),
+                    await quietly(
+                        self.bus.publish(
+                            self.keys.thread_channel(_run.thread_id),
+                            hints.of_delta(_pos, delta, _run.id),
+                        ),
+                        "text delta",
                     )
 
                 reply = await self.model.respond(
@@ -280,7 +293,13 @@ class Agent:
     ) -> Run:
         end = ("run", {"status": str(status), "error": error})
         written, run = await self.store.run_step(
-            run.id, run.thread_id, [*(pending or ()), end], str(status), {}, holder=self.worker_id
+            run.id,
+            run.thread_id,
+            [*(pending or ()), end],
+            str(status),
+            {},
+            error,
+            holder=self.worker_id,
         )
         await self.hint(run.thread_id, written)
         return run
@@ -305,14 +324,26 @@ class Agent:
             prepared = await tool.prepare(data, ctx)
         except ToolValidationError as exc:
             return outcomes.tool_result(use_id, exc.message, error=True)
+        except Unavailable:
+            raise  # the store or the bus: the step is tried again, not answered
         except SignoffError as exc:
             return outcomes.tool_result(use_id, exc.message, error=True)
+        except Exception as exc:  # a tool's own bug (or input it did not expect) must not
+            # wedge the run: the model is told the call failed, the log has the traceback.
+            log.exception("tool %s failed on run %s", tool.name, run.id)
+            return outcomes.tool_result(
+                use_id, f"The tool failed ({type(exc).__name__}); nothing was done.", error=True
+            )
         verdict = self.policy.evaluate(tool, prepared.args, tenant=run.tenant, role=run.role)
         if verdict.verdict is Verdict.DENY:
             return outcomes.tool_result(use_id, f"Denied by policy: {verdict.reason}", error=True)
         if verdict.verdict is Verdict.ALLOW:
             op = f"{run.id}:{use_id}"
-            return outcomes.tool_result(use_id, await tool.execute(prepared.args, op, ctx))
+            try:
+                return outcomes.tool_result(use_id, await tool.execute(prepared.args, op, ctx))
+            except Exception as exc:
+                log.warning("allowed write %s failed on run %s: %s", tool.name, run.id, exc)
+                return outcomes.tool_result(use_id, f"The tool failed: {exc}", error=True)
         card, entry = await self.store.propose(
             new_card(
                 tool,
@@ -434,7 +465,7 @@ class Agent:
             if card.status is Status.APPROVED:
                 card = await self.execute(run, card)
             results[use_id] = outcomes.card_outcome(use_id, card)
-            await self.bus.clear_wait(card.id)
+            await quietly(self.bus.clear_wait(card.id), f"wait token delete for {card.id}")
         blocks = [results[i] for i in run.state.get("order", [])]
         # The results are written with the step's next write (see _step).
         return await self._step(run, conversation, [("tool_results", {"content": blocks})])

@@ -66,4 +66,9 @@ class Bus(Protocol):
 
     async def ack(self, delivery_id: str) -> None: ...
 
+    def release(self, delivery: Delivery) -> None:
+        """Hand back a delivery this process could not finish (nor ack): it is delivered
+        again, to any consumer (this one included), once idle for the claim time."""
+        ...
+
     async def close(self) -> None: ...

@@ -107,5 +107,10 @@ class MemoryBus:
     async def ack(self, delivery_id: str) -> None:
         self._pending.pop(delivery_id, None)
 
+    def release(self, delivery: Delivery) -> None:
+        # In one process there is nobody to wait for: it goes back in the queue now.
+        self._pending.pop(delivery.id, None)
+        self._inbox.put_nowait(delivery)
+
     async def close(self) -> None:
         self._subs.clear()

@@ -52,7 +52,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from runtime.bus import Delivery, Job, Subscription
-from runtime.errors import ConfigError, Unavailable
+from runtime.errors import ConfigError, InvalidInput, Unavailable
 from runtime.keys import Keys
 from runtime.redis_pipe import Pipe, supported
 
@@ -278,6 +278,8 @@ class RedisBus:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.RedisError as exc:
                 raise Unavailable(f"Redis {what} failed: {exc}", command=what) from exc
+            except UnicodeEncodeError as exc:  # e.g. a str with a lone surrogate
+                raise InvalidInput(f"Redis {what}: an argument cannot be encoded") from exc
         raise AssertionError("unreachable")
 
     async def _fast(self, *args: bytes | str | int) -> Any:
@@ -516,6 +518,11 @@ class RedisBus:
 
         await self._call("XACK", ack_and_delete)
         self._inflight.discard(delivery_id)
+
+    def release(self, delivery: Delivery) -> None:
+        """Forget we hold it: our own next claim round takes it back once it is idle for
+        ``claim_idle_ms`` (another consumer takes it if we die first)."""
+        self._inflight.discard(delivery.id)
 
     async def _ensure_group(self) -> None:
         if self._group_ready:

@@ -35,6 +35,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     poll_seconds: float = 5.0
     sweep_seconds: float = 2.0
     stuck_after_seconds: float = 300.0
+    # An approved card not started after this long is looked at by the sweeper.
+    approved_stale_seconds: float = 5.0
     wait_grace_ms: int = 30_000
     key_prefix: str = "so:"
     tenant: str = "demo"
@@ -71,6 +73,7 @@ _ENV: dict[str, str] = {
     "poll_seconds": "SIGNOFF_POLL_SECONDS",
     "sweep_seconds": "SIGNOFF_SWEEP_SECONDS",
     "stuck_after_seconds": "SIGNOFF_STUCK_AFTER_SECONDS",
+    "approved_stale_seconds": "SIGNOFF_APPROVED_STALE_SECONDS",
     "wait_grace_ms": "SIGNOFF_WAIT_GRACE_MS",
     "key_prefix": "SIGNOFF_KEY_PREFIX",
     "tenant": "SIGNOFF_TENANT",

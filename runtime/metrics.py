@@ -20,7 +20,7 @@ import os
 import resource
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -114,6 +114,41 @@ class LatencySamples:
         return list(self._samples)[-held:]
 
 
+class Counters:
+    """Process-wide event counters (Prometheus counters), e.g. hints that could not be
+    published after a commit. Incremented where the event happens, read by /metrics."""
+
+    HELP: ClassVar[dict[str, str]] = {
+        "signoff_hints_failed_total": "Publishes, wait-token writes or deletes that failed "
+        "after their commit (Redis is a hint: the step went on).",
+        "signoff_handler_errors_total": "Inbox messages or continuations that raised.",
+        "signoff_runs_failed_by_error_total": "Runs settled as failed after an error.",
+        "signoff_inbox_released_total": "Inbox entries handed back for a later retry.",
+        "signoff_approved_stale_total": "Approved cards the sweeper found not yet started.",
+        "signoff_store_races_retried_total": "Statements or transactions Postgres rolled "
+        "back as a deadlock or serialization victim, tried again.",
+    }
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = dict.fromkeys(self.HELP, 0)
+
+    def inc(self, name: str, n: int = 1) -> None:
+        self.values[name] = self.values.get(name, 0) + n
+
+    def render(self) -> list[str]:
+        lines: list[str] = []
+        for name, value in self.values.items():
+            lines += [
+                f"# HELP {name} {self.HELP.get(name, name)}",
+                f"# TYPE {name} counter",
+                f"{name} {value}",
+            ]
+        return lines
+
+
+COUNTERS = Counters()
+
+
 def process_lines() -> list[str]:
     """RSS, CPU time and open descriptors of this process (Linux /proc; best effort)."""
     lines: list[str] = []
@@ -156,6 +191,7 @@ def worker_text(worker: Any) -> str:
         ),
         *gauge("signoff_steps_in_flight", "Agent steps running now.", len(worker._tasks)),
     ]
+    lines += COUNTERS.render()
     samples = worker.decision_latency_ns
     if isinstance(samples, LatencySamples):
         lines += samples.histogram.render()

@@ -26,6 +26,8 @@ from redis import exceptions as rx
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
 Arg = bytes | str | int
+# Error replies after which this connection is retired: the server cannot serve it now.
+RETIRE = ("READONLY", "LOADING", "MASTERDOWN")
 
 
 def supported(connection_class: type[Any]) -> bool:
@@ -86,10 +88,14 @@ class Pipe:
     async def call(self, *args: Arg) -> Any:
         if self._error is not None:
             raise ConnectionError(f"Redis connection closed: {self._error}")
+        # Packed before its reply is awaited: an argument that cannot be encoded (a str with
+        # a lone surrogate) raises here with nothing queued, so no reply is ever shifted
+        # onto the next command.
+        data = pack(args)
         fut: asyncio.Future[Any] = self._loop.create_future()
         self._pending.append(fut)
         self._sent.append(self._loop.time())
-        self._writer.write(pack(args))
+        self._writer.write(data)
         if self._writer.transport.get_write_buffer_size() > 1 << 20:
             await self._writer.drain()  # Redis is not keeping up: do not buffer without end
         return await fut
@@ -117,6 +123,15 @@ class Pipe:
                         raise rx.InvalidResponse("a reply nobody asked for")
                     fut = self._pending.popleft()
                     self._sent.popleft()
+                    if isinstance(reply, rx.ResponseError) and str(reply).startswith(RETIRE):
+                        # A replica, a server loading its data set or one that lost its
+                        # primary: nothing more should be sent here. This command and every
+                        # other in flight fail as on a dropped connection (the bus retries
+                        # them on a new one).
+                        error = ConnectionError(f"Redis answered {reply}")
+                        if not fut.done():
+                            fut.set_exception(error)
+                        raise error
                     if fut.done():  # its caller gave up (cancelled)
                         continue
                     if isinstance(reply, rx.ResponseError):

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
@@ -19,19 +20,37 @@ from typing import Any
 from runtime.agent import Agent
 from runtime.app import App
 from runtime.bus import Bus, Delivery
-from runtime.cards import Card
+from runtime.cards import Card, Status
 from runtime.config import Settings
-from runtime.errors import SignoffError
+from runtime.errors import NotFound, SignoffError, Unavailable
 from runtime.faults import Faults
 from runtime.keys import Keys
-from runtime.metrics import LatencySamples
+from runtime.metrics import COUNTERS, LatencySamples
 from runtime.models.base import Model
-from runtime.notify import notify_card, signal_decoder
-from runtime.records import Run, RunStatus
+from runtime.notify import notify_card, quietly, signal_decoder
+from runtime.records import ACTIVE_RUN, Run, RunStatus
 from runtime.waits import WaitRegistry
-from store.postgres import PostgresStore
+from store.postgres import PostgresStore, RunInactive
 
 log = logging.getLogger("signoff.worker")
+
+# A message whose run could not be started because the store or the bus did not answer
+# is tried again after these waits, then handed back to the inbox (delivered again later).
+START_RETRIES = (0.2, 0.5, 1.0, 2.0)
+# A continuation that raised anything but Unavailable is tried this many more times (it
+# may have lost a race), then its run is settled as failed with the error for the client.
+WAKE_ERROR_RETRIES = 2
+APPROVED_ORPHAN_REASON = (
+    "its conversation moved on before this approved action started; nothing was executed"
+)
+
+
+def error_text(exc: BaseException) -> str:
+    """What a client is told when a run fails on an error: a typed error's own message,
+    only the kind of anything else (the log has the traceback)."""
+    if isinstance(exc, SignoffError):
+        return f"{exc.code}: {exc.message}"
+    return f"internal error ({type(exc).__name__})"
 
 
 class Worker:
@@ -138,33 +157,97 @@ class Worker:
         channel: str = "http",
         message_id: str = "",
     ) -> Run | None:
+        """Run a user message to its end or its park. An error settles the run (failed,
+        with a ``run`` entry clients see) or, while it may pass, has it continued later.
+        Raises only :class:`Unavailable` before the run exists: the caller tries again or
+        hands the message back, so it is never lost (nor run twice: its run id derives
+        from ``message_id``)."""
+        message_id = message_id or f"local:{uuid.uuid4()}"
         try:
             return await self.agent.start(
                 thread_id, text, user=user, role=role, channel=channel, message_id=message_id
             )
-        except SignoffError as exc:
-            log.warning("message on thread %s failed: %s", thread_id, exc)
-            await self._fail_active(thread_id, exc)
-            return None
+        except Exception as exc:
+            return await self._after_error(thread_id, self.agent.run_id_for(message_id), exc)
 
-    async def _fail_active(self, thread_id: str, exc: Exception) -> None:
-        with contextlib.suppress(Exception):
-            run = await self.store.active_run(thread_id)
-            if run is not None and run.status is RunStatus.RUNNING:
-                await self.agent._finish(run, RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
+    async def _after_error(self, thread_id: str, run_id: str, exc: Exception) -> Run | None:
+        COUNTERS.inc("signoff_handler_errors_total")
+        transient = isinstance(exc, Unavailable)
+        if transient:
+            log.warning("message on thread %s: %s", thread_id, exc)
+        else:
+            log.error("message on thread %s failed", thread_id, exc_info=exc)
+        try:
+            run: Run | None = await self.store.get_run(run_id)
+        except NotFound:
+            run = None
+        except SignoffError:
+            raise exc from None  # the store is away: the caller tries the message again
+        if run is None:
+            if transient:
+                raise exc
+            # Refused before its run existed (e.g. the thread is gone): tell the thread.
+            body = {"error": error_text(exc), "message": "the message could not be run"}
+            await quietly(self.store.append(thread_id, "error", body), "error entry")
+            return None
+        if run.status in ACTIVE_RUN and run.worker_id == self.worker_id:
+            if transient:
+                self._retry_wake(run.id, 0, 0.5)  # the step goes on once the store answers
+            else:
+                await self._settle_failed(run.id, exc)
+                return await self.store.get_run(run.id)
+        return run
+
+    async def _settle_failed(self, run_id: str, exc: BaseException, attempt: int = 0) -> None:
+        """Settle a run we hold as failed, with the error in its ``run`` entry; tried again
+        later while the store does not answer. A run no longer ours is left alone."""
+        self.waits.drop_run(run_id)
+        try:
+            run = await self.store.get_run(run_id)
+            if run.status in ACTIVE_RUN and run.worker_id == self.worker_id:
+                await self.agent._finish(run, RunStatus.FAILED, error_text(exc))
+                COUNTERS.inc("signoff_runs_failed_by_error_total")
+        except RunInactive:
+            pass
+        except Unavailable as again:
+            delay = min(0.5 * 2**attempt, 30.0)
+            log.warning("could not settle run %s (%s); again in %.1fs", run_id, again, delay)
+            if not self._draining:
+                asyncio.get_running_loop().call_later(
+                    delay, lambda: self.spawn(self._settle_failed(run_id, exc, attempt + 1))
+                )
+        except Exception:
+            log.exception("could not settle run %s", run_id)
 
     async def _handle(self, delivery: Delivery) -> None:
+        """One inbox entry: run it, then ack it. Acked once its run exists (a redelivery
+        finds that run, I5); handed back when it could not be started nor acked."""
         job = delivery.job
-        await self.run_message(
-            job.thread_id,
-            job.text,
-            user=job.user,
-            role=job.role,
-            channel=job.channel,
-            message_id=job.message_id or f"inbox:{delivery.id}",
-        )
+        for wait in (*START_RETRIES, None):
+            try:
+                await self.run_message(
+                    job.thread_id,
+                    job.text,
+                    user=job.user,
+                    role=job.role,
+                    channel=job.channel,
+                    message_id=job.message_id or f"inbox:{delivery.id}",
+                )
+                break
+            except Unavailable as exc:
+                if wait is None or self._draining:
+                    log.warning("inbox entry %s handed back: %s", delivery.id, exc)
+                    COUNTERS.inc("signoff_inbox_released_total")
+                    self.bus.release(delivery)
+                    return
+                await asyncio.sleep(wait)
         self.faults.hit("inbox.before_ack")
-        await self.bus.ack(delivery.id)
+        try:
+            await self.bus.ack(delivery.id)
+        except Exception as exc:
+            log.warning("inbox entry %s done but not acked (%s); handed back", delivery.id, exc)
+            COUNTERS.inc("signoff_inbox_released_total")
+            self.bus.release(delivery)
 
     async def _inbox_loop(self) -> None:
         while not self._draining:
@@ -183,12 +266,17 @@ class Worker:
         now = datetime.now(UTC)
         loop = asyncio.get_running_loop()
         left = min((c.expires_at - now).total_seconds() for c in pending)
-        for card in pending:
-            ttl_ms = int(max((card.expires_at - now).total_seconds(), 0) * 1000)
-            await self.bus.set_wait(card.id, self.worker_id, ttl_ms + self.settings.wait_grace_ms)
         self.waits.park(run.id, [c.id for c in pending], loop.time() + max(left, 0.25) + 0.05)
-        # A decision may have landed between the proposal and this registration.
-        await self._recheck([c.id for c in pending])
+        for card in pending:
+            # A hint for notify_card's fallback (the decision names our run's holder
+            # itself): a Redis blip must not fail the step that parked.
+            ttl_ms = int(max((card.expires_at - now).total_seconds(), 0) * 1000)
+            ttl_ms += self.settings.wait_grace_ms
+            await quietly(self.bus.set_wait(card.id, self.worker_id, ttl_ms), "wait token")
+        # A decision may have landed between the proposal and this registration (if the
+        # store does not answer now, the slow poll looks again).
+        with contextlib.suppress(SignoffError):
+            await self._recheck([c.id for c in pending])
 
     async def _recheck(self, card_ids: list[str]) -> None:
         for card_id, status in (await self.store.decided_among(card_ids)).items():
@@ -204,19 +292,34 @@ class Worker:
             # the provider acted, a card is then left `executing` for an operator).
             async with self._step_slots:
                 run = await self.agent.continue_run(run_id)
-        except SignoffError as exc:
+        except Unavailable as exc:
             # The run is ours (we renew its lease) and no longer parked: unless we try
             # again, nobody continues it and its decisions wait for our restart (I6).
             delay = min(0.5 * 2**attempt, 30.0)
             log.warning("continuing run %s failed: %s; again in %.1fs", run_id, exc, delay)
-            asyncio.get_running_loop().call_later(delay, self._retry_wake, run_id, attempt + 1)
+            self._retry_wake(run_id, attempt + 1, delay)
+            return
+        except Exception as exc:
+            COUNTERS.inc("signoff_handler_errors_total")
+            if attempt < WAKE_ERROR_RETRIES:
+                log.warning("continuing run %s raised %r; trying again", run_id, exc)
+                self._retry_wake(run_id, attempt + 1, 0.2 * (attempt + 1))
+                return
+            log.error("continuing run %s failed; settling it as failed", run_id, exc_info=exc)
+            await self._settle_failed(run_id, exc)
             return
         if run is None or run.status is not RunStatus.WAITING:
             self.waits.drop_run(run_id)
 
-    def _retry_wake(self, run_id: str, attempt: int) -> None:
-        if not self._draining:
+    def _retry_wake(self, run_id: str, attempt: int, delay: float = 0.0) -> None:
+        if self._draining:
+            return
+        if delay <= 0:
             self.spawn(self._wake(run_id, attempt))
+            return
+        asyncio.get_running_loop().call_later(
+            delay, lambda: None if self._draining else self.spawn(self._wake(run_id, attempt))
+        )
 
     async def _listen(self) -> None:
         """Own the subscription loop: re-subscribe after any drop and re-read Postgres."""
@@ -292,7 +395,8 @@ class Worker:
     # -- sweeping ------------------------------------------------------------------------
 
     async def sweep(self) -> tuple[list[Card], list[Card]]:
-        """Expire overdue pending cards (DB clock), flag stuck executions. Returns both lists."""
+        """Expire overdue pending cards (DB clock), settle approved cards nobody started,
+        flag stuck executions. Returns the expired and the stuck cards."""
         expired: list[Card] = []
         for card_id in await self.store.overdue_card_ids():
             moved = await self.store.expire(card_id)
@@ -303,11 +407,41 @@ class Worker:
                     await notify_card(self.store, self.bus, self.keys, card, entry=moved.entry)
                 else:
                     await self.agent.hint(card.thread_id, [moved.entry])
+        await self.sweep_approved()
         stuck = await self.store.flag_stuck(self.settings.stuck_after_seconds)
         await self.store.forget_workers()
         for card in stuck:
             log.error("card %s stuck in executing: flagged for reconciliation", card.id)
         return expired, stuck
+
+    async def sweep_approved(self) -> list[Card]:
+        """Approved cards not started for ``approved_stale_seconds``. Normally a card is
+        started within milliseconds of its approval; one left behind either belongs to a
+        run that is over (nobody will execute it: it is invalidated, with the reason, by
+        ``system:sweeper``) or its holder missed the signal (signalled again; a lapsed
+        holder's run is adopted). Returns the cards invalidated."""
+        stale = await self.store.approved_stale(self.settings.approved_stale_seconds)
+        invalidated: list[Card] = []
+        for card, run_active in stale:
+            COUNTERS.inc("signoff_approved_stale_total")
+            if run_active:
+                log.warning("card %s approved but not started; signalling its run again", card.id)
+                if not self.waits.resolve(card.id, str(card.status)):
+                    await notify_card(self.store, self.bus, self.keys, card)
+                continue
+            moved = await self.store.move(
+                card.id,
+                Status.APPROVED,
+                Status.INVALIDATED,
+                actor="system:sweeper",
+                result={"reason": APPROVED_ORPHAN_REASON, "changes": []},
+                detail={"reason": APPROVED_ORPHAN_REASON},
+            )
+            if moved is not None:
+                log.error("card %s was approved after its run ended: invalidated", card.id)
+                invalidated.append(moved.card)
+                await self.agent.hint(card.thread_id, [moved.entry])
+        return invalidated
 
     async def _sweep_loop(self) -> None:
         while True:

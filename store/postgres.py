@@ -8,6 +8,9 @@ Postgres decides races between processes (I4, I8). SQL lives in
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -32,11 +35,14 @@ from runtime.errors import (
     StaleCard,
     Unavailable,
 )
+from runtime.metrics import COUNTERS
 from runtime.records import CardEvent, Entry, Moved, Run, Thread
 from store import queries as q
 from store.pool import Pool
 
 T = TypeVar("T")
+
+log = logging.getLogger("signoff.store")
 
 Conn = asyncpg.Connection
 
@@ -100,7 +106,23 @@ _GONE = (
     asyncpg.exceptions.InternalClientError,
 )
 
-_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder")
+# Postgres chose this statement or transaction as the victim of a race it could not order
+# (a deadlock, a serialization failure): it was rolled back whole, so it is tried again,
+# a bounded number of times, and then answered as a retriable Unavailable (503) — never
+# as a raw driver error. (Every write path takes its locks in one order: the thread,
+# then the run, then cards; these retries are the second line, not the first.)
+_RACE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+RACE_RETRIES = (0.01, 0.05, 0.2)
+
+# Who moves a card when no person does (the audit's actor, and ``decided_by``).
+SUPERSEDE_ACTOR = "system:supersede"
+SUPERSEDED_REASON = "a new user message arrived"
+APPROVED_SUPERSEDED_REASON = (
+    "a new message arrived in the conversation before this approved action started; "
+    "nothing was executed"
+)
+
+_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder", "run_active")
 
 
 def _card(row: asyncpg.Record) -> Card:
@@ -171,6 +193,7 @@ class PostgresStore:
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:
+        """One transaction, not retried (``_transaction`` retries lost races)."""
         try:
             async with self._pool.connection(self._timeout) as conn, conn.transaction():
                 yield conn
@@ -179,15 +202,49 @@ class PostgresStore:
             raise Unavailable(f"Postgres unavailable: {exc}") from exc
         except asyncpg.DataError as exc:
             raise InvalidInput(f"invalid value: {exc}") from exc
+        except _RACE as exc:
+            raise Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True) from exc
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run ``attempt`` (one statement, or one whole transaction) again when Postgres
+        rolled it back as a deadlock or serialization victim; then Unavailable (503)."""
+        for wait in (*RACE_RETRIES, None):
+            try:
+                return await attempt()
+            except Unavailable as exc:
+                if wait is None or not isinstance(exc.__cause__, _RACE):
+                    raise
+                log.warning("store: %s; trying again", exc.__cause__.__class__.__name__)
+                COUNTERS.inc("signoff_store_races_retried_total")
+                await asyncio.sleep(wait * random.uniform(0.5, 1.5))
+        raise AssertionError("unreachable")
+
+    async def _transaction(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """``fn`` in one transaction, tried again whole if Postgres picked it as the victim
+        of a deadlock or serialization failure."""
+
+        async def once() -> T:
+            async with self._tx() as conn:
+                return await fn(conn)
+
+        return await self._retrying(once)
 
     async def _read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        try:
-            async with self._pool.connection(self._timeout) as conn:
-                return await fn(conn)
-        except _GONE as exc:
-            raise Unavailable(f"Postgres unavailable: {exc}") from exc
-        except asyncpg.DataError as exc:
-            raise InvalidInput(f"invalid value: {exc}") from exc
+        """One statement (its own implicit transaction) on a pooled connection; a lost race
+        is tried again like a transaction's."""
+
+        async def once() -> T:
+            try:
+                async with self._pool.connection(self._timeout) as conn:
+                    return await fn(conn)
+            except _GONE as exc:
+                raise Unavailable(f"Postgres unavailable: {exc}") from exc
+            except asyncpg.DataError as exc:
+                raise InvalidInput(f"invalid value: {exc}") from exc
+            except _RACE as exc:
+                raise Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True) from exc
+
+        return await self._retrying(once)
 
     # -- schema -------------------------------------------------------------
 
@@ -217,10 +274,8 @@ class PostgresStore:
     # -- threads and the thread log -----------------------------------------
 
     async def create_thread(self, tenant: str, owner: str, thread_id: str | None = None) -> Thread:
-        async with self._tx() as conn:
-            row = await conn.fetchrow(
-                q.THREAD_INSERT, thread_id or str(uuid.uuid4()), tenant, owner
-            )
+        new_id = thread_id or str(uuid.uuid4())
+        row = await self._read(lambda c: c.fetchrow(q.THREAD_INSERT, new_id, tenant, owner))
         return msgspec.convert(dict(_some(row)), Thread)
 
     async def get_thread(self, thread_id: str) -> Thread:
@@ -252,8 +307,9 @@ class PostgresStore:
         """Append to the thread log. With a ``run_id``, only while that run is active and,
         with ``holder``, held by that worker (:class:`RunInactive` otherwise)."""
         if run_id is None:
-            async with self._tx() as conn:
-                return await self._append(conn, thread_id, kind, body, None)
+            return await self._transaction(
+                lambda conn: self._append(conn, thread_id, kind, body, None)
+            )
         row = await self._read(
             lambda c: c.fetchrow(q.RUN_APPEND, _uuid(thread_id), kind, _uuid(run_id), body, holder)
         )
@@ -295,37 +351,62 @@ class PostgresStore:
     ) -> tuple[Run, list[Card], list[Run], bool]:
         """Start a run for a new user message, in one transaction.
 
-        Pending cards of the thread become ``superseded``, active runs of the
-        thread become ``superseded``, the user message is appended. ``run_id``
-        is derived from the inbox message: a redelivered message finds its run
-        (returned with ``created=False``) instead of starting a second one (I5).
+        Active runs of the thread become ``superseded``; their cards still ``pending``
+        become ``superseded`` and those ``approved`` but not yet started become
+        ``invalidated`` (nobody would execute them any more: their run is over), both by
+        ``system:supersede``; the user message is appended. Returns the new run, every
+        card moved, the superseded runs and whether the run is new. ``run_id`` is derived
+        from the inbox message: a redelivered message finds its run (returned with
+        ``created=False``) instead of starting a second one (I5).
+
+        Locks in the one order (thread, runs, cards): an approve racing this message
+        waits for it, or it for the approve, and never deadlocks. ``actor`` (the person
+        who sent the message) is kept for the audit's detail.
         """
-        async with self._tx() as conn:
-            thread = await conn.fetchrow(q.THREAD_GET + " FOR UPDATE", _uuid(thread_id))
+        tid = _uuid(thread_id)
+
+        async def go(conn: Conn) -> tuple[Run, list[Card], list[Run], bool]:
+            thread = await conn.fetchrow(q.THREAD_GET + " FOR NO KEY UPDATE", tid)
             if thread is None:
                 raise NotFound(f"thread {thread_id} not found", thread_id=thread_id)
             if run_id is not None:
                 existing = await conn.fetchrow(q.RUN_GET, run_id)
                 if existing is not None:
                     return _run(existing), [], [], False
-            superseded_cards: list[Card] = []
-            for row in await conn.fetch(q.CARDS_PENDING_OF_THREAD, thread_id):
+            old_runs = [_run(r) for r in await conn.fetch(q.RUN_SUPERSEDE_ACTIVE, tid)]
+            moved_cards: list[Card] = []
+            detail = {"reason": SUPERSEDED_REASON, "message_from": actor}
+            for row in await conn.fetch(q.CARDS_PENDING_OF_THREAD, tid):
                 moved = await self._move(
                     conn,
                     row["id"],
                     Status.PENDING,
                     Status.SUPERSEDED,
-                    actor=actor,
+                    actor=SUPERSEDE_ACTOR,
                     channel=channel,
-                    detail={"reason": "a new user message arrived"},
+                    detail=detail,
                 )
                 if moved is not None:
-                    superseded_cards.append(moved.card)
-            old_runs = [_run(r) for r in await conn.fetch(q.RUN_SUPERSEDE_ACTIVE, thread_id)]
+                    moved_cards.append(moved.card)
+            if old_runs:
+                rows = await conn.fetch(q.CARDS_APPROVED_OF_RUNS, [r.id for r in old_runs])
+                for row in rows:
+                    moved = await self._move(
+                        conn,
+                        row["id"],
+                        Status.APPROVED,
+                        Status.INVALIDATED,
+                        actor=SUPERSEDE_ACTOR,
+                        channel=channel,
+                        result={"reason": APPROVED_SUPERSEDED_REASON, "changes": []},
+                        detail={"reason": APPROVED_SUPERSEDED_REASON, "message_from": actor},
+                    )
+                    if moved is not None:
+                        moved_cards.append(moved.card)
             run_row = await conn.fetchrow(
                 q.RUN_INSERT,
                 run_id or str(uuid.uuid4()),
-                thread_id,
+                tid,
                 thread["tenant"],
                 owner,
                 role,
@@ -333,8 +414,10 @@ class PostgresStore:
                 lease_seconds,
             )
             run = _run(_some(run_row))
-            await self._append(conn, thread_id, "user", {"content": content}, run.id)
-        return run, superseded_cards, old_runs, True
+            await self._append(conn, tid, "user", {"content": content}, run.id)
+            return run, moved_cards, old_runs, True
+
+        return await self._transaction(go)
 
     async def get_run(self, run_id: str) -> Run:
         row = await self._read(lambda c: c.fetchrow(q.RUN_GET, _uuid(run_id)))
@@ -597,7 +680,9 @@ class PostgresStore:
         """Owner edits: the old card becomes ``modified`` and a new linked card is proposed."""
         cid = _uuid(card_id)
         new_id = str(uuid.uuid4())
-        async with self._tx() as conn:
+
+        async def go(conn: Conn) -> tuple[Card, Card]:
+            await conn.fetchrow(q.CARD_LOCK_THREAD, cid)  # lock order: the thread first
             row = await conn.fetchrow(
                 q.CARD_DECIDE, cid, "modified", principal, channel, None, snapshot_hash, tenant
             )
@@ -623,7 +708,9 @@ class PostgresStore:
                 {"edits": edits, "new_card": new_id},
             )
             await self._append(conn, old.thread_id, "card_update", old.public(), old.run_id)
-        return old, created
+            return old, created
+
+        return await self._transaction(go)
 
     async def _move(
         self,
@@ -727,8 +814,18 @@ class PostgresStore:
         rows = await self._read(lambda c: c.fetch(q.CARDS_OVERDUE, limit))
         return [r["id"] for r in rows]
 
+    async def approved_stale(
+        self, older_than_seconds: float, limit: int = 500
+    ) -> list[tuple[Card, bool]]:
+        """Approved cards not started for ``older_than_seconds``, each with whether its run
+        is still active."""
+        rows = await self._read(
+            lambda c: c.fetch(q.CARDS_APPROVED_STALE, older_than_seconds, limit)
+        )
+        return [(_card(r), bool(r["run_active"])) for r in rows]
+
     async def flag_stuck(self, threshold_seconds: float) -> list[Card]:
-        async with self._tx() as conn:
+        async def go(conn: Conn) -> list[Card]:
             rows = await conn.fetch(q.CARDS_STUCK_EXECUTING, threshold_seconds)
             cards = [_card(r) for r in rows]
             for card in cards:
@@ -742,7 +839,9 @@ class PostgresStore:
                     None,
                     {"needs_reconciliation": True},
                 )
-        return cards
+            return cards
+
+        return await self._transaction(go)
 
     async def reconcile(self, card_id: str, *, executed: bool, actor: str, note: str) -> Card:
         """An operator settles a card stuck in ``executing`` after checking the provider.
@@ -752,7 +851,8 @@ class PostgresStore:
         """
         dst = Status.EXECUTED if executed else Status.FAILED
         result = {"reconciled_by": actor, "note": note}
-        async with self._tx() as conn:
+
+        async def go(conn: Conn) -> Card:
             moved = await self._move(
                 conn,
                 _uuid(card_id),
@@ -776,12 +876,14 @@ class PostgresStore:
                 q.OPERATION_FINISH, card.operation_id, "succeeded" if executed else "failed", result
             )
             row = await conn.fetchrow(q.CARD_GET, card.id)
-        return _card(_some(row))
+            return _card(_some(row))
+
+        return await self._transaction(go)
 
     async def record_delivery(self, channel: str, message_id: str) -> bool:
         """True the first time a channel message id is seen (webhook dedup)."""
-        async with self._tx() as conn:
-            return await conn.fetchval(q.DELIVERY_INSERT, channel, message_id) is not None
+        value = await self._read(lambda c: c.fetchval(q.DELIVERY_INSERT, channel, message_id))
+        return value is not None
 
     async def now(self) -> datetime:
         value: datetime = await self._read(lambda c: c.fetchval("SELECT now()"))

@@ -41,6 +41,23 @@ def card_json(t: str) -> str:
     return f"jsonb_build_object({', '.join(pairs)})"
 
 
+# Lock order (DESIGN.md §9), the same on every write path: the thread, then the run,
+# then cards. A card transition locks its thread first (``thread_lock``), so an approve
+# racing a new message in the same thread queues behind it instead of deadlocking.
+# FOR NO KEY UPDATE: it does not conflict with the KEY SHARE locks that inserting a row
+# referencing the thread takes, as FOR UPDATE would.
+def thread_lock(thread_id: str) -> str:
+    """A CTE body that locks the thread whose id is the SQL expression ``thread_id``;
+    its one column is ``locked``. Used ``AS MATERIALIZED`` and joined by the statement's
+    writes, so the lock is taken before any row they change."""
+    return f"SELECT threads.id AS locked FROM threads WHERE threads.id = ({thread_id}) FOR NO KEY UPDATE"
+
+
+def card_thread_lock(card_id: str = "$1") -> str:
+    """``thread_lock`` for the thread of the card ``card_id`` (a card's thread never changes)."""
+    return thread_lock(f"SELECT cards.thread_id FROM cards WHERE cards.id = {card_id}")
+
+
 def logged(
     update: str,
     *,
@@ -51,6 +68,7 @@ def logged(
     detail: str,
     also: str = "",
     kind: str = "card_update",
+    lock: str | None = None,
 ) -> str:
     """One statement for one card transition: the conditional ``UPDATE cards ...`` (or the
     proposal's ``INSERT``, with ``kind='card'``; without RETURNING), its ``card_events`` row and its thread-log entry (the card as clients see
@@ -58,9 +76,13 @@ def logged(
     ``log_seq``, ``log_at`` and ``holder`` (the worker holding the card's run); no row when the update matched nothing, and then nothing
     was written. ``also``: further CTEs over ``c`` (the moved card), e.g. the operation row.
     One statement is one round trip and one implicit transaction: no BEGIN/COMMIT.
+
+    ``update`` joins ``lk`` (``FROM lk WHERE lk.locked = cards.thread_id ...``), the card's
+    thread locked first (``lock``; by default the thread of card ``$1``).
     """
     return f"""
-WITH c AS ({update} RETURNING cards.*, {card_json("cards")} AS body),
+WITH lk AS MATERIALIZED ({lock or card_thread_lock()}),
+c AS ({update} RETURNING cards.*, {card_json("cards")} AS body),
 ev AS (
     INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
     SELECT id, {src}, status, {actor}, {channel}, {hash_seen}, {detail} FROM c
@@ -139,9 +161,12 @@ RETURNING {RUN_COLUMNS}
 # set the run's status, state and error, in one statement. No row: the run is no
 # longer active (or, with $8, no longer held by that worker), and nothing was written.
 RUN_STEP = f"""
-WITH r AS (
+WITH lk AS MATERIALIZED ({thread_lock("$2")}),
+r AS (
     UPDATE runs SET status = $5, state = $6, error = $7, updated_at = now()
-    WHERE id = $1 AND status IN ('running', 'waiting') AND ($8::text IS NULL OR worker_id = $8)
+    FROM lk
+    WHERE lk.locked = runs.thread_id AND id = $1 AND status IN ('running', 'waiting')
+      AND ($8::text IS NULL OR worker_id = $8)
     RETURNING {RUN_COLUMNS}
 ),
 t AS (
@@ -159,12 +184,14 @@ SELECT r.*, (SELECT array_agg(seq ORDER BY seq) FROM m) AS seqs,
        (SELECT array_agg(created_at ORDER BY seq) FROM m) AS ats
 FROM r
 """
-# Append one entry while the run is active (the run row is locked for it).
-RUN_APPEND = """
-WITH r AS (
-    SELECT id FROM runs
-    WHERE id = $3 AND status IN ('running', 'waiting') AND ($5::text IS NULL OR worker_id = $5)
-    FOR UPDATE
+# Append one entry while the run is active (the thread, then the run row are locked for it).
+RUN_APPEND = f"""
+WITH lk AS MATERIALIZED ({thread_lock("$1")}),
+r AS (
+    SELECT runs.id FROM runs JOIN lk ON lk.locked = runs.thread_id
+    WHERE runs.id = $3 AND status IN ('running', 'waiting')
+      AND ($5::text IS NULL OR worker_id = $5)
+    FOR NO KEY UPDATE OF runs
 ),
 t AS (
     UPDATE threads SET last_seq = threads.last_seq + 1 FROM r WHERE threads.id = $1
@@ -241,8 +268,9 @@ CARD_PROPOSE = logged(
     """INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk, input,
                    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id,
                    editable, status, expires_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, 'pending',
-            now() + make_interval(secs => $17))
+    SELECT $1, lk.locked, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+           'pending', now() + make_interval(secs => $17)
+    FROM lk
     ON CONFLICT (request_key) DO NOTHING""",
     src="NULL",
     actor="'system'",
@@ -250,6 +278,7 @@ CARD_PROPOSE = logged(
     hash_seen="snapshot_hash",
     detail="'{}'::jsonb",
     kind="card",
+    lock=thread_lock("$2::uuid"),
 )
 CARD_GET = f"SELECT {CARD_COLUMNS} FROM cards WHERE id = $1"
 CARD_BY_REQUEST_KEY = f"SELECT {CARD_COLUMNS} FROM cards WHERE request_key = $1"
@@ -266,6 +295,8 @@ ORDER BY created_at DESC LIMIT $3
 CARD_DIAGNOSE = f"SELECT {CARD_COLUMNS}, expires_at <= now() AS is_expired FROM cards WHERE id = $1"
 
 
+# The thread of a card, locked: what a multi-statement transaction on a card takes first.
+CARD_LOCK_THREAD = card_thread_lock()
 # The deciding update (I3, I7, I2): owner (of this tenant, when given), pending, fresh hash
 # and the database's clock.
 CARD_DECIDE = f"""
@@ -280,7 +311,8 @@ RETURNING {CARD_COLUMNS}
 CARD_DECIDE_LOGGED = logged(
     """UPDATE cards
     SET status = $2, decided_at = now(), decided_by = $3, channel = $4, reason = $5
-    WHERE id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
       AND expires_at > now() AND ($7::text IS NULL OR tenant = $7)""",
     src="'pending'",
     actor="$3",
@@ -295,7 +327,8 @@ _MOVE = """UPDATE cards
         decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now())
                           ELSE decided_at END,
         decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END
-    WHERE id = $1 AND status = $2"""
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2"""
 
 
 def _move_logged(also: str = "") -> str:
@@ -325,10 +358,12 @@ op AS (
     FROM c WHERE operations.operation_id = c.operation_id
 )""")
 CARD_EXPIRE_LOGGED = logged(
-    """UPDATE cards SET status = 'expired', decided_at = now(), decided_by = 'clock'
-    WHERE id = $1 AND status = 'pending' AND expires_at <= now()""",
+    """UPDATE cards SET status = 'expired', decided_at = now(), decided_by = 'system:expiry'
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = 'pending'
+      AND expires_at <= now()""",
     src="'pending'",
-    actor="'clock'",
+    actor="'system:expiry'",
     channel="NULL",
     hash_seen="NULL",
     detail="'{}'::jsonb",
@@ -366,3 +401,16 @@ INSERT INTO deliveries (channel, message_id) VALUES ($1, $2) ON CONFLICT DO NOTH
 CARDS_DECIDED_AMONG = (
     "SELECT id::text, status FROM cards WHERE id = ANY($1::uuid[]) AND status <> 'pending'"
 )
+CARDS_APPROVED_OF_RUNS = f"""
+SELECT {CARD_COLUMNS} FROM cards WHERE run_id = ANY($1::uuid[]) AND status = 'approved'
+ORDER BY created_at, id
+"""
+# Approved cards not started for $1 seconds, with whether their run is still active
+# (partial index cards_approved: approved cards are few and short-lived).
+CARDS_APPROVED_STALE = f"""
+SELECT {", ".join("c." + col.strip() for col in CARD_COLUMNS.split(","))},
+       r.status IN ('running', 'waiting') AS run_active
+FROM cards c JOIN runs r ON r.id = c.run_id
+WHERE c.status = 'approved' AND c.decided_at < now() - make_interval(secs => $1)
+ORDER BY c.decided_at LIMIT $2
+"""

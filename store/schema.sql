@@ -80,6 +80,7 @@ CREATE TABLE cards (
 CREATE INDEX cards_run ON cards (run_id);
 CREATE INDEX cards_pending_expiry ON cards (expires_at) WHERE status = 'pending';
 CREATE INDEX cards_thread_pending ON cards (thread_id) WHERE status = 'pending';
+CREATE INDEX cards_approved ON cards (decided_at) WHERE status = 'approved';
 
 CREATE TABLE card_events (
     id           bigserial PRIMARY KEY,

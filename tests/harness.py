@@ -111,7 +111,9 @@ async def harness(
     worker_id: str | None = None,
     settings: Settings | None = None,
     start_worker: bool = True,
+    bus: Bus | None = None,
 ) -> AsyncIterator[Harness]:
+    """``bus``: the bus to use (default: an in-process one); closed at the end."""
     tenant = "t-" + secrets.token_hex(4)
     base = settings or Settings()
     s = base.with_(
@@ -123,7 +125,7 @@ async def harness(
         sweep_seconds=min(base.sweep_seconds, 0.5),
     )
     store = await PostgresStore.connect(database_url, max_size=20)
-    bus = MemoryBus()
+    bus = bus or MemoryBus()
     app = build((tenant,))
     assert app.setup is not None
     provider = await app.setup(database_url)
@@ -184,6 +186,7 @@ async def harness(
                     await asyncio.wait_for(serve, 5)
             await asgi.state.feeds.close()
         await worker.stop()
+        await bus.close()
         if client is not None:
             await client.close()
         if app.teardown is not None:

@@ -82,3 +82,43 @@ async def test_a_timeout_or_a_drop_fails_everything_in_flight(redis_url: str) ->
     with pytest.raises(ConnectionError):
         await waiting
     assert pipe.closed
+
+
+async def test_an_argument_that_cannot_be_packed_queues_nothing(redis_url: str) -> None:
+    """A str with a lone surrogate fails its own call before anything is queued: the
+    replies of the commands after it still reach their own callers (issue 10, item 5)."""
+    pipe = await Pipe.open(kwargs_of(redis_url), 5.0)
+    tag = secrets.token_hex(4)
+    a, b = f"pipe-{tag}-a", f"pipe-{tag}-b"
+    try:
+        await pipe.call(b"SET", a, b"value-a", b"PX", 60_000)
+        await pipe.call(b"SET", b, b"value-b", b"PX", 60_000)
+        with pytest.raises(UnicodeEncodeError):
+            await pipe.call(b"GET", "bad-\udcff")
+        assert await pipe.call(b"GET", a) == b"value-a"
+        assert await pipe.call(b"GET", b) == b"value-b"
+        assert not pipe.closed
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("reply", ["READONLY You cannot write against a replica.", "LOADING x"])
+async def test_a_connection_is_retired_on_readonly_or_loading(redis_url: str, reply: str) -> None:
+    """A server that says it cannot serve this connection now (a replica after a failover,
+    a server loading its data) gets nothing more: the command and every other in flight
+    fail as on a dropped connection, which the bus retries on a new one."""
+    pipe = await Pipe.open(kwargs_of(redis_url), 5.0)
+    key = f"pipe-{secrets.token_hex(4)}"
+    try:
+        script = f"return redis.error_reply('{reply}')"
+        results = await asyncio.gather(
+            pipe.call(b"EVAL", script, 0),
+            pipe.call(b"GET", key),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, ConnectionError) for r in results), results
+        assert pipe.closed
+        with pytest.raises(ConnectionError):
+            await pipe.call(b"GET", key)
+    finally:
+        pipe.close()

@@ -1,0 +1,271 @@
+"""Issue 10's store and worker causes, each pinned by a test that goes red without its fix:
+one lock order (thread, run, cards), approved cards never orphaned, a run that raises is
+settled, the audit names who really moved a card (real Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from runtime.cards import Card, Decision, Status
+from runtime.config import Settings
+from runtime.errors import SignoffError
+from runtime.models.base import ModelReply
+from runtime.records import RunStatus
+from tests.harness import Harness, harness
+from tests.integration.test_decisions import Scripted, one_card, pix
+
+pytestmark = pytest.mark.anyio
+
+
+async def decided(h: Harness, card: Card, decision: Decision = Decision.APPROVE) -> Card:
+    """Decide in the store only: no signal reaches the worker (as when it is lost)."""
+    moved = await h.store.decide(
+        card.id,
+        principal=card.owner,
+        decision=decision,
+        snapshot_hash=card.snapshot_hash,
+        channel="test",
+    )
+    return moved.card
+
+
+async def blocked_behind_thread_lock(
+    h: Harness, thread_id: str, write: Callable[[], Awaitable[Any]], row_sql: str, row_id: str
+) -> None:
+    """Hold the thread's lock in another session, start ``write``, and check that while it
+    waits it holds no lock on the row it is about to change (``row_sql ... NOWAIT``)."""
+    dsn = h.settings.database_url
+    assert dsn is not None
+    holder = await asyncpg.connect(dsn)
+    probe = await asyncpg.connect(dsn)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM threads WHERE id = $1 FOR NO KEY UPDATE", thread_id)
+        task = asyncio.ensure_future(write())
+        await asyncio.sleep(0.3)
+        assert not task.done(), "the write did not wait for the thread's lock"
+        async with probe.transaction():
+            # Raises LockNotAvailableError if the waiting write already locked the row:
+            # the order card/run -> thread that deadlocks against start_run.
+            await probe.execute(row_sql + " FOR NO KEY UPDATE NOWAIT", row_id)
+        await tx.rollback()
+        await asyncio.wait_for(task, 10)
+    finally:
+        await holder.close()
+        await probe.close()
+
+
+async def test_a_decision_locks_the_thread_before_the_card(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        card = await one_card(h)
+        await blocked_behind_thread_lock(
+            h,
+            card.thread_id,
+            lambda: decided(h, card),
+            "SELECT 1 FROM cards WHERE id = $1",
+            card.id,
+        )
+        assert (await h.store.get_card(card.id)).status is Status.APPROVED
+
+
+async def test_a_card_move_locks_the_thread_before_the_card(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        card = await one_card(h)
+        await decided(h, card)
+        await blocked_behind_thread_lock(
+            h,
+            card.thread_id,
+            lambda: h.store.begin_execution(card.id, "worker:test"),
+            "SELECT 1 FROM cards WHERE id = $1",
+            card.id,
+        )
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTING
+
+
+async def test_a_run_step_locks_the_thread_before_the_run(database_url: str) -> None:
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        card = await one_card(h)
+        run = await h.store.get_run(card.run_id)
+        await blocked_behind_thread_lock(
+            h,
+            card.thread_id,
+            lambda: h.store.run_step(
+                run.id,
+                run.thread_id,
+                [("run", {"status": "done", "error": None})],
+                "done",
+                {},
+                holder=h.worker.worker_id,
+            ),
+            "SELECT 1 FROM runs WHERE id = $1",
+            run.id,
+        )
+        assert (await h.store.get_run(run.id)).status is RunStatus.DONE
+
+
+async def test_approve_racing_a_new_message_never_deadlocks(database_url: str) -> None:
+    """Approve and a new message on the same thread, 40 rounds at once: no driver error
+    escapes, and every approved card ends executed or invalidated (never left approved)."""
+    async with harness(database_url, model=Scripted(pix())) as h:
+        errors: list[BaseException] = []
+        cards: list[Card] = []
+        for i in range(40):
+            card = await one_card(h, user=f"racer{i % 4}")
+            cards.append(card)
+            results = await asyncio.gather(
+                h.decide(card, Decision.APPROVE),
+                h.say(card.thread_id, "e agora?", card.owner),
+                return_exceptions=True,
+            )
+            errors += [
+                r
+                for r in results
+                if isinstance(r, BaseException) and not isinstance(r, SignoffError)
+            ]
+        await h.settle()
+        assert errors == []
+        await h.worker.sweep()
+        await h.settle()
+        finals = [await h.store.get_card(c.id) for c in cards]
+        assert {c.status for c in finals} <= {
+            Status.EXECUTED,
+            Status.INVALIDATED,
+            Status.SUPERSEDED,
+        }
+        executed = sum(c.status is Status.EXECUTED for c in finals)
+        assert await h.charges() == executed
+
+
+async def test_an_approved_card_of_a_superseded_run_is_invalidated_with_it(
+    database_url: str,
+) -> None:
+    """The approve commits just before a new message supersedes the run: the card is
+    invalidated in the superseding transaction, by system:supersede, with the reason."""
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        card = await one_card(h)
+        await decided(h, card)  # the worker is not told: it cannot start it first
+        await h.say(card.thread_id, "outra coisa", card.owner)
+        final = await h.store.get_card(card.id)
+        assert final.status is Status.INVALIDATED
+        assert final.result is not None and "nothing was executed" in final.result["reason"]
+        last = (await h.store.card_events(card.id))[-1]
+        assert (last.from_status, last.to_status, last.actor) == (
+            "approved",
+            "invalidated",
+            "system:supersede",
+        )
+        assert await h.charges() == 0
+
+
+async def test_superseded_and_expired_cards_name_the_system_in_the_audit(
+    database_url: str,
+) -> None:
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        first = await one_card(h)
+        await h.say(first.thread_id, "esquece", first.owner)
+        superseded = await h.store.get_card(first.id)
+        assert superseded.status is Status.SUPERSEDED
+        assert superseded.decided_by == "system:supersede"
+        assert (await h.store.card_events(first.id))[-1].actor == "system:supersede"
+
+        second = await one_card(h, user="bob")
+        await h.store._pool.execute(
+            "UPDATE cards SET expires_at = now() - interval '1 ms' WHERE id = $1", second.id
+        )
+        await h.worker.sweep()
+        expired = await h.store.get_card(second.id)
+        assert expired.status is Status.EXPIRED
+        assert expired.decided_by == "system:expiry"
+        assert (await h.store.card_events(second.id))[-1].actor == "system:expiry"
+
+
+async def test_the_sweeper_invalidates_an_approved_card_whose_run_is_over(
+    database_url: str,
+) -> None:
+    settings = Settings(approved_stale_seconds=0.1)
+    async with harness(
+        database_url, model=Scripted(pix()), start_worker=False, settings=settings
+    ) as h:
+        card = await one_card(h)
+        await decided(h, card)
+        # The run ended some other way (failed, done) while the card sat approved.
+        await h.store._pool.execute("UPDATE runs SET status = 'failed' WHERE id = $1", card.run_id)
+        await asyncio.sleep(0.2)
+        (moved,) = await h.worker.sweep_approved()
+        assert moved.id == card.id and moved.status is Status.INVALIDATED
+        last = (await h.store.card_events(card.id))[-1]
+        assert (last.to_status, last.actor) == ("invalidated", "system:sweeper")
+        assert await h.charges() == 0
+
+
+async def test_the_sweeper_wakes_the_run_of_an_approved_card_nobody_started(
+    database_url: str,
+) -> None:
+    """The signal of an approval was lost and the slow poll has not run: the sweeper
+    sees the card approved past approved_stale_seconds and the run goes on."""
+    settings = Settings(approved_stale_seconds=0.1)
+    async with harness(
+        database_url, model=Scripted(pix()), start_worker=False, settings=settings
+    ) as h:
+        card = await one_card(h)
+        await decided(h, card)
+        await asyncio.sleep(0.2)
+        assert await h.worker.sweep_approved() == []
+        await h.settle()
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTED
+        assert await h.charges() == 1
+
+
+class Exploding:
+    """A model whose call raises something no layer expects."""
+
+    name = "exploding"
+
+    async def respond(self, *, system, messages, tools, on_text=None):  # type: ignore[no-untyped-def]
+        raise OverflowError("int too large to convert to float")
+
+
+async def test_a_step_that_raises_settles_its_run_as_failed(database_url: str) -> None:
+    async with harness(database_url, model=Exploding(), start_worker=False) as h:
+        thread = await h.thread("alice")
+        run = await h.say(thread, "cobre 10 do João", "alice")
+        assert run is not None and run.status is RunStatus.FAILED
+        assert run.error == "internal error (OverflowError)"
+        (entry,) = [e for e in await h.store.entries_after(thread, 0) if e.kind == "run"]
+        assert entry.body == {"status": "failed", "error": "internal error (OverflowError)"}
+
+
+class ExplodingOnResume:
+    """Proposes a charge, then raises when shown the result (a continuation that raises)."""
+
+    name = "exploding-on-resume"
+
+    async def respond(self, *, system, messages, tools, on_text=None):  # type: ignore[no-untyped-def]
+        last = messages[-1]["content"]
+        if any(b.get("type") == "tool_result" for b in last):
+            raise RuntimeError("boom")
+        use = {"type": "tool_use", "id": "toolu_1", **pix()}
+        return ModelReply(content=[use], stop_reason="tool_use")
+
+
+async def test_a_continuation_that_raises_settles_its_run_as_failed(database_url: str) -> None:
+    async with harness(database_url, model=ExplodingOnResume()) as h:
+        card = await one_card(h)
+        await h.decide(card, Decision.APPROVE)
+        for _ in range(100):
+            run = await h.store.get_run(card.run_id)
+            if run.status is RunStatus.FAILED:
+                break
+            await asyncio.sleep(0.1)
+        assert run.status is RunStatus.FAILED, run
+        assert run.error == "internal error (RuntimeError)"
+        # the approved card itself ran once: its outcome is known and recorded
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTED
+        assert await h.charges() == 1
+        assert card.run_id not in h.worker.waits.parked_runs()
