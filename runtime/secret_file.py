@@ -10,6 +10,7 @@ read: a secret someone else could have read is not one.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -30,7 +31,12 @@ def new_secret() -> str:
 
 def read_secret(path: Path) -> str:
     """The secret in ``path``; ``FileNotFoundError`` when there is none."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ConfigError(f"{path} is a symbolic link", path=str(path)) from exc
     with os.fdopen(fd, "r", encoding="utf-8") as file:
         st = os.fstat(file.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
