@@ -52,7 +52,7 @@ class Dev:
             env=env,
         )
         assert self.proc.stdout is not None
-        lines = []
+        lines: list[str] = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
