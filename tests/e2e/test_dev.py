@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -27,6 +30,7 @@ class Dev:
         self.proc: subprocess.Popen[str] | None = None
         self.token = ""
         self.ready_line = ""
+        self.output = ""
 
     def start(self, extra_env: dict[str, str] | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
@@ -48,7 +52,7 @@ class Dev:
             env=env,
         )
         assert self.proc.stdout is not None
-        lines = []
+        lines: list[str] = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
@@ -61,6 +65,7 @@ class Dev:
             if m:
                 self.token = m.group(1)
             if self.token and "bus:" in line:
+                self.output = "".join(lines)
                 return
         raise AssertionError("signoff dev did not start:\n" + "".join(lines))
 
@@ -149,3 +154,60 @@ def test_dev_restart_continues_parked_run(dev: Dev) -> None:
         events = c.get(f"/v1/threads/{thread}/events?after_seq=0").json()["events"]
         assert events[-1]["kind"] == "run" and events[-1]["data"]["status"] == "done"
     assert warm < 10, f"warm start took {warm:.1f}s"
+
+
+async def _connect_without_password(port: int) -> None:
+    connection = await asyncpg.connect(f"postgresql://signoff@127.0.0.1:{port}/signoff")
+    await connection.close()
+
+
+def _port(pattern: str, text: str) -> int:
+    match = re.search(pattern, text)
+    assert match is not None, text
+    return int(match.group(1))
+
+
+def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.cli", *args, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_dev_servers_refuse_other_local_users_and_the_cli_uses_the_data_dir(dev: Dev) -> None:
+    dev.start()
+    embedded = dev.data_dir / "embedded"
+    pg_password = (embedded / "pg.password").read_text().strip()
+    valkey_password = (embedded / "valkey.password").read_text().strip()
+    for path in (embedded / "pg.password", embedded / "valkey.password", dev.data_dir / "secret"):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    assert embedded.stat().st_mode & 0o777 == 0o700
+    assert pg_password not in dev.output and valkey_password not in dev.output
+    pg_port = _port(r"database: \S+@127\.0\.0\.1:(\d+)/", dev.output)
+    redis_port = _port(r"bus:\s+redis \S+@127\.0\.0\.1:(\d+)/", dev.output)
+
+    # Someone on the host without the data dir: no database, no inbox.
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+        asyncio.run(_connect_without_password(pg_port))
+    with socket.create_connection(("127.0.0.1", redis_port), timeout=5) as sock:
+        sock.sendall(b"XADD so:inbox * job injected\r\n")
+        assert sock.recv(64).startswith(b"-NOAUTH")
+
+    # The CLI on the same data dir finds the running servers' credentials there.
+    with dev.client() as c:
+        thread = c.post("/v1/threads").json()["thread"]["id"]
+        c.post(f"/v1/threads/{thread}/messages", json={"text": "cobre 12 do João"})
+        card = wait_for(lambda: c.get(f"/v1/threads/{thread}").json()["pending_cards"])[0]
+    listed = _cli(dev.data_dir, "cards", "list", "--status", "pending")
+    assert listed.returncode == 0, listed.stderr
+    assert card["id"] in listed.stdout
+    token = _cli(dev.data_dir, "token", "--user", "demo")
+    assert token.returncode == 0, token.stderr
+    with httpx.Client(base_url=dev.url, timeout=10) as http:
+        headers = {"Authorization": f"Bearer {token.stdout.strip()}"}
+        assert http.get(f"/v1/cards/{card['id']}", headers=headers).status_code == 200

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -107,9 +109,9 @@ def test_start_query_stop_then_warm_restart_keeps_data(data_dir: Path) -> None:
     pg = embedded.start_postgres(data_dir)
     vk = embedded.start_valkey(data_dir)
     try:
-        assert pg.url.startswith("postgresql://signoff@127.0.0.1:")
-        assert pg.url.endswith("/signoff")
-        assert vk.url == f"redis://127.0.0.1:{vk.port}/0"
+        assert pg.url == f"postgresql://signoff:{pg.password}@127.0.0.1:{pg.port}/signoff"
+        assert vk.url == f"redis://:{vk.password}@127.0.0.1:{vk.port}/0"
+        assert pg.password not in repr(pg) and vk.password not in repr(vk)
         asyncio.run(_first_run(pg.url, vk.url))
     finally:
         pg.stop()
@@ -190,9 +192,7 @@ def test_server_started_from_a_finished_thread_keeps_running(data_dir: Path) -> 
     try:
         time.sleep(0.3)
         assert server.running
-        with socket.create_connection(("127.0.0.1", server.port), timeout=2) as sock:
-            sock.sendall(b"PING\r\n")
-            assert sock.recv(16) == b"+PONG\r\n"
+        assert _redis_replies(server.port, f"AUTH {server.password}", "PING") == ["+OK", "+PONG"]
     finally:
         server.stop()
 
@@ -245,3 +245,165 @@ def test_unreachable_binaries_fail_clearly_without_touching_permissions(tmp_path
         embedded._check_reachable(bin_dir, nobody)
     assert str(hidden) in str(caught.value) or str(tmp_path) in str(caught.value)
     assert hidden.stat().st_mode & 0o777 == 0o700
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def _home(data_dir: Path) -> Path:
+    """The folder holding the cluster ``pg`` (relocated under /var/tmp when root)."""
+    location = data_dir / "pg.location"
+    return Path(location.read_text().strip()) if location.exists() else data_dir
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1@", url)
+
+
+async def _refused(url: str) -> None:
+    with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+        connection = await asyncpg.connect(url)
+        await connection.close()
+
+
+async def _pg_user(url: str) -> str:
+    connection = await asyncpg.connect(url)
+    try:
+        return str(await connection.fetchval("select current_user"))
+    finally:
+        await connection.close()
+
+
+def _redis_replies(port: int, *commands: str) -> list[str]:
+    """Inline commands, one single-line reply each (status or error)."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=2) as sock,
+        sock.makefile("rb") as reader,
+    ):
+        sock.sendall("".join(f"{command}\r\n" for command in commands).encode())
+        return [reader.readline().decode().rstrip("\r\n") for _ in commands]
+
+
+def _private(path: Path, mode: int) -> None:
+    st = path.lstat()
+    assert st.st_uid == os.geteuid(), path
+    assert stat.S_IMODE(st.st_mode) == mode, f"{path}: {stat.S_IMODE(st.st_mode):o}"
+
+
+def test_servers_demand_the_passwords_kept_in_the_data_dir(data_dir: Path) -> None:
+    old_umask = os.umask(0)  # the modes must come from the code, not from the umask
+    try:
+        pg = embedded.start_postgres(data_dir)
+        vk = embedded.start_valkey(data_dir)
+    finally:
+        os.umask(old_umask)
+    try:
+        _private(data_dir, 0o700)
+        _private(data_dir / "pg.password", 0o600)
+        _private(data_dir / "valkey.password", 0o600)
+        assert (data_dir / "pg.password").read_text().strip() == pg.password
+        assert (data_dir / "valkey.password").read_text().strip() == vk.password
+        assert pg.password != vk.password and len(pg.password) >= 32
+
+        # Postgres over TCP: no password, or a wrong one, is refused.
+        assert asyncio.run(_pg_user(pg.url)) == "signoff"
+        asyncio.run(_refused(_without_password(pg.url)))
+        asyncio.run(_refused(pg.url.replace(pg.password, "not-the-password")))
+        hba = (_home(data_dir) / "pg" / "pg_hba.conf").read_text()
+        rules = [line.split() for line in hba.splitlines() if line and not line.startswith("#")]
+        assert rules and all(rule[-1] == "scram-sha-256" for rule in rules)
+
+        # Valkey: nothing before AUTH; the password is not on its command line.
+        refused = _redis_replies(vk.port, "PING", "XADD so:inbox * job 1", "AUTH not-it")
+        assert [reply.split()[0] for reply in refused] == ["-NOAUTH", "-NOAUTH", "-WRONGPASS"]
+        assert _redis_replies(vk.port, f"AUTH {vk.password}", "PING") == ["+OK", "+PONG"]
+        # Valkey rewrites its process title once running, but until then every local
+        # user can read its arguments (/proc/PID/cmdline): the password is never one.
+        assert vk.password not in repr(vk._process.args)
+
+        # Another process on the same data finds the running cluster and its password.
+        assert embedded.running_postgres_url(data_dir) == pg.url
+        assert embedded.redacted(pg.url) == f"postgresql://signoff:***@127.0.0.1:{pg.port}/signoff"
+    finally:
+        pg.stop()
+        vk.stop()
+    assert embedded.running_postgres_url(data_dir) is None
+
+    # The passwords are kept: a restart uses the same ones.
+    pg = embedded.start_postgres(data_dir)
+    vk = embedded.start_valkey(data_dir)
+    try:
+        assert (pg.password, vk.password) == (
+            (data_dir / "pg.password").read_text().strip(),
+            (data_dir / "valkey.password").read_text().strip(),
+        )
+        assert asyncio.run(_pg_user(pg.url)) == "signoff"
+    finally:
+        pg.stop()
+        vk.stop()
+
+
+_TRUST_HBA = """\
+local   all             all                                     trust
+host    all             all             127.0.0.1/32            trust
+host    all             all             ::1/128                 trust
+"""
+
+
+async def _make_like_an_older_version(url: str) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        await connection.execute("create table kept (v text)")
+        await connection.execute("insert into kept values ('from the trust days')")
+        await connection.execute("alter role signoff password null")
+    finally:
+        await connection.close()
+
+
+async def _kept(url: str) -> str:
+    connection = await asyncpg.connect(url)
+    try:
+        return str(await connection.fetchval("select v from kept"))
+    finally:
+        await connection.close()
+
+
+def test_a_trust_data_dir_of_an_older_version_is_converted_on_start(data_dir: Path) -> None:
+    # What older versions left behind: a role without a password, trust rules in
+    # pg_hba.conf (as `initdb -A trust` writes them), no password file.
+    pg = embedded.start_postgres(data_dir)
+    try:
+        asyncio.run(_make_like_an_older_version(pg.url))
+    finally:
+        pg.stop()
+    hba = _home(data_dir) / "pg" / "pg_hba.conf"
+    with open(hba, "w") as file:  # in place: owner and mode stay the cluster's
+        file.write(_TRUST_HBA)
+    (data_dir / "pg.password").unlink()
+
+    pg = embedded.start_postgres(data_dir)
+    try:
+        _private(data_dir / "pg.password", 0o600)
+        asyncio.run(_refused(_without_password(pg.url)))
+        assert asyncio.run(_kept(pg.url)) == "from the trust days"
+        assert "trust" not in hba.read_text()
+    finally:
+        pg.stop()
+
+    # A lost password file (rules already ours) gets a new password the same way.
+    (data_dir / "pg.password").unlink()
+    pg = embedded.start_postgres(data_dir)
+    try:
+        asyncio.run(_refused(_without_password(pg.url)))
+        assert asyncio.run(_kept(pg.url)) == "from the trust days"
+    finally:
+        pg.stop()
+
+
+def test_a_password_file_others_can_read_is_refused(data_dir: Path) -> None:
+    data_dir.mkdir(mode=0o700)
+    leaked = data_dir / "valkey.password"
+    leaked.write_text("0123456789abcdefghij\n")
+    leaked.chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        embedded.start_valkey(data_dir)
