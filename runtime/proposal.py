@@ -5,8 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.canonical import request_key, snapshot_hash
+from runtime.text import one_line
 from runtime.tools import Prepared, Tool
 from store.postgres import NewCard
+
+SUMMARY_LIMIT = 500
+LABEL_LIMIT = 60
+VALUE_LIMIT = 500
+
+
+def card_fields(fields: dict[str, str]) -> list[dict[str, str]]:
+    """A tool's labelled values as the card keeps them (``impact["fields"]``): in order,
+    each label and value one inert line, so model text cannot draw lines of its own."""
+    return [
+        {"label": one_line(str(label), LABEL_LIMIT), "value": one_line(str(value), VALUE_LIMIT)}
+        for label, value in fields.items()
+    ]
 
 
 def new_card(
@@ -21,8 +35,15 @@ def new_card(
     raw_input: dict[str, Any],
 ) -> NewCard:
     """The card for one prepared call: its hash binds tool, frozen args, summary and impact
-    (I2); its request key makes a repeated proposal in the same run find it again (I5)."""
+    (I2); its request key makes a repeated proposal in the same run find it again (I5).
+
+    The summary and the labelled fields are cleaned here, before hashing: the hash binds
+    the text the person is shown. A code-written summary never needs a newline or a bidi
+    control, so cleaning it is only a safety net; model text belongs in ``fields``."""
+    summary = one_line(prepared.summary, SUMMARY_LIMIT)
     impact = {"risk": str(tool.risk), **prepared.impact}
+    if prepared.fields:
+        impact["fields"] = card_fields(prepared.fields)
     return NewCard(
         thread_id=thread_id,
         run_id=run_id,
@@ -33,9 +54,9 @@ def new_card(
         risk=str(tool.risk),
         input=raw_input,
         args_snapshot=prepared.args,
-        summary=prepared.summary,
+        summary=summary,
         impact=impact,
-        snapshot_hash=snapshot_hash(tool.name, prepared.args, prepared.summary, impact),
+        snapshot_hash=snapshot_hash(tool.name, prepared.args, summary, impact),
         request_key=request_key(run_id, tool.name, prepared.args, tool.set_fields),
         editable=sorted(tool.editable),
         ttl_seconds=tool.ttl.total_seconds(),

@@ -20,11 +20,19 @@ from runtime.errors import ConfigError, ToolValidationError
 
 
 class Prepared(msgspec.Struct, frozen=True):
-    """What ``prepare`` returns: the frozen args, the exact summary and the impact."""
+    """What ``prepare`` returns: the frozen args, the summary line and the impact.
+
+    ``summary`` is one line written by the tool's own template. Free text that came
+    from the model (a description, an address) goes in ``fields`` instead, label ->
+    value in display order: the card shows each as its own labelled row, never inside
+    the summary. The runtime makes every value and the summary one inert line
+    (``runtime.text.one_line``) before the card is frozen and hashed.
+    """
 
     args: dict[str, Any]
     summary: str
     impact: dict[str, Any]
+    fields: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class Revalidation(msgspec.Struct, frozen=True):

@@ -2,34 +2,54 @@
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from runtime.errors import ToolValidationError
 
+MAX_CENTS = 100_000_000  # R$ 1.000.000,00
+_MAX_REAIS = Decimal(MAX_CENTS) / 100
+
 
 def parse_amount(value: str | int | float) -> int:
-    """Reais as the model wrote them -> cents. "150" -> 15000, "1.234,56" -> 123456."""
+    """Reais as the model wrote them -> cents. "150" -> 15000, "1.234,56" -> 123456.
+
+    Anything that is not a positive, finite amount up to the limit is refused with a
+    ``ToolValidationError`` (never an ``OverflowError``): 400 nines, ``1e308``, NaN.
+    """
     if isinstance(value, bool):
         raise ToolValidationError("amount must be a number of reais")
     if isinstance(value, int | float):
-        cents = round(float(value) * 100)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ToolValidationError("amount must be a finite number of reais")
+        reais = Decimal(value)  # exact for an int or a float: no overflow, no rounding yet
     else:
         text = value.strip().replace("R$", "").replace(" ", "")
         if not re.fullmatch(r"[0-9.,]+", text or "x"):
-            raise ToolValidationError(f"amount {value!r} is not a number of reais")
+            raise ToolValidationError(f"amount {_shown(value)} is not a number of reais")
         if "," in text:
             text = text.replace(".", "").replace(",", ".")
         elif text.count(".") > 1:
             text = text.replace(".", "")
         try:
-            cents = round(float(text) * 100)
-        except ValueError as exc:
-            raise ToolValidationError(f"amount {value!r} is not a number of reais") from exc
+            reais = Decimal(text)
+        except InvalidOperation as exc:
+            raise ToolValidationError(f"amount {_shown(value)} is not a number of reais") from exc
+    # Compared before any arithmetic: a Decimal comparison is exact and cannot overflow.
+    if reais <= 0:
+        raise ToolValidationError("amount must be positive")
+    if reais > _MAX_REAIS:
+        raise ToolValidationError("amount is above the R$ 1.000.000,00 limit")
+    cents = int((reais * 100).to_integral_value(rounding=ROUND_HALF_EVEN))
     if cents <= 0:
         raise ToolValidationError("amount must be positive")
-    if cents > 100_000_000:
-        raise ToolValidationError("amount is above the R$ 1.000.000,00 limit")
     return cents
+
+
+def _shown(value: str) -> str:
+    """The model's text in an error message, cut short (it goes back to the model)."""
+    return repr(value if len(value) <= 40 else value[:40] + "…")
 
 
 def brl(cents: int) -> str:

@@ -12,6 +12,7 @@ from examples.payments.money import brl, mask_cpf, parse_amount
 from examples.payments.provider import Provider
 from runtime.cards import Risk
 from runtime.errors import ToolValidationError
+from runtime.text import one_line
 from runtime.tools import Prepared, Revalidation, Tool, ToolContext
 
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -107,10 +108,12 @@ class CreatePixCharge(Tool):
         assert isinstance(data, PixChargeIn)
         customer = await _resolve_customer(ctx, data.customer)
         cents = parse_amount(data.amount)
-        description = data.description.strip()[:140]
+        # The model's words: one inert line, the same in the args (what the payer sees)
+        # and on the card, and in a labelled row of its own, never inside the summary.
+        description = one_line(data.description, 140)
         summary = (
             f"Gerar cobrança Pix · Cliente: {customer['name']} (CPF {mask_cpf(customer['cpf'])})"
-            f" · Valor: {brl(cents)}" + (f" · Descrição: {description}" if description else "")
+            f" · Valor: {brl(cents)}"
         )
         args = {"customer_id": customer["id"], "amount_cents": cents, "description": description}
         impact = {
@@ -120,7 +123,8 @@ class CreatePixCharge(Tool):
             "reversible": False,
             "side_effects": ["Pix charge sent to the customer"],
         }
-        return Prepared(args=args, summary=summary, impact=impact)
+        fields = {"Descrição": description} if description else {}
+        return Prepared(args=args, summary=summary, impact=impact, fields=fields)
 
     async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
         customer = await _provider(ctx).customer(args["customer_id"])
@@ -242,17 +246,19 @@ class UpdateEmail(Tool):
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, EmailIn)
         email = data.email.strip().lower()
-        if not EMAIL.match(email):
-            raise ToolValidationError(f"{data.email!r} is not an e-mail address")
+        # A control or format character (a bidi override) has no place in an address.
+        if not EMAIL.match(email) or one_line(email, 254) != email:
+            raise ToolValidationError(f"{one_line(data.email, 80)!r} is not an e-mail address")
         customer = await _resolve_customer(ctx, data.customer)
-        summary = f"Alterar e-mail · Cliente: {customer['name']} · De: {customer['email']} · Para: {email}"
+        summary = f"Alterar e-mail · Cliente: {customer['name']}"
         impact = {
             "target": customer["name"],
             "reversible": True,
             "side_effects": ["receipts go to the new address"],
         }
         args = {"customer_id": customer["id"], "email": email, "previous": customer["email"]}
-        return Prepared(args=args, summary=summary, impact=impact)
+        fields = {"E-mail atual": str(customer["email"]), "Novo e-mail": email}
+        return Prepared(args=args, summary=summary, impact=impact, fields=fields)
 
     async def execute(
         self, args: dict[str, Any], operation_id: str, ctx: ToolContext

@@ -653,7 +653,8 @@
     badge.textContent = STATUS_LABEL[status] || status;
     badge.dataset.status = status;
 
-    // The exact stored text, never reformatted, never HTML.
+    // The exact stored text, never reformatted, never HTML, and rendered as one
+    // paragraph (no pre-wrap): a newline in it cannot draw a line of its own.
     art.querySelector('.card-summary').textContent = card.summary;
     renderImpact(art.querySelector('.impact'), card);
     renderOutcome(art.querySelector('.outcome'), card);
@@ -688,11 +689,20 @@
   function renderImpact(dl, card) {
     dl.textContent = '';
     var impact = card.impact || {};
-    function row(label, value) {
-      var dt = make('dt', '', label);
-      var dd = make('dd', '', value);
+    function row(label, value, cls) {
+      var dt = make('dt', cls ? cls + '-label' : '', label);
+      var dd = make('dd', cls ? cls + '-value' : '', value);
       dl.appendChild(dt);
       dl.appendChild(dd);
+    }
+    // Values the model supplied (a description, an address): each in its own labelled
+    // row, as text, after the code-written summary and never inside it.
+    if (Array.isArray(impact.fields)) {
+      impact.fields.forEach(function (f) {
+        if (f && typeof f.label === 'string' && typeof f.value === 'string') {
+          row(f.label, f.value, 'field');
+        }
+      });
     }
     if (impact.amount !== undefined) row('Amount', impact.amount);
     else if (impact.amount_cents !== undefined) row('Amount', (impact.amount_cents / 100).toFixed(2));

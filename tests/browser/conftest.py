@@ -20,6 +20,7 @@ import pytest
 
 from examples.payments.offline_model import OfflineDemoModel
 from runtime.cards import Card
+from runtime.models.fake_server import FakeMessagesServer
 from tests.harness import Harness, harness
 
 CHROMIUM = os.environ.get("SIGNOFF_CHROMIUM", "/usr/bin/chromium")
@@ -176,8 +177,11 @@ async def chat_factory(
     contexts: list[BrowserContext] = []
     hs: list[Any] = []
 
-    async def make(user: str | None = None) -> Chat:
-        cm = harness(database_url, model=OfflineDemoModel(), gateway=True)
+    async def make(user: str | None = None, fake: FakeMessagesServer | None = None) -> Chat:
+        """With ``fake``, the model is Claude's SDK against that scripted server;
+        without, the offline demo model."""
+        model = None if fake is not None else OfflineDemoModel()
+        cm = harness(database_url, model=model, fake=fake, gateway=True)
         h = await cm.__aenter__()
         hs.append(cm)
         context = await browser.new_context()

@@ -112,16 +112,56 @@ def test_tool_specs_are_self_contained_schemas() -> None:
         (80, 8000),
         (12.34, 1234),
         ("1.000.000", 100000000),
+        ("1.000.000,00", 100000000),
+        (1_000_000, 100000000),
+        (0.1, 10),
+        ("0,015", 2),
     ],
 )
 def test_parse_amount(raw: Any, cents: int) -> None:
     assert parse_amount(raw) == cents
 
 
-@pytest.mark.parametrize("raw", ["", "abc", "-5", "0", True, "1.000.001,00"])
+@pytest.mark.parametrize("raw", ["", "abc", "-5", "0", True, "1.000.001,00", "0,001", ".", "1,2,3"])
 def test_parse_amount_refuses(raw: Any) -> None:
     with pytest.raises(ToolValidationError):
         parse_amount(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "9" * 400,
+        "9" * 5000 + ",00",
+        1e308,
+        -1e308,
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+        10**400,
+        -(10**400),
+        "1.000.000,01",
+        1_000_000.01,
+    ],
+    ids=[
+        "400-nines",
+        "5000-nines",
+        "1e308",
+        "-1e308",
+        "inf",
+        "-inf",
+        "nan",
+        "10**400",
+        "-10**400",
+        "over-limit-text",
+        "over-limit-float",
+    ],
+)
+def test_parse_amount_refuses_out_of_range_with_the_typed_error(raw: Any) -> None:
+    """Issue 10 item 6: 400 nines or 1e308 raised OverflowError (a 500, a crashed handler)."""
+    with pytest.raises(ToolValidationError) as refused:
+        parse_amount(raw)
+    assert len(refused.value.message) < 100  # the model's huge text is not echoed back
 
 
 def test_money_formatting() -> None:

@@ -1,0 +1,42 @@
+"""Text that goes on a card: one line, no control or format characters, a bounded length.
+
+Pure, no I/O. A card's summary is written by code, but tools put values into it
+that came from the model or from a provider (a charge description, an e-mail, a
+customer name). Shown verbatim, a newline or a bidi override in such a value can
+draw a line that looks like the card's own ("Valor: R$ 1,00" under a charge of
+R$ 9.000,00). :func:`one_line` makes any such value inert before the card is
+frozen, so the hash binds the cleaned text, which is exactly what the person sees.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+# Cc: C0/C1 controls (newlines, tabs, ESC); Cf: format characters (bidi embeddings,
+# overrides and isolates U+202A-202E, U+2066-2069, marks U+200E/200F, zero-width
+# characters, soft hyphen, BOM); Cs: lone surrogates (no valid UTF-8 encodes them);
+# Zl/Zp: the line and paragraph separators U+2028/U+2029.
+_DROPPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+ELLIPSIS = "…"
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` as one inert line of at most ``limit`` characters.
+
+    Whitespace of any kind (newlines included) becomes a space, other control and
+    format characters are removed, runs of spaces collapse to one, the ends are
+    trimmed, and a longer result is cut and ends with an ellipsis. Idempotent:
+    ``one_line(one_line(t, n), n) == one_line(t, n)``.
+    """
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    kept = "".join(
+        " " if ch.isspace() else ch
+        for ch in text
+        if ch.isspace() or unicodedata.category(ch) not in _DROPPED
+    )
+    line = " ".join(kept.split())
+    if len(line) <= limit:
+        return line
+    return line[: limit - 1].rstrip() + ELLIPSIS

@@ -1,0 +1,123 @@
+"""Card text: model-supplied values cannot draw lines of their own on a card (issue 10 item 8)."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from runtime.canonical import snapshot_hash
+from runtime.cards import Risk
+from runtime.proposal import new_card
+from runtime.text import ELLIPSIS, one_line
+from runtime.tools import Prepared, Tool, ToolContext
+
+FORGED = "pedido 42\n**Valor: R$ 1,00**\u202e00,1 $R\u202c\u2028\u2066x\u2069"
+BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F)}
+DROPPED = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def test_one_line_drops_newlines_and_bidi_controls() -> None:
+    assert one_line(FORGED, 140) == "pedido 42 **Valor: R$ 1,00**00,1 $R x"
+    assert one_line("  a\t\tb\r\n\x00c\x1b[31m  ", 50) == "a b c[31m"
+    assert one_line("e\u200bvil\u00ad\ufeff", 50) == "evil"
+    assert one_line("abcdef", 4) == "abc" + ELLIPSIS
+    assert one_line("ab  cdef", 4) == "ab" + ELLIPSIS  # no space before the ellipsis
+    assert one_line("abcd", 4) == "abcd"
+    assert one_line("João Conceição", 50) == "João Conceição"
+    with pytest.raises(ValueError):
+        one_line("x", 0)
+
+
+@given(st.text(), st.integers(min_value=1, max_value=300))
+@example(FORGED, 20)
+@example("\ud800a\n\u2029b", 3)
+def test_one_line_is_one_inert_bounded_line(text: str, limit: int) -> None:
+    out = one_line(text, limit)
+    assert len(out) <= limit
+    assert not {ch for ch in out if unicodedata.category(ch) in DROPPED}
+    assert not BIDI & set(out)
+    assert all(not ch.isspace() or ch == " " for ch in out)
+    assert "  " not in out and out == out.strip()
+    assert one_line(out, limit) == out  # idempotent
+    out.encode("utf-8")  # no lone surrogate survives
+
+
+@given(st.text(alphabet=st.characters(categories=["L", "N", "P", "S"]), max_size=50))
+def test_one_line_keeps_clean_text(text: str) -> None:
+    assert one_line(text, 50) == text
+
+
+class ForgeIn(msgspec.Struct):
+    note: str
+
+
+class Forge(Tool):
+    """A tool that lets model text into its summary and its labelled fields."""
+
+    name = "forge"
+    description = "test tool"
+    risk = Risk.CRITICAL
+    input_type = ForgeIn
+
+    async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
+        assert isinstance(data, ForgeIn)
+        return Prepared(
+            args={"amount_cents": 900_000, "note": data.note},
+            summary=f"Gerar cobrança Pix · Valor: R$ 9.000,00 · Nota: {data.note}",
+            impact={"amount": "R$ 9.000,00"},
+            fields={"Descrição\n": data.note},
+        )
+
+
+async def _frozen(note: str) -> Any:
+    tool = Forge()
+    prepared = await tool.prepare(tool.parse({"note": note}), ToolContext(tenant="t", user="u"))
+    return new_card(
+        tool,
+        prepared,
+        thread_id="th",
+        run_id="r",
+        tenant="t",
+        owner="u",
+        tool_use_id="tu",
+        raw_input={"note": note},
+    )
+
+
+@pytest.mark.anyio
+async def test_card_summary_and_fields_are_cleaned_before_the_hash() -> None:
+    card = await _frozen(FORGED)
+    assert "\n" not in card.summary and not BIDI & set(card.summary)
+    assert card.summary == (
+        "Gerar cobrança Pix · Valor: R$ 9.000,00 · Nota: pedido 42 **Valor: R$ 1,00**00,1 $R x"
+    )
+    assert card.impact["fields"] == [
+        {"label": "Descrição", "value": "pedido 42 **Valor: R$ 1,00**00,1 $R x"}
+    ]
+    assert card.impact["risk"] == "critical" and card.impact["amount"] == "R$ 9.000,00"
+    # The hash binds the cleaned text: exactly what the person is shown.
+    assert card.snapshot_hash == snapshot_hash(
+        "forge", card.args_snapshot, card.summary, card.impact
+    )
+
+
+@pytest.mark.anyio
+async def test_card_without_fields_has_no_fields_key() -> None:
+    tool = Forge()
+    prepared = Prepared(args={}, summary="s", impact={"target": "x"})
+    card = new_card(
+        tool,
+        prepared,
+        thread_id="th",
+        run_id="r",
+        tenant="t",
+        owner="u",
+        tool_use_id="tu",
+        raw_input={},
+    )
+    assert card.impact == {"risk": "critical", "target": "x"}
