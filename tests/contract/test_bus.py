@@ -212,6 +212,24 @@ async def test_an_unacked_job_of_a_dead_consumer_goes_to_another_after_claim_idl
     assert await bus.take("w-3", 0.1) == []
 
 
+async def test_a_released_job_is_delivered_again_even_to_its_live_consumer(
+    bus: AnyBus,
+) -> None:
+    """A worker that could not finish (nor ack) a job hands it back: it is not stranded in
+    that worker's in-flight set while the worker lives on (issue 10, item 2)."""
+    entry = await bus.enqueue(job(8))
+    await bus.heartbeat("w-1", 60_000)  # alive: nobody else may claim its entries
+    [first] = await bus.take("w-1", 1.0)
+    assert first.id == entry
+    bus.release(first)
+    await asyncio.sleep(CLAIM_IDLE + 0.1)
+    [again] = await take_all(bus, "w-1", 1)
+    assert again.job == first.job
+    await bus.ack(again.id)
+    await asyncio.sleep(CLAIM_IDLE + 0.1)
+    assert await bus.take("w-1", 0.1) == []
+
+
 async def test_a_live_but_slow_consumer_keeps_its_jobs(bus: AnyBus) -> None:
     await bus.heartbeat("w-slow", 10_000)
     await bus.enqueue(job(8))

@@ -269,3 +269,55 @@ async def test_a_continuation_that_raises_settles_its_run_as_failed(database_url
         assert (await h.store.get_card(card.id)).status is Status.EXECUTED
         assert await h.charges() == 1
         assert card.run_id not in h.worker.waits.parked_runs()
+
+
+async def test_an_inbox_message_whose_step_raises_is_settled_and_acked(
+    database_url: str,
+) -> None:
+    """Through the Redis inbox: the run ends failed with its error entry, and the entry
+    leaves the stream's pending list at once (not ten minutes later, nor never)."""
+    import secrets
+
+    import redis.asyncio as aioredis
+
+    from runtime.bus import Job
+    from runtime.bus_redis import RedisBus
+    from runtime.keys import Keys
+    from tests import services
+
+    keys = Keys(f"so-int-{secrets.token_hex(4)}:")
+    bus = RedisBus.from_url(services.redis_url(), keys, claim_idle_ms=60_000)
+    admin = aioredis.Redis.from_url(services.redis_url())
+    try:
+        async with harness(database_url, model=Exploding(), bus=bus) as h:
+            thread = await h.thread("alice")
+            job = Job(
+                thread_id=thread,
+                text="cobre 10 do João",
+                user="alice",
+                tenant=h.tenant,
+                role="user",
+                channel="http",
+                message_id="m-" + secrets.token_hex(4),
+            )
+            await bus.enqueue(job)
+            run_id = h.worker.agent.run_id_for(job.message_id)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while True:
+                pending = await admin.xpending(keys.inbox, keys.inbox_group)
+                done = False
+                try:
+                    done = (await h.store.get_run(run_id)).status is RunStatus.FAILED
+                except SignoffError:
+                    pass
+                if done and pending["pending"] == 0:
+                    break
+                assert loop.time() < deadline, (pending, done)
+                await asyncio.sleep(0.05)
+            assert await admin.xlen(keys.inbox) == 0
+    finally:
+        doomed = [k async for k in admin.scan_iter(match=f"{keys.prefix}*")]
+        if doomed:
+            await admin.delete(*doomed)
+        await admin.aclose()
