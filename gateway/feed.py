@@ -56,6 +56,10 @@ class Feeds:
                 raise Unavailable("the thread's live feed is not ready; try again") from exc
             raise
 
+    def listening(self, thread_id: str) -> int:
+        """How many listeners follow the thread on this gateway."""
+        return len(self._listeners.get(thread_id, ()))
+
     def remove(self, thread_id: str, listener: Listener) -> None:
         listeners = self._listeners.get(thread_id)
         if listeners is None:
