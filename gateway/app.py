@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from gateway.auth import Tokens
+from gateway.errors import Internal
 from gateway.feed import Feeds
-from gateway.http import HttpApi, json_response
+from gateway.http import HttpApi, error_response, json_response
 from gateway.openapi import build_openapi
 from gateway.service import GatewayService
 from gateway.ws import websocket_endpoint
@@ -26,6 +30,43 @@ from runtime.errors import SignoffError
 from runtime.keys import Keys
 from runtime.metrics import COUNTERS, gauge, process_lines
 from store.postgres import PostgresStore
+
+log = logging.getLogger("signoff.gateway")
+
+
+class Total:
+    """Every HTTP request ends in a typed answer (I9): an exception nothing inside typed is
+    logged once and answered ``{"error": "internal"}`` 500 in JSON (not Starlette's or
+    uvicorn's text/plain); a client gone mid-request ends it quietly, with no traceback.
+    WebSockets are made total in ``gateway.ws``; whatever still escapes one is logged here,
+    and uvicorn closes the socket."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except ClientDisconnect:
+            return
+        except Exception:
+            if scope["type"] != "http":
+                log.exception("WebSocket %s failed", scope.get("path"))
+                return
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if not started:
+                await error_response(Internal("internal error"))(scope, receive, send)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -116,7 +157,11 @@ def build_app(
         *api.routes(),
         *(extra_routes or []),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(Total)],
+        exception_handlers={HTTPException: http_error},
+    )
     app.state.feeds = feeds
     app.state.service = service
     return app

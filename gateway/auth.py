@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import jwt
@@ -46,12 +47,17 @@ class Tokens:
         return jwt.encode(claims, self._secret, algorithm="HS256")
 
     def verify(self, token: str | None) -> Principal:
+        return self.verify_until(token)[0]
+
+    def verify_until(self, token: str | None) -> tuple[Principal, float]:
+        """The token's principal and its expiry (Unix seconds), for sessions that must end
+        when the token does (a WebSocket arms a timer with it)."""
         if not token:
             raise Unauthenticated("missing bearer token")
         known = self._verified.get(token)
         if known is not None:
             if time.time() < known[1]:
-                return known[0]
+                return known
             del self._verified[token]
         try:
             claims = jwt.decode(
@@ -71,8 +77,12 @@ class Tokens:
         who = Principal(user=sub, tenant=tenant, role=str(role))
         if len(self._verified) >= VERIFIED_CACHE:
             self._verified.clear()
-        self._verified[token] = (who, float(claims["exp"]))
-        return who
+        try:
+            until = float(claims["exp"])
+        except OverflowError:  # a signed exp past float range: never expires in practice
+            until = math.inf
+        self._verified[token] = known = (who, until)
+        return known
 
 
 def bearer(header: str | None) -> str | None:

@@ -6,6 +6,13 @@ from typing import Any
 
 from runtime import errors as e
 
+
+class Internal(e.SignoffError):
+    """An exception nothing else typed: a bug, answered as a typed 500 (never text/plain)."""
+
+    code = "internal"
+
+
 STATUS: list[tuple[type[e.SignoffError], int]] = [
     (e.InvalidInput, 422),
     (e.Unauthenticated, 401),
@@ -16,6 +23,7 @@ STATUS: list[tuple[type[e.SignoffError], int]] = [
     (e.RateLimited, 429),
     (e.Unavailable, 503),
     (e.ConfigError, 500),
+    (Internal, 500),
 ]
 
 
@@ -24,6 +32,18 @@ def status_of(exc: e.SignoffError) -> int:
         if isinstance(exc, cls):
             return status
     return 500
+
+
+def typed(exc: Exception) -> e.SignoffError:
+    """Any exception on a request's or a socket's path as the error its client gets: a
+    timeout or a dropped connection is retriable (503), anything else untyped is a bug."""
+    if isinstance(exc, e.SignoffError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return e.Unavailable("timed out; try again")
+    if isinstance(exc, OSError):
+        return e.Unavailable(f"backing service unavailable: {exc}")
+    return Internal("internal error")
 
 
 def error_body(exc: e.SignoffError) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from runtime.bus import Bus
+from runtime.errors import Unavailable
 from runtime.hints import Hint, decode
 from runtime.keys import Keys
 
@@ -25,23 +26,39 @@ log = logging.getLogger("signoff.feed")
 Listener = Callable[[Hint], Awaitable[None]]
 
 
+READY_SECONDS = 10.0
+
+
 class Feeds:
-    def __init__(self, bus: Bus, keys: Keys) -> None:
+    def __init__(self, bus: Bus, keys: Keys, ready_seconds: float = READY_SECONDS) -> None:
         self._bus = bus
         self._keys = keys
+        self.ready_seconds = ready_seconds  # how long ``add`` waits for the subscription
         self._listeners: dict[str, set[Listener]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ready: dict[str, asyncio.Event] = {}
 
     async def add(self, thread_id: str, listener: Listener) -> None:
-        """Register a listener; returns once the thread's subscription is live."""
+        """Register a listener; returns once the thread's subscription is live. A
+        subscription not live within ``ready_seconds`` (Redis down or overloaded) is
+        :class:`Unavailable`; on any failure the listener is removed again."""
         self._listeners.setdefault(thread_id, set()).add(listener)
         if thread_id not in self._tasks:
             ready = self._ready[thread_id] = asyncio.Event()
             self._tasks[thread_id] = asyncio.create_task(self._follow(thread_id))
         else:
             ready = self._ready[thread_id]
-        await asyncio.wait_for(ready.wait(), 10)
+        try:
+            await asyncio.wait_for(ready.wait(), self.ready_seconds)
+        except BaseException as exc:
+            self.remove(thread_id, listener)
+            if isinstance(exc, TimeoutError):
+                raise Unavailable("the thread's live feed is not ready; try again") from exc
+            raise
+
+    def listening(self, thread_id: str) -> int:
+        """How many listeners follow the thread on this gateway."""
+        return len(self._listeners.get(thread_id, ()))
 
     def remove(self, thread_id: str, listener: Listener) -> None:
         listeners = self._listeners.get(thread_id)
@@ -60,7 +77,9 @@ class Feeds:
         while thread_id in self._listeners:
             try:
                 async with self._bus.subscribe(channel) as sub:
-                    self._ready[thread_id].set()
+                    ready = self._ready.get(thread_id)
+                    if ready is not None:  # None: the last listener left meanwhile
+                        ready.set()
                     # (Re)subscribed: let every listener re-read the log.
                     await self._dispatch(thread_id, Hint(seq=-1))
                     async for raw in sub:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.auth import Principal, Tokens, bearer
-from gateway.errors import error_body, status_of
+from gateway.errors import Internal, error_body, status_of, typed
 from gateway.service import BatchIn, GatewayService, MessageIn, ResolveIn, parse
-from runtime.errors import InvalidInput, SignoffError, Unavailable
+from runtime.errors import InvalidInput, SignoffError
+
+log = logging.getLogger("signoff.http")
 
 MAX_BODY = 256 * 1024
 
@@ -45,10 +48,13 @@ class HttpApi:
             try:
                 who = self.tokens.verify(bearer(request.headers.get("authorization")))
                 return await handler(request, who)
-            except SignoffError as exc:
-                return error_response(exc)
-            except OSError as exc:
-                return error_response(Unavailable(f"backing service unavailable: {exc}"))
+            except ClientDisconnect:
+                raise  # nobody to answer: gateway.app ends the request quietly
+            except Exception as exc:
+                error = typed(exc)
+                if isinstance(error, Internal):
+                    log.exception("%s %s failed", request.method, request.url.path)
+                return error_response(error)
 
         return endpoint
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -11,9 +12,11 @@ from gateway.auth import Principal
 from runtime.bus import Bus, Job
 from runtime.cards import Decision
 from runtime.decisions import Decisions, Outcome, Resolution
-from runtime.errors import Forbidden, InvalidInput, NotOwner
+from runtime.errors import Forbidden, InvalidInput, NotOwner, SignoffError
 from runtime.records import Entry, Thread
 from store.postgres import PostgresStore
+
+log = logging.getLogger("signoff.gateway")
 
 MAX_TEXT = 8000
 
@@ -52,6 +55,18 @@ def event_of(entry: Entry) -> dict[str, Any]:
     }
 
 
+def message_text(text: str) -> str:
+    """A chat message as it will be stored, or the refusal (before anything is stored)."""
+    text = text.strip()
+    if not text:
+        raise InvalidInput("message text is empty")
+    if "\x00" in text:  # Postgres text cannot hold it: refuse here, not in the worker
+        raise InvalidInput("message text contains a NUL character")
+    if len(text) > MAX_TEXT:
+        raise InvalidInput(f"message longer than {MAX_TEXT} characters")
+    return text
+
+
 def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
     """Decode and validate a payload; any mismatch is a 422 that changes nothing."""
     try:
@@ -60,6 +75,8 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
         return msgspec.convert(data, typ)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidInput(f"invalid payload: {exc}") from exc
+    except UnicodeDecodeError as exc:  # msgspec's decoder on bytes that are not UTF-8
+        raise InvalidInput("invalid payload: not UTF-8") from exc
     except RecursionError as exc:  # msgspec's decoder on deeply nested JSON
         raise InvalidInput("invalid payload: nested too deeply") from exc
 
@@ -79,14 +96,17 @@ class GatewayService:
     async def create_thread(self, who: Principal) -> Thread:
         return await self.store.create_thread(who.tenant, who.user)
 
+    async def discard_thread(self, thread_id: str) -> None:
+        """Undo a thread created for a message that was then refused (its subscription or
+        its enqueue failed): delete it while it is still empty. Best effort: the refusal
+        stands either way, and a thread the worker already started on is kept."""
+        try:
+            await self.store.delete_empty_thread(thread_id)
+        except (SignoffError, OSError) as exc:
+            log.warning("could not discard the empty thread %s: %s", thread_id, exc)
+
     async def post_message(self, thread_id: str, text: str, who: Principal, channel: str) -> str:
-        text = text.strip()
-        if not text:
-            raise InvalidInput("message text is empty")
-        if "\x00" in text:  # Postgres text cannot hold it: refuse here, not in the worker
-            raise InvalidInput("message text contains a NUL character")
-        if len(text) > MAX_TEXT:
-            raise InvalidInput(f"message longer than {MAX_TEXT} characters")
+        text = message_text(text)
         await self.own_thread(thread_id, who)
         return await self.bus.enqueue(
             Job(

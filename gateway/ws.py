@@ -2,7 +2,8 @@
 
 Origin is checked against an allow-list before ``accept()`` (Starlette's CORS
 middleware does not cover WebSockets). The first frame must authenticate, and
-every later frame is authorised again with the same token (it may expire).
+every later frame is authorised again with the same token; when the token expires the
+socket closes with 4401 (a timer), and another ``auth`` frame re-checks every subscription.
 Events are read from Postgres after the client's last ``seq``; bus hints only
 say when to look.
 """
@@ -16,12 +17,12 @@ import time
 from typing import Any
 
 import msgspec
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from gateway.auth import Principal, Tokens
-from gateway.errors import error_body, status_of
-from gateway.feed import Feeds
-from gateway.service import GatewayService, ResolveIn, event_of, parse
+from gateway.errors import Internal, error_body, status_of, typed
+from gateway.feed import Feeds, Listener
+from gateway.service import GatewayService, ResolveIn, event_of, message_text, parse
 from runtime.errors import (
     InvalidInput,
     OriginRejected,
@@ -57,8 +58,9 @@ class _FrameId(msgspec.Struct):
 _enc = msgspec.json.Encoder()
 _frame = msgspec.json.Decoder(Frame)
 _frame_id = msgspec.json.Decoder(_FrameId)
-# What a frame that does not parse raises: msgspec's errors, and RecursionError on deep nesting.
-_BAD_FRAME = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+# What a frame that does not parse raises: msgspec's errors, RecursionError on deep nesting,
+# and UnicodeDecodeError on a binary frame that is not UTF-8.
+_BAD_FRAME = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
 
 
 class RateLimit:
@@ -97,6 +99,10 @@ def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...
 
 
 class Connection:
+    """One authenticated socket. Total: every frame gets its answer or a typed error frame
+    and the socket stays open, except for 4401 (the token is bad or has expired), 1008
+    (flooding) and 1009 (a frame too big)."""
+
     def __init__(
         self,
         ws: WebSocket,
@@ -118,24 +124,37 @@ class Connection:
         self._last_seq: dict[str, int] = {}
         self._last_assistant: dict[str, int] = {}
         self._catchup: dict[str, asyncio.Lock] = {}
-        self._listeners: dict[str, Any] = {}
+        self._listeners: dict[str, Listener] = {}
+        self._expiry: asyncio.Task[None] | None = None
 
     async def send(self, payload: dict[str, Any]) -> None:
         async with self._send_lock:
-            await self.ws.send_text(_enc.encode(payload).decode())
+            try:
+                await self.ws.send_text(_enc.encode(payload).decode())
+            except WebSocketDisconnected as exc:  # already closed, by us or by the client
+                raise WebSocketDisconnect(1006) from exc
 
     async def send_error(self, exc: SignoffError, frame_id: str | None = None) -> None:
         await self.send(
             {"type": "error", "id": frame_id, "status": status_of(exc), **error_body(exc)}
         )
 
+    async def close(self, code: int, reason: str | None = None) -> None:
+        """Close the socket; one already closed (by either side) is left as it is."""
+        async with self._send_lock:
+            with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected):
+                await self.ws.close(code=code, reason=reason)
+
     async def receive(self) -> bytes:
-        message = await self.ws.receive()
+        try:
+            message = await self.ws.receive()
+        except WebSocketDisconnected as exc:
+            raise WebSocketDisconnect(1006) from exc
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         data = message.get("bytes") or (message.get("text") or "").encode()
         if len(data) > self.max_bytes:
-            await self.ws.close(code=1009, reason="message too big")
+            await self.close(1009, "message too big")
             raise WebSocketDisconnect(1009)
         return bytes(data)
 
@@ -143,24 +162,45 @@ class Connection:
         """Every frame: the token must still verify (it may have expired since the handshake)."""
         return self.tokens.verify(self.token)
 
+    def sign_in(self, token: str) -> Principal:
+        """Verify ``token`` and make it the socket's; the socket closes with 4401 when it
+        expires, whether or not the client sends anything (a timer, not the next frame)."""
+        who, until = self.tokens.verify_until(token)
+        self.token, self.who = token, who
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry = asyncio.create_task(self._expire_at(until))
+        return who
+
+    async def _expire_at(self, until: float) -> None:
+        while (left := until - time.time()) > 0:
+            await asyncio.sleep(min(left, 3600.0))  # (an exp far in the future: sleep in steps)
+        self.unfollow_all()  # not one more event on an expired token
+        try:
+            await self.send_error(Unauthenticated("token expired"))
+        except WebSocketDisconnect:
+            pass
+        except Exception:
+            log.exception("could not tell %s that the token expired", self.who)
+        await self.close(4401)
+
     async def run(self) -> None:
         try:
             raw = await asyncio.wait_for(self.receive(), AUTH_TIMEOUT)
             frame = _frame.decode(raw)
             if frame.type != "auth":
                 raise Unauthenticated("the first frame must be {type: auth, token}")
-            self.token = frame.token or ""
-            self.who = self.authorise()
+            who = self.sign_in(frame.token or "")
+        except WebSocketDisconnect:
+            return
         except (TimeoutError, *_BAD_FRAME):
-            await self.send_error(Unauthenticated("authenticate first"))
-            await self.ws.close(code=4401)
+            await self.refuse_auth(Unauthenticated("authenticate first"))
             return
         except Unauthenticated as exc:
-            await self.send_error(exc)
-            await self.ws.close(code=4401)
+            await self.refuse_auth(exc)
             return
-        await self.send({"type": "ready", "user": self.who.user, "tenant": self.who.tenant})
         try:
+            await self.send({"type": "ready", "user": who.user, "tenant": who.tenant})
             while True:
                 raw = await self.receive()
                 if self.limit.take():
@@ -169,16 +209,25 @@ class Connection:
                     await self.refuse(raw)
         except WebSocketDisconnect:
             pass
+        except Exception:  # handle() is total; this is its own failure (a bug)
+            log.exception("WebSocket of %s failed", who.user)
+            await self.close(1011)
         finally:
-            for thread_id, listener in self._listeners.items():
-                self.feeds.remove(thread_id, listener)
+            if self._expiry is not None:
+                self._expiry.cancel()
+            self.unfollow_all()
+
+    async def refuse_auth(self, exc: Unauthenticated) -> None:
+        with contextlib.suppress(WebSocketDisconnect):
+            await self.send_error(exc)
+        await self.close(4401)
 
     async def refuse(self, raw: bytes) -> None:
         """Over the rate: a 429 error frame, nothing done. A client that keeps sending a
         burst's worth of frames into refusals is flooding: it is disconnected (1008)."""
         if self.limit.refused > self.limit.burst:
             log.info("closing a flooding WebSocket of %s", self.who.user if self.who else "?")
-            await self.ws.close(code=1008, reason="rate limit exceeded")
+            await self.close(1008, "rate limit exceeded")
             raise WebSocketDisconnect(1008)
         try:
             frame_id = _frame_id.decode(raw).id
@@ -189,6 +238,9 @@ class Connection:
         )
 
     async def handle(self, raw: bytes) -> None:
+        """One frame, answered: every exception on its path becomes a typed error frame
+        (a timeout or a backing service down is 503) and the socket stays open; only a
+        token that no longer verifies closes it (4401)."""
         frame_id = None
         try:
             try:
@@ -204,32 +256,69 @@ class Connection:
             elif frame.type == "resolve":
                 await self.on_resolve(frame, who)
             elif frame.type == "auth":
-                self.token = frame.token or ""
-                self.who = self.authorise()
-                await self.send({"type": "ready", "id": frame_id, "user": self.who.user})
+                await self.on_auth(frame)
             else:
                 raise InvalidInput(f"unknown frame type {frame.type!r}")
+        except WebSocketDisconnect:
+            raise
         except Unauthenticated as exc:
-            await self.send_error(exc, frame_id)
-            await self.ws.close(code=4401)
+            with contextlib.suppress(WebSocketDisconnect):
+                await self.send_error(exc, frame_id)
+            await self.close(4401)
             raise WebSocketDisconnect(4401) from exc
-        except SignoffError as exc:
-            await self.send_error(exc, frame_id)
+        except Exception as exc:
+            error = typed(exc)
+            if isinstance(error, Internal):
+                log.exception("WebSocket frame of %s failed", self.who.user if self.who else "?")
+            await self.send_error(error, frame_id)
+
+    async def on_auth(self, frame: Frame) -> None:
+        """Another token on a live socket (a renewal, or another user): every subscription
+        is dropped at once, then each is re-checked against the new principal and only the
+        threads it owns are followed again, from where they were (nothing missed)."""
+        who = self.sign_in(frame.token or "")
+        positions = dict(self._last_seq)
+        self.unfollow_all()
+        kept: list[str] = []
+        for thread_id, last_seq in positions.items():
+            try:
+                await self.service.own_thread(thread_id, who)
+                await self.follow(thread_id, last_seq)
+            except SignoffError as exc:  # not theirs (or not knowable now): stays dropped
+                log.info("re-auth as %s dropped thread %s: %s", who.user, thread_id, exc.code)
+                continue
+            kept.append(thread_id)
+        await self.send(
+            {
+                "type": "ready",
+                "id": frame.id,
+                "user": who.user,
+                "tenant": who.tenant,
+                "threads": kept,
+            }
+        )
 
     async def on_message(self, frame: Frame, who: Principal) -> None:
         if frame.text is None:
             raise InvalidInput("a message needs text")
-        if frame.thread_id is None:
-            thread = await self.service.create_thread(who)
-            thread_id = thread.id
-            await self.follow(thread_id, 0)
-        else:
+        message_text(frame.text)  # refused before a thread is made for it
+        if frame.thread_id is not None:
             thread_id = frame.thread_id
-            await self.service.own_thread(thread_id, who)
+            thread = await self.service.own_thread(thread_id, who)
             if thread_id not in self._listeners:
-                thread = await self.service.store.get_thread(thread_id)
                 await self.follow(thread_id, thread.last_seq)
-        delivery = await self.service.post_message(thread_id, frame.text, who, "ws")
+            delivery = await self.service.post_message(thread_id, frame.text, who, "ws")
+        else:
+            # A thread made for this message holds it, or is gone: accepted or refused,
+            # never a thread without its message.
+            thread_id = (await self.service.create_thread(who)).id
+            try:
+                await self.follow(thread_id, 0)
+                delivery = await self.service.post_message(thread_id, frame.text, who, "ws")
+            except BaseException:
+                self.unfollow(thread_id)
+                await self.service.discard_thread(thread_id)
+                raise
         await self.send(
             {"type": "ack", "id": frame.id, "thread_id": thread_id, "delivery": delivery}
         )
@@ -262,6 +351,9 @@ class Connection:
         outcome = await self.service.resolve(frame.card_id, body, who, "ws")
         await self.send({"type": "resolved", "id": frame.id, **msgspec.to_builtins(outcome)})
 
+    def following(self, thread_id: str) -> bool:
+        return thread_id in self._listeners
+
     async def follow(self, thread_id: str, after_seq: int) -> None:
         """Send the log after ``after_seq``, then every new entry, in order, once."""
         self._last_seq[thread_id] = after_seq
@@ -269,6 +361,8 @@ class Connection:
         if thread_id not in self._listeners:
 
             async def listener(hint: Hint, _t: str = thread_id) -> None:
+                if not self.following(_t):
+                    return  # dropped (re-auth, expiry) while this hint was on its way
                 if hint.delta:
                     if hint.seq < self._last_assistant.get(_t, -1):
                         return  # its assistant entry was already delivered: stale delta
@@ -285,18 +379,38 @@ class Connection:
                     await self.catch_up(_t)
 
             self._listeners[thread_id] = listener
-            await self.feeds.add(thread_id, listener)
+            try:
+                await self.feeds.add(thread_id, listener)
+            except BaseException:
+                self.unfollow(thread_id)
+                raise
         await self.catch_up(thread_id)
+
+    def unfollow(self, thread_id: str) -> None:
+        """Stop following a thread: no event of it is sent from now on."""
+        listener = self._listeners.pop(thread_id, None)
+        self._last_seq.pop(thread_id, None)
+        self._last_assistant.pop(thread_id, None)
+        if listener is not None:
+            self.feeds.remove(thread_id, listener)
+
+    def unfollow_all(self) -> None:
+        for thread_id in list(self._listeners):
+            self.unfollow(thread_id)
 
     async def deliver(self, thread_id: str, entries: list[WireEntry]) -> bool:
         """Send the entries a hint carried, if they follow what this socket got; False on a
         gap (the caller re-reads the log then)."""
         async with self._catchup[thread_id]:
+            if not self.following(thread_id):
+                return True
             last = self._last_seq.get(thread_id, 0)
             fresh = [e for e in entries if e.seq > last]
             if fresh and fresh[0].seq != last + 1:
                 return False
             for e in fresh:
+                if not self.following(thread_id):
+                    return True
                 await self.send(
                     {
                         "type": "event",
@@ -315,10 +429,12 @@ class Connection:
 
     async def catch_up(self, thread_id: str) -> None:
         async with self._catchup[thread_id]:
-            while True:
+            while self.following(thread_id):
                 after = self._last_seq.get(thread_id, 0)
                 entries = await self.service.store.entries_after(thread_id, after, 500)
                 for entry in entries:
+                    if not self.following(thread_id):
+                        return
                     await self.send({"type": "event", **event_of(entry)})
                     self._last_seq[thread_id] = entry.seq
                     if entry.kind == "assistant":

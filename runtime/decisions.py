@@ -157,23 +157,35 @@ class Decisions:
             run_id=card.run_id,
             services=self.services,
         )
+        # The tool's own code (parse, prepare, the card's summary and hash) now runs on
+        # values a person typed: whatever it raises on them is a refusal (422), never a
+        # 500, and nothing has changed yet (I9).
         try:
-            prepared = await tool.prepare(tool.parse(raw), ctx)
+            args = tool.parse(raw)
+            raw_input = msgspec.to_builtins(args)
+            prepared = await tool.prepare(args, ctx)
+            verdict = self.policy.evaluate(tool, prepared.args, tenant=card.tenant, role=run.role)
+            if verdict.verdict is Verdict.DENY:
+                raise Forbidden(f"policy denies the edited action: {verdict.reason}")
+            new = new_card(
+                tool,
+                prepared,
+                thread_id=card.thread_id,
+                run_id=card.run_id,
+                tenant=card.tenant,
+                owner=card.owner,
+                tool_use_id=card.tool_use_id,
+                raw_input=raw_input,
+            )
         except ToolValidationError as exc:
             raise InvalidInput(exc.message) from exc
-        verdict = self.policy.evaluate(tool, prepared.args, tenant=card.tenant, role=run.role)
-        if verdict.verdict is Verdict.DENY:
-            raise Forbidden(f"policy denies the edited action: {verdict.reason}")
-        new = new_card(
-            tool,
-            prepared,
-            thread_id=card.thread_id,
-            run_id=card.run_id,
-            tenant=card.tenant,
-            owner=card.owner,
-            tool_use_id=card.tool_use_id,
-            raw_input=msgspec.to_builtins(tool.parse(raw)),
-        )
+        except (SignoffError, OSError):
+            raise  # typed already, or a backing service down (503): not the values' fault
+        except Exception as exc:
+            log.info("edit of card %s refused: %s raised %r", card_id, card.tool, exc)
+            raise InvalidInput(
+                f"the edited values are not valid for {card.tool}: {str(exc)[:200]}"
+            ) from exc
         return await self.store.edit(
             card_id,
             principal=principal,

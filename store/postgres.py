@@ -278,6 +278,12 @@ class PostgresStore:
         row = await self._read(lambda c: c.fetchrow(q.THREAD_INSERT, new_id, tenant, owner))
         return msgspec.convert(dict(_some(row)), Thread)
 
+    async def delete_empty_thread(self, thread_id: str) -> bool:
+        """Delete a thread nothing was written to yet; False when it is gone or not empty."""
+        async with self._tx() as conn:
+            status = await conn.execute(q.THREAD_DELETE_EMPTY, _uuid(thread_id))
+        return bool(status == "DELETE 1")
+
     async def get_thread(self, thread_id: str) -> Thread:
         row = await self._read(lambda c: c.fetchrow(q.THREAD_GET, _uuid(thread_id)))
         if row is None:

@@ -117,6 +117,12 @@ INSERT INTO threads (id, tenant, owner) VALUES ($1, $2, $3)
 RETURNING id::text, tenant, owner, last_seq, created_at
 """
 THREAD_GET = "SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1"
+# A thread created for a message that was refused: gone only while nothing was written to
+# it (no log entry, no run). The row lock orders it against a worker's start_run.
+THREAD_DELETE_EMPTY = """
+DELETE FROM threads t WHERE t.id = $1 AND t.last_seq = 0
+    AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.id)
+"""
 THREAD_NEXT_SEQ = "UPDATE threads SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq"
 
 MESSAGE_INSERT = """

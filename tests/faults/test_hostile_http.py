@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from schemathesis import GenerationMode
 from tests import services
 from tests.cluster import SECRET, Cluster, cluster
 from tests.faults.conftest import Invariants, Profile
+from tests.faults.strategies import edit_value, json_value, nasty_text, not_utf8_json
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -183,29 +185,7 @@ def test_schemathesis_every_operation_answers_typed_4xx_never_500(
 
 # -- hypothesis: arbitrary bodies, queries and path segments -----------------------------
 
-json_leaf = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**80), max_value=2**80)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=50)
-)
-json_value = st.recursive(
-    json_leaf,
-    lambda kids: (
-        st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=10), kids, max_size=5)
-    ),
-    max_leaves=25,
-)
 decisions = st.sampled_from(["approve", "reject", "edit", "APPROVE", "yes", ""]) | json_value
-# Text with the characters a database or a parser chokes on (NUL, surrogates, digits that
-# are not 0-9), mixed into ordinary text.
-nasty_text = st.text(max_size=40) | st.builds(
-    lambda a, b, c: a + b + c,
-    st.text(max_size=10),
-    st.sampled_from(["\x00", "\ud800", "\udfff", "²", "٣", "\u202e", "\ufeff", "\U0001f4b8"]),
-    st.text(max_size=10),
-)
 # Bodies shaped well enough to reach the store (a stale hash: never a real decision).
 store_bound = st.fixed_dictionaries(
     {"decision": st.sampled_from(["approve", "reject"]), "snapshot_hash": nasty_text},
@@ -238,16 +218,51 @@ def test_hypothesis_resolve_bodies_never_500_and_change_nothing(
         )
         @given(
             body=store_bound | resolve_body | json_value,
-            raw=st.none() | st.none() | st.binary(max_size=300),
+            raw=st.none() | st.none() | st.binary(max_size=300) | not_utf8_json,
         )
         @example(body={"decision": "reject", "snapshot_hash": "s", "reason": "a\x00b"}, raw=None)
         @example(body={"decision": "approve", "snapshot_hash": "\x00"}, raw=None)
         @example(body={"decision": "approve", "snapshot_hash": "s", "reason": "\ud800"}, raw=None)
+        @example(body=None, raw=b'{"decision":"reject","snapshot_hash":"\xff\xfe"}')
         def check(body: Any, raw: bytes | None) -> None:
             content = raw if raw is not None else json.dumps(body).encode()
             r = http.post(url, content=content, headers={"Content-Type": "application/json"})
             typed(r, content[:200])
             assert r.status_code != 200, content
+
+        check()
+
+
+def test_hypothesis_edit_values_never_500_and_change_nothing(t: Target, profile: Profile) -> None:
+    """I9: arbitrary values in `edits` of the real card, from its owner. The tool's own
+    parse and prepare run on them (that is where `"9"*400` and `1e308` raised
+    OverflowError: a 500); the hash is stale, so a value it accepts is refused by the
+    store (409). Every answer is a typed 409 or 422; the card is untouched."""
+    url = f"{t.url}/v1/cards/{t.card['id']}/resolve"
+
+    with httpx.Client(headers=t.auth(), timeout=30) as http:
+
+        @settings(
+            max_examples=profile.hypothesis_examples,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
+        @given(
+            edits=st.fixed_dictionaries(
+                {}, optional={"amount": edit_value, "description": edit_value}
+            ).filter(bool)
+        )
+        @example(edits={"amount": "9" * 400})
+        @example(edits={"amount": 1e308})
+        @example(edits={"amount": "1e308", "description": "x"})
+        @example(edits={"amount": 10**400})
+        def check(edits: dict[str, Any]) -> None:
+            body = {"decision": "edit", "snapshot_hash": "0" * 64, "edits": edits}
+            content = json.dumps(body).encode()  # floats: inf/nan as JSON's Infinity/NaN
+            r = http.post(url, content=content, headers={"Content-Type": "application/json"})
+            typed(r, content[:200])
+            assert r.status_code in (409, 422), (content[:200], r.status_code, r.text[:300])
 
         check()
 
@@ -341,6 +356,19 @@ def test_huge_deep_wrongly_typed_and_nul_payloads(t: Target) -> None:
                 {"decision": "edit", "snapshot_hash": real, "edits": {"customer_id": "x"}}
             ).encode(),
         ),
+        (
+            "edit 400 nines",
+            json.dumps(
+                {"decision": "edit", "snapshot_hash": real, "edits": {"amount": "9" * 400}}
+            ).encode(),
+        ),
+        (
+            "edit 1e308",
+            json.dumps(
+                {"decision": "edit", "snapshot_hash": real, "edits": {"amount": 1e308}}
+            ).encode(),
+        ),
+        ("not utf-8 in a string", b'{"decision":"reject","snapshot_hash":"\xff\xfe"}'),
         ("types", json.dumps({"decision": ["approve"], "snapshot_hash": {"$ne": ""}}).encode()),
         ("huge int", json.dumps({"decision": "approve", "snapshot_hash": 10**400}).encode()),
         ("not json", b"\xff\xfe{"),
@@ -368,6 +396,14 @@ def test_huge_deep_wrongly_typed_and_nul_payloads(t: Target) -> None:
         ):
             r = http.get(f"{t.url}/v1/threads/{t.thread_id}/events", params={"after_seq": value})
             typed(r, value)
+        for content in (b'{"text":"\xff"}', b'{"text":"oi \xed\xa0\x80"}', b"\xc3("):
+            r = http.post(
+                f"{t.url}/v1/threads/{t.thread_id}/messages",
+                content=content,
+                headers={"Content-Type": "application/json"},
+            )
+            typed(r, content)
+            assert r.status_code == 422, (content, r.status_code, r.text[:300])
         batch = {
             "decisions": [{"card_id": t.card["id"], "decision": "approve", "snapshot_hash": "s"}]
             * 101
@@ -454,3 +490,30 @@ def test_missing_expired_forged_tokens_and_other_owners(t: Target) -> None:
                 r = http.request(method, path, json=payload, headers=hdrs)
                 typed(r, (name, path))
                 assert r.status_code == 403, (name, path, r.status_code, r.text)
+
+
+# -- clients that leave ------------------------------------------------------------------------
+
+
+def test_client_gone_mid_body_ends_quietly(t: Target) -> None:
+    """A client that declares a body, sends part of it and disconnects: the request ends
+    with no traceback in the gateway's log (each one logged a full `ClientDisconnect`
+    traceback), and the gateway goes on answering. Nothing changes (the `t` fixture)."""
+    gw = t.c.gateways[0]
+    before = gw.output().count("Traceback")
+    paths = (f"/v1/cards/{t.card['id']}/resolve", f"/v1/threads/{t.thread_id}/messages")
+    for path in paths:
+        for cut in (0, 1, 9):
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: gw\r\n"
+                f"Authorization: {t.auth()['Authorization']}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n"
+            )
+            with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as conn:
+                conn.sendall(head.encode() + b'{"decision": "reject"}'[:cut])
+                time.sleep(0.05)  # let the gateway start reading the body
+    # The gateway still answers; a traceback would have been logged by now (it is logged
+    # as the disconnect is read, well before this second request is served).
+    typed(httpx.get(f"{t.url}/v1/threads/{t.thread_id}", headers=t.auth(), timeout=10))
+    time.sleep(0.5)
+    assert gw.output().count("Traceback") == before, gw.output()[-3000:]

@@ -8,22 +8,32 @@ bad-signature cases belong here once it lands.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import jwt
 import pytest
+import redis.asyncio as aioredis
 import websockets
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from runtime.keys import Keys
 from tests import services
 from tests.cluster import SECRET, Cluster, cluster
-from tests.faults.conftest import Invariants
-from tests.faults.helpers import start_threads, wait_until
+from tests.faults.conftest import Invariants, Profile
+from tests.faults.helpers import count, start_threads, wait_until
+from tests.faults.proxy import Proxy
+from tests.faults.strategies import dumps, edit_value, json_value, nasty_text, not_utf8_json
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -74,7 +84,7 @@ async def w(ws_target: WsTarget, invariants: Invariants) -> AsyncIterator[WsTarg
     yield ws_target
 
 
-async def reply(ws: Any, frame_id: str, timeout: float = 15) -> dict[str, Any]:
+async def reply(ws: Any, frame_id: str | None, timeout: float = 15) -> dict[str, Any]:
     while True:
         msg: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), timeout))
         if msg.get("id") == frame_id and msg["type"] in ("ack", "resolved", "error", "ready"):
@@ -87,7 +97,7 @@ async def a_card(w: WsTarget, user: str) -> asyncpg.Record:
         (thread,) = await start_threads(w.c, w.c.gateways[0].url, [user])
         row = await wait_until(
             lambda: db.fetchrow(
-                "SELECT id::text, owner, snapshot_hash FROM cards "
+                "SELECT id::text, owner, snapshot_hash, thread_id::text FROM cards "
                 "WHERE thread_id = $1 AND status = 'pending'",
                 thread,
             ),
@@ -166,22 +176,27 @@ async def test_missing_expired_forged_tokens_and_expiry_mid_session(w: WsTarget)
     card = await a_card(w, "short")
     short = w.c.tokens.issue("short", w.c.tenant, ttl=2)
     ws = await w.connect("short", token=short)
-    await asyncio.sleep(3.1)
-    await ws.send(
-        json.dumps(
-            {
-                "type": "resolve",
-                "id": "late",
-                "card_id": card["id"],
-                "decision": "approve",
-                "snapshot_hash": card["snapshot_hash"],
-            }
-        )
-    )
-    err = await reply(ws, "late")
+    await ws.send(json.dumps({"type": "resume", "thread_id": card["thread_id"], "id": "r"}))
+    assert (await reply(ws, "r"))["type"] == "ack"
+    # The client sends nothing more: the gateway's timer ends the session when the token
+    # expires (it used to stream the thread's events until the client's next frame).
+    err = await reply(ws, None, timeout=10)
     assert err["type"] == "error" and err["status"] == 401, err
+    assert "expired" in err["message"], err
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert msg["type"] != "event", f"an event after the token expired: {msg}"
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+    late = {
+        "type": "resolve",
+        "id": "late",
+        "card_id": card["id"],
+        "decision": "approve",
+        "snapshot_hash": card["snapshot_hash"],
+    }
     with pytest.raises(ConnectionClosed):
-        await ws.recv()
+        await ws.send(json.dumps(late))
     assert await status_of(w, card["id"]) == ("pending", 1)
 
 
@@ -316,3 +331,215 @@ async def test_malformed_frames_get_typed_errors_and_the_socket_survives(w: WsTa
     await ws.send(json.dumps({"type": "message", "text": "saldo", "id": "fine"}))
     assert (await reply(ws, "fine"))["type"] == "ack"
     await ws.close()
+
+
+async def events_of(
+    ws: Any, thread_id: str, seconds: float, until: str | None = None
+) -> list[dict[str, Any]]:
+    """The thread's events a socket receives within ``seconds`` (other frames skipped),
+    or up to the first whose JSON contains ``until``."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(TimeoutError):
+        while (left := deadline - time.monotonic()) > 0:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), left))
+            if msg["type"] in ("event", "delta") and msg["thread_id"] == thread_id:
+                got.append(msg)
+                if until is not None and until in json.dumps(msg, ensure_ascii=False):
+                    break
+    return got
+
+
+async def test_reauth_as_another_user_drops_every_subscription(w: WsTarget) -> None:
+    """I3: a socket following ra's thread sends `auth` with rb's token: from its `ready`
+    on, not one event of ra's thread reaches it (it used to go on streaming them), while
+    ra's own socket sees the thread go on. A renewal with ra's own fresh token keeps the
+    subscription, with nothing missed."""
+    (thread,) = await start_threads(w.c, w.c.gateways[0].url, ["ra"], text="saldo")
+    ws = await w.connect("ra")
+    await ws.send(json.dumps({"type": "resume", "thread_id": thread, "id": "r"}))
+    assert (await reply(ws, "r"))["type"] == "ack"
+    await ws.send(json.dumps({"type": "auth", "token": w.c.token("rb"), "id": "as-rb"}))
+    ready = await reply(ws, "as-rb")
+    assert ready["type"] == "ready" and ready["user"] == "rb" and ready["threads"] == [], ready
+    renewed = await w.connect("ra")
+    await renewed.send(json.dumps({"type": "resume", "thread_id": thread, "id": "r"}))
+    assert (await reply(renewed, "r"))["type"] == "ack"
+    await renewed.send(json.dumps({"type": "auth", "token": w.c.token("ra"), "id": "again"}))
+    ready = await reply(renewed, "again")
+    assert ready["type"] == "ready" and ready["threads"] == [thread], ready
+
+    async with httpx.AsyncClient(base_url=w.c.gateways[0].url, timeout=30) as http:
+        r = await http.post(
+            f"/v1/threads/{thread}/messages",
+            json={"text": "saldo de novo"},
+            headers={"Authorization": f"Bearer {w.c.token('ra')}"},
+        )
+        assert r.status_code == 202, r.text
+    seen = await events_of(renewed, thread, 15, until="saldo de novo")
+    assert seen and seen[-1]["kind"] == "user", seen
+    assert await events_of(ws, thread, 0.5) == []
+    # rb cannot get the thread back by asking for it either
+    await ws.send(json.dumps({"type": "resume", "thread_id": thread, "id": "steal"}))
+    err = await reply(ws, "steal")
+    assert err["type"] == "error" and err["status"] == 403, err
+    await ws.close()
+    await renewed.close()
+
+
+async def test_a_message_is_acked_or_refused_never_half_stored(
+    database_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """I9, overload: a message in a new thread whose enqueue fails (the inbox key is not a
+    stream: Redis refuses XADD) or whose thread feed cannot subscribe (Redis unreachable:
+    the gateway's 10 s wait for the subscription runs out) gets a typed 503 error frame;
+    the socket stays open, and no thread is left without its message. (The timeout used to
+    escape the socket's handler: closed with no error frame, the thread row left behind.)"""
+    redis_url = services.redis_url()
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    redis = aioredis.from_url(redis_url)
+    db = await asyncpg.connect(database_url)
+    with (
+        Proxy(port) as proxy,
+        cluster(database_url, redis_url, tmp_path, gateways=0, workers=0) as c,
+    ):
+        invariants.watch(database_url, c.tenant)
+        gw = c.add_gateway(SIGNOFF_REDIS_URL=proxy.url_for(redis_url))
+        target = WsTarget(c, database_url)
+
+        async def threads_of(user: str) -> int:
+            return await count(
+                db, "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = $2", c.tenant, user
+            )
+
+        async def alive(ws: Any) -> None:
+            frame = {"type": "resume", "thread_id": str(uuid.UUID(int=0)), "id": "alive"}
+            await ws.send(json.dumps(frame))
+            assert (await reply(ws, "alive"))["status"] == 404
+
+        ws = await target.connect("half")
+        await ws.send(json.dumps({"type": "message", "text": "saldo", "id": "ok"}))
+        ack = await reply(ws, "ok")
+        assert ack["type"] == "ack", ack
+        assert await threads_of("half") == 1
+
+        inbox = Keys(c.prefix).inbox
+        await redis.delete(inbox)
+        await redis.set(inbox, "not a stream")
+        try:
+            await ws.send(json.dumps({"type": "message", "text": "saldo", "id": "x"}))
+            err = await reply(ws, "x")
+            assert err["type"] == "error" and err["status"] == 503, err
+            await alive(ws)
+            assert await threads_of("half") == 1  # the new thread was discarded
+        finally:
+            await redis.delete(inbox)
+
+        proxy.refuse()
+        proxy.reset()
+        await ws.send(json.dumps({"type": "message", "text": "saldo", "id": "y"}))
+        err = await reply(ws, "y", timeout=30)
+        assert err["type"] == "error" and err["status"] == 503, err
+        await alive(ws)
+        assert await threads_of("half") == 1
+        proxy.heal()
+        await ws.close()
+        assert "Traceback" not in gw.output(), gw.output()[-3000:]
+    await db.close()
+    await redis.aclose()
+
+
+async def test_hostile_frames_never_drop_the_socket(w: WsTarget, profile: Profile) -> None:
+    """I9, property-based: frames shaped like the protocol with any values (edits with huge
+    numbers, lone surrogates, wrong types), arbitrary text, arbitrary binary and JSON with
+    bytes that are not UTF-8, each on a fresh authenticated socket: every frame gets its
+    answer or a typed 4xx error frame, the socket still answers afterwards, and the gateway
+    logs no traceback."""
+    card = await a_card(w, "fuzzy")
+    # Messages go to this other thread of fuzzy's (or to new ones), never to the card's:
+    # a new message there would supersede the card the edit frames aim at.
+    (other,) = await start_threads(w.c, w.c.gateways[0].url, ["fuzzy"], text="saldo")
+    gw = w.c.gateways[0]
+    before = gw.output().count("Traceback")
+    field = edit_value | json_value | nasty_text
+    shaped = st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "resume", "resolve", "teleport", ""]) | nasty_text},
+        optional={
+            "thread_id": st.sampled_from([other]) | field,
+            "text": field,
+            "after_seq": st.integers() | field,
+            "card_id": st.sampled_from([card["id"]]) | field,
+            "decision": st.sampled_from(["approve", "reject", "edit"]) | field,
+            "snapshot_hash": field,
+            "reason": field,
+            "edits": st.dictionaries(st.sampled_from(["amount", "description"]), field) | field,
+        },
+    )
+    shaped = shaped.filter(lambda f: f["type"] != "auth")  # a bad token closes, rightly
+    frame = (
+        shaped.map(json.dumps)  # lone surrogates escaped: a text frame must be UTF-8
+        | shaped.map(lambda f: dumps(f).encode("utf-8", "surrogatepass"))
+        | st.text(max_size=200)
+        | st.binary(max_size=200)
+        | not_utf8_json
+    )
+
+    @settings(
+        max_examples=profile.hypothesis_examples,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    @given(frames=st.lists(frame, min_size=1, max_size=4))
+    @example(frames=[b'{"type":"message","text":"\xff\xfe","id":"1"}'])
+    @example(
+        frames=[
+            dumps(
+                {
+                    "type": "resolve",
+                    "card_id": card["id"],
+                    "decision": "edit",
+                    "snapshot_hash": "0" * 64,
+                    "edits": {"amount": "9" * 400},
+                }
+            )
+        ]
+    )
+    @example(
+        frames=[
+            dumps(
+                {
+                    "type": "resolve",
+                    "card_id": card["id"],
+                    "decision": "edit",
+                    "snapshot_hash": "0" * 64,
+                    "edits": {"amount": 1e308},
+                }
+            )
+        ]
+    )
+    def check(frames: list[str | bytes]) -> None:
+        asyncio.run(exchange(frames))
+
+    async def exchange(frames: list[str | bytes]) -> None:
+        ws = await w.connect("fuzzy")
+        try:
+            for f in frames:
+                await ws.send(f)
+                while True:
+                    msg = json.loads(await asyncio.wait_for(ws.recv(), 15))
+                    if msg["type"] not in ("event", "delta"):
+                        break
+                if msg["type"] == "error":
+                    assert 400 <= msg["status"] < 500, (f, msg)
+                    assert isinstance(msg["error"], str) and isinstance(msg["message"], str)
+                else:
+                    assert msg["type"] in ("ack", "resolved"), (f, msg)
+            await ws.send(json.dumps({"type": "resume", "thread_id": card["thread_id"], "id": "z"}))
+            assert (await reply(ws, "z"))["type"] == "ack"
+        finally:
+            await ws.close()
+
+    await asyncio.to_thread(check)
+    assert await status_of(w, card["id"]) == ("pending", 1)
+    assert gw.output().count("Traceback") == before, gw.output()[-3000:]

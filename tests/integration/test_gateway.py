@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import websockets
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
+from gateway.app import build_app
+from gateway.feed import Feeds
+from runtime.bus import Job
+from runtime.bus_memory import MemoryBus
+from runtime.bus_redis import RedisBus
 from runtime.cards import Status
+from runtime.errors import Unavailable
+from runtime.hints import Hint
+from runtime.keys import Keys
+from store.embedded import free_port
+from tests import services
+from tests.faults.proxy import Proxy
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
 
@@ -298,3 +317,106 @@ async def test_card_carries_the_models_input_for_edit_forms(h: Harness) -> None:
     card = await card_for(h)
     assert card["input"] == {"customer": "João", "amount": "150", "description": ""}
     assert card["editable"] == ["amount", "description"]
+
+
+# -- totality: nothing untyped reaches a client -------------------------------------------
+
+
+class BrokenBus(MemoryBus):
+    """The in-process bus with a bug in ``enqueue``: an exception nothing types."""
+
+    async def enqueue(self, job: Job) -> str:
+        raise RuntimeError("a bug in the bus")
+
+
+@asynccontextmanager
+async def served(app: Starlette) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn (wsproto) on a free port; yields its base URL."""
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, ws="wsproto", lifespan="off", log_level="critical"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 5)
+        await app.state.feeds.close()
+
+
+async def test_untyped_exceptions_are_typed_500s_and_the_socket_stays(h: Harness) -> None:
+    """I9: an exception nothing typed (here a bug in the bus) is a JSON
+    `{"error": "internal"}` 500 over HTTP (it was Starlette's text/plain), and over the
+    WebSocket a typed error frame on a socket that goes on working (it was dropped). The
+    thread made for the refused WS message is gone again."""
+
+    async def boom(request: Request) -> Response:
+        raise ValueError("a bug in a route")
+
+    app = build_app(
+        settings=h.settings,
+        store=h.store,
+        bus=BrokenBus(),
+        decisions=h.decisions,
+        tokens=h.tokens,
+        extra_routes=[Route("/boom", boom)],
+    )
+    async with served(app) as base, httpx.AsyncClient(base_url=base) as c:
+        r = await c.get("/boom")
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+        assert r.json() == {"error": "internal", "message": "internal error"}
+        thread = await h.thread("alice")
+        r = await c.post(
+            f"/v1/threads/{thread}/messages", json={"text": "cobre"}, headers=auth(h, "alice")
+        )
+        assert r.status_code == 500 and r.json()["error"] == "internal", r.text
+
+        ws = await websockets.connect(base.replace("http", "ws") + "/v1/ws")
+        await ws.send(json.dumps({"type": "auth", "token": h.token("bob")}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+        err = await ws_call(ws, {"type": "message", "text": "cobre", "id": "m"})
+        assert err["type"] == "error" and err["status"] == 500 and err["error"] == "internal"
+        r = await ws_call(ws, {"type": "resume", "thread_id": thread, "id": "alive"})
+        assert r["status"] == 403  # still answering: alice's thread is not bob's
+        await ws.close()
+    threads = await h.store._pool.fetchval(
+        "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = 'bob'", h.tenant
+    )
+    assert threads == 0
+
+
+async def test_a_feed_that_cannot_subscribe_is_unavailable_and_leaks_no_listener(
+    database_url: str,
+) -> None:
+    """Overload: the wait for a thread's subscription (Redis unreachable) ends in
+    `Unavailable` (503), not a bare TimeoutError escaping the socket's handler, and the
+    listener is removed again, as it is when the waiting caller is cancelled."""
+    redis_url = services.redis_url()
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    keys = Keys("so-feed-" + secrets.token_hex(4) + ":")
+    with Proxy(port) as proxy:
+        proxy.refuse()
+        bus = RedisBus.from_url(proxy.url_for(redis_url), keys)
+        feeds = Feeds(bus, keys, ready_seconds=0.5)
+
+        async def listener(hint: Hint) -> None:
+            pass
+
+        try:
+            with pytest.raises(Unavailable):
+                await feeds.add("t1", listener)
+            assert feeds.listening("t1") == 0
+            waiting = asyncio.create_task(feeds.add("t2", listener))
+            await asyncio.sleep(0.1)
+            assert feeds.listening("t2") == 1
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert feeds.listening("t2") == 0
+        finally:
+            await feeds.close()
+            await bus.close()
