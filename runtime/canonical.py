@@ -65,7 +65,7 @@ def operation_id(card_id: str) -> str:
 
 
 # The namespace runtime/agent.py derives a message's run id with (its ``_RUN_NS``;
-# tests/unit/test_pure.py checks the two agree).
+# tests/unit/test_quotas.py checks the two agree).
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,10 +19,18 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from gateway.auth import Principal
+from gateway.quotas import Quotas
 from runtime.bus import Job
 from runtime.bus_memory import MemoryBus
+from runtime.bus_redis import RedisBus
 from runtime.canonical import run_id_of
 from runtime.config import Settings
+from runtime.errors import RateLimited
+from runtime.keys import Keys
+from store.embedded import free_port
+from store.postgres import PostgresStore
+from tests import services
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
 
@@ -326,3 +336,46 @@ async def test_deadlines_leave_kept_alive_connections_and_websockets_alone(h: Ha
     reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
     assert reply["type"] == "ack", reply
     await ws.close()
+
+
+# -- the Redis ledger -------------------------------------------------------------------
+
+
+async def test_redis_window_adds_each_see_every_add_before_them() -> None:
+    bus = RedisBus.from_url(services.redis_url(), Keys(f"so-q-{secrets.token_hex(3)}:"))
+    key = bus._keys.accepted_turns("t", "u")
+    try:
+        now = int(time.time() * 1000)
+        seen = await asyncio.gather(*(bus.window_add(key, f"m{i}", now, 60_000) for i in range(50)))
+        assert sorted(len(s) for s in seen) == list(range(1, 51))
+        await bus.window_remove(key, [f"m{i}" for i in range(49)])
+        assert await bus.window_add(key, "late", now + 70_000, 60_000) == ["late"]
+    finally:
+        await bus.close()
+
+
+async def test_without_redis_the_turn_quota_counts_postgres_only(
+    database_url: str, store: PostgresStore
+) -> None:
+    dead = RedisBus.from_url(f"redis://127.0.0.1:{free_port()}/0", Keys())
+    quotas = Quotas(store=store, ledger=dead, keys=Keys(), turns_in_flight=1)
+    who = Principal(f"u-{secrets.token_hex(3)}", "t-nored")
+    try:
+        async with quotas.turn(who, str(uuid.uuid4())):
+            pass  # admitted: nothing running in Postgres, the ledger unreachable
+        thread = await store.create_thread(who.tenant, who.user)
+        await store.start_run(
+            thread.id,
+            owner=who.user,
+            role="user",
+            worker_id="w-nored",
+            lease_seconds=30,
+            content=[{"type": "text", "text": "x"}],
+            actor=who.user,
+            channel="test",
+        )
+        with pytest.raises(RateLimited):
+            async with quotas.turn(who, str(uuid.uuid4())):
+                raise AssertionError("admitted past a running turn")
+    finally:
+        await dead.close()
