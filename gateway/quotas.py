@@ -240,6 +240,9 @@ class _AuthFrame(msgspec.Struct):
 
 
 _auth_frame = msgspec.json.Decoder(_AuthFrame)
+# What a first frame that does not parse raises (msgspec raises UnicodeDecodeError on
+# invalid UTF-8 in a binary frame): it passes on untouched, for gateway/ws.py to refuse.
+_BAD_FRAME = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
 _enc = msgspec.json.Encoder()
 
 
@@ -301,13 +304,13 @@ class SocketGate:
             if frame.type != "auth":
                 return None
             return self.tokens.verify(frame.token)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, Unauthenticated):
+        except (*_BAD_FRAME, Unauthenticated):
             return None
 
     async def _refuse(self, send: Send, message: Message) -> None:
         raw = message.get("bytes") or (message.get("text") or "").encode("utf-8", "replace")
         frame_id: Any = None
-        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        with contextlib.suppress(*_BAD_FRAME):
             frame_id = _auth_frame.decode(raw).id
         exc = RateLimited(
             f"{self.slots.limit} WebSockets already open on this gateway; close one first",

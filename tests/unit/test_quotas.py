@@ -3,12 +3,14 @@ ledger's window, the socket slots, the settings."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 import pytest
 
-from gateway.auth import Principal
-from gateway.quotas import MemoryLedger, SocketSlots
+from gateway.auth import Principal, Tokens
+from gateway.quotas import MemoryLedger, SocketGate, SocketSlots
 from runtime import agent
 from runtime.canonical import run_id_of
 from runtime.config import from_env
@@ -60,3 +62,25 @@ def test_quota_and_timeout_settings_come_from_the_environment() -> None:
         2.5,
         4.0,
     )
+
+
+def test_the_socket_gate_passes_on_first_frames_that_are_not_a_valid_auth() -> None:
+    async def endpoint(ws: Any) -> None:
+        raise AssertionError("not called")
+
+    tokens = Tokens("s" * 40)
+    gate = SocketGate(SocketSlots(1), tokens, endpoint)
+    for frame in (
+        {"bytes": b'{"type": "auth", "token": "\xff"}'},  # invalid UTF-8
+        {"bytes": b"[" * 100_000},
+        {"text": '{"type": "auth", "token": "forged"}'},
+        {"text": '{"type": "message", "text": "hi"}'},
+        {"text": "\ud800"},
+        {"text": '{"type": 1}'},
+    ):
+        assert gate._principal({"type": "websocket.receive", **frame}) is None, frame
+    good = {
+        "type": "websocket.receive",
+        "text": json.dumps({"type": "auth", "token": tokens.issue("u", "t")}),
+    }
+    assert gate._principal(good) == Principal("u", "t")
