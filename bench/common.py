@@ -303,6 +303,11 @@ class Cluster:
                 "SIGNOFF_KEY_PREFIX": self.prefix,
                 "SIGNOFF_TENANT": self.tenant,
                 "SIGNOFF_OFFLINE_MODEL": "1",
+                # A load generator is a few identities doing many people's work: per-user
+                # quotas off (a script's env_extra may set them back).
+                "SIGNOFF_QUOTA_THREADS_PER_MINUTE": "0",
+                "SIGNOFF_QUOTA_TURNS_IN_FLIGHT": "0",
+                "SIGNOFF_QUOTA_SOCKETS": "0",
                 "PYTHONUNBUFFERED": "1",
             }
         )

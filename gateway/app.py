@@ -21,6 +21,7 @@ from gateway.errors import Internal
 from gateway.feed import Feeds
 from gateway.http import HttpApi, error_response, json_response
 from gateway.openapi import build_openapi
+from gateway.quotas import Quotas, SocketGate, SocketSlots
 from gateway.service import GatewayService
 from gateway.ws import websocket_endpoint
 from runtime.bus import Bus
@@ -89,9 +90,11 @@ def build_app(
     tokens: Tokens,
     extra_routes: list[Any] | None = None,
 ) -> Starlette:
-    service = GatewayService(store=store, bus=bus, decisions=decisions)
+    quotas = Quotas.from_settings(settings, store, bus)
+    service = GatewayService(store=store, bus=bus, decisions=decisions, quotas=quotas)
     feeds = Feeds(bus, Keys(settings.key_prefix))
-    api = HttpApi(service, tokens)
+    api = HttpApi(service, tokens, body_timeout=settings.body_timeout_seconds)
+    slots = SocketSlots(settings.quota_sockets)  # open WebSockets per user, this process
     openapi = build_openapi()
 
     async def healthz(request: Request) -> Response:
@@ -151,7 +154,8 @@ def build_app(
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         Route("/openapi.json", openapi_json),
-        WebSocketRoute("/v1/ws", ws),
+        # The first frame takes one of the user's socket slots (a 429 frame and 4429 over it).
+        WebSocketRoute("/v1/ws", SocketGate(slots, tokens, ws)),
         # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
         Mount("/static", StaticFiles(packages=[("gateway", "static")]), name="static"),
         *api.routes(),
@@ -164,4 +168,5 @@ def build_app(
     )
     app.state.feeds = feeds
     app.state.service = service
+    app.state.socket_slots = slots
     return app

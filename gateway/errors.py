@@ -21,6 +21,7 @@ STATUS: list[tuple[type[e.SignoffError], int]] = [
     (e.Expired, 410),
     (e.Conflict, 409),
     (e.RateLimited, 429),
+    (e.RequestTimeout, 408),
     (e.Unavailable, 503),
     (e.ConfigError, 500),
     (Internal, 500),
@@ -51,3 +52,13 @@ def error_body(exc: e.SignoffError) -> dict[str, Any]:
     if exc.detail:
         body["detail"] = exc.detail
     return body
+
+
+def retry_after(exc: e.SignoffError) -> int | None:
+    """Seconds for a ``Retry-After`` header: a quota's own wait, 1 for a backing service that
+    did not answer; None when retrying the same request cannot help."""
+    if isinstance(exc, e.RateLimited):
+        return exc.retry_after
+    if isinstance(exc, e.Unavailable):
+        return 1
+    return None

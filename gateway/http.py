@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,9 +13,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.auth import Principal, Tokens, bearer
-from gateway.errors import Internal, error_body, status_of, typed
+from gateway.errors import Internal, error_body, retry_after, status_of, typed
 from gateway.service import BatchIn, GatewayService, MessageIn, ResolveIn, parse
-from runtime.errors import InvalidInput, SignoffError
+from runtime.errors import InvalidInput, RequestTimeout, SignoffError
 
 log = logging.getLogger("signoff.http")
 
@@ -30,8 +31,11 @@ def json_response(data: Any, status: int = 200) -> Response:
 def error_response(exc: SignoffError) -> Response:
     status = status_of(exc)
     response = json_response(error_body(exc), status)
-    if status in (429, 503):
-        response.headers["Retry-After"] = "1"  # transient: the same request may succeed later
+    wait = retry_after(exc)
+    if wait is not None:  # transient: the same request may succeed later
+        response.headers["Retry-After"] = str(wait)
+    if isinstance(exc, RequestTimeout):  # the rest of the body is never read
+        response.headers["Connection"] = "close"
     return response
 
 
@@ -39,9 +43,10 @@ Handler = Callable[[Request, Principal], Awaitable[Response]]
 
 
 class HttpApi:
-    def __init__(self, service: GatewayService, tokens: Tokens) -> None:
+    def __init__(self, service: GatewayService, tokens: Tokens, body_timeout: float = 0.0) -> None:
         self.service = service
         self.tokens = tokens
+        self.body_timeout = body_timeout if body_timeout > 0 else None  # None: no limit
 
     def authed(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -63,10 +68,16 @@ class HttpApi:
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
             raise InvalidInput(f"body larger than {MAX_BODY} bytes")
         data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > MAX_BODY:  # a chunked body is never read past the limit
-                raise InvalidInput(f"body larger than {MAX_BODY} bytes")
+        try:
+            async with asyncio.timeout(self.body_timeout):  # a slow body: 408, connection closed
+                async for chunk in request.stream():
+                    data += chunk
+                    if len(data) > MAX_BODY:  # a chunked body is never read past the limit
+                        raise InvalidInput(f"body larger than {MAX_BODY} bytes")
+        except TimeoutError:
+            raise RequestTimeout(
+                f"request body not received within {self.body_timeout:g}s"
+            ) from None
         return bytes(data)
 
     # -- endpoints ----------------------------------------------------------------------

@@ -12,9 +12,11 @@ ERRORS = {
     "401": "missing, expired or forged token",
     "403": "not the owner",
     "404": "unknown thread, card or run",
+    "408": "the request body did not arrive in time (SIGNOFF_BODY_TIMEOUT_SECONDS)",
     "409": "already decided, or stale snapshot_hash",
     "410": "the card expired (database clock)",
     "422": "invalid payload",
+    "429": "over a per-user quota (threads a minute, turns in flight); see Retry-After",
     "503": "a backing service is unavailable; retry",
 }
 

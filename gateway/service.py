@@ -9,10 +9,12 @@ from typing import Any
 import msgspec
 
 from gateway.auth import Principal
+from gateway.quotas import MemoryLedger, Quotas
 from runtime.bus import Bus, Job
 from runtime.cards import Decision
 from runtime.decisions import Decisions, Outcome, Resolution
 from runtime.errors import Forbidden, InvalidInput, NotOwner, SignoffError
+from runtime.keys import Keys
 from runtime.records import Entry, Thread
 from store.postgres import PostgresStore
 
@@ -82,10 +84,19 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
 
 
 class GatewayService:
-    def __init__(self, *, store: PostgresStore, bus: Bus, decisions: Decisions) -> None:
+    def __init__(
+        self,
+        *,
+        store: PostgresStore,
+        bus: Bus,
+        decisions: Decisions,
+        quotas: Quotas | None = None,
+    ) -> None:
         self.store = store
         self.bus = bus
         self.decisions = decisions
+        # No quotas given: none enforced (tests that drive the service directly).
+        self.quotas = quotas or Quotas(store=store, ledger=MemoryLedger(), keys=Keys())
 
     async def own_thread(self, thread_id: str, who: Principal) -> Thread:
         thread = await self.store.get_thread(thread_id)
@@ -94,7 +105,7 @@ class GatewayService:
         return thread
 
     async def create_thread(self, who: Principal) -> Thread:
-        return await self.store.create_thread(who.tenant, who.user)
+        return await self.quotas.create_thread(who)
 
     async def discard_thread(self, thread_id: str) -> None:
         """Undo a thread created for a message that was then refused (its subscription or
@@ -108,17 +119,19 @@ class GatewayService:
     async def post_message(self, thread_id: str, text: str, who: Principal, channel: str) -> str:
         text = message_text(text)
         await self.own_thread(thread_id, who)
-        return await self.bus.enqueue(
-            Job(
-                thread_id=thread_id,
-                text=text,
-                user=who.user,
-                tenant=who.tenant,
-                role=who.role,
-                channel=channel,
-                message_id=str(uuid.uuid4()),
+        message_id = str(uuid.uuid4())
+        async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
+            return await self.bus.enqueue(
+                Job(
+                    thread_id=thread_id,
+                    text=text,
+                    user=who.user,
+                    tenant=who.tenant,
+                    role=who.role,
+                    channel=channel,
+                    message_id=message_id,
+                )
             )
-        )
 
     async def thread_state(self, thread_id: str, who: Principal) -> dict[str, Any]:
         thread = await self.own_thread(thread_id, who)

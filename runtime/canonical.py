@@ -62,3 +62,14 @@ def request_key(
 def operation_id(card_id: str) -> str:
     """The idempotency key a tool passes to its provider; stable for the card's life."""
     return str(uuid.uuid5(_OPERATION_NS, card_id))
+
+
+# The namespace runtime/agent.py derives a message's run id with (its ``_RUN_NS``;
+# tests/unit/test_quotas.py checks the two agree).
+_RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
+
+
+def run_id_of(message_id: str) -> str:
+    """The id of the run an inbox message starts: known to the gateway at acceptance, so
+    the turn quota can tell an accepted message from the run it became."""
+    return str(uuid.uuid5(_RUN_NS, message_id))

@@ -50,6 +50,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     faults: tuple[str, ...] = ()  # armed fault points (tests only), see runtime/faults.py
     metrics_port: int = 0  # `signoff worker` serves /metrics on this port (0: off)
     adopt_batch: int = 1000  # lapsed runs one worker adopts per lease tick
+    # Per-user quotas (per tenant + user; 0: no limit), gateway/quotas.py. Refusals are
+    # typed 429s (`rate_limited`, Retry-After) that change nothing.
+    quota_threads_per_minute: int = 30  # threads created in any 60 s
+    quota_turns_in_flight: int = 16  # accepted, unstarted messages + runs `running`
+    quota_queued_seconds: float = 120.0  # an accepted message no worker started counts this long
+    quota_sockets: int = 64  # open WebSockets per user, per gateway process
+    # Slow clients (gateway/timeouts.py; 0: no limit): a request's headers must arrive within
+    # header_timeout_seconds of its first byte (of the connection, for its first request),
+    # its body within body_timeout_seconds of the headers (408, or the connection is cut).
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 15.0
 
     def with_(self, **changes: Any) -> Settings:
         return msgspec.structs.replace(self, **changes)
@@ -85,6 +96,12 @@ _ENV: dict[str, str] = {
     "faults": "SIGNOFF_FAULTS",
     "metrics_port": "SIGNOFF_METRICS_PORT",
     "adopt_batch": "SIGNOFF_ADOPT_BATCH",
+    "quota_threads_per_minute": "SIGNOFF_QUOTA_THREADS_PER_MINUTE",
+    "quota_turns_in_flight": "SIGNOFF_QUOTA_TURNS_IN_FLIGHT",
+    "quota_queued_seconds": "SIGNOFF_QUOTA_QUEUED_SECONDS",
+    "quota_sockets": "SIGNOFF_QUOTA_SOCKETS",
+    "header_timeout_seconds": "SIGNOFF_HEADER_TIMEOUT_SECONDS",
+    "body_timeout_seconds": "SIGNOFF_BODY_TIMEOUT_SECONDS",
 }
 
 

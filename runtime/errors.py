@@ -7,6 +7,7 @@ carries a stable ``code``. The gateway maps each class to one HTTP/WS status
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -98,7 +99,20 @@ class Expired(SignoffError):
 
 
 class RateLimited(SignoffError):
+    """Over a rate or a per-user quota (429); nothing was done. ``retry_after`` is how many
+    seconds until the same request may succeed (HTTP ``Retry-After``; ``detail`` on WS)."""
+
     code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, **detail: Any) -> None:
+        self.retry_after = max(math.ceil(retry_after), 1)
+        super().__init__(message, retry_after=self.retry_after, **detail)
+
+
+class RequestTimeout(SignoffError):
+    """The client did not send its request (headers or body) in time (408)."""
+
+    code = "request_timeout"
 
 
 class Unavailable(SignoffError):

@@ -25,6 +25,11 @@ class Keys:
         """Pub/sub channel of a thread's events, for gateways holding sockets."""
         return f"{self.prefix}t:{thread_id}"
 
+    def accepted_turns(self, tenant: str, user: str) -> str:
+        """Sorted set of a user's accepted messages no worker has started yet: member the
+        run id the message will get, score the acceptance time (ms). gateway/quotas.py."""
+        return f"{self.prefix}quota:turns:{len(tenant)}:{tenant}:{user}"
+
     @property
     def inbox(self) -> str:
         """Stream of user messages to run (consumer group ``workers``)."""

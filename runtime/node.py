@@ -172,6 +172,7 @@ async def serve_gateway(
     import uvicorn
 
     from gateway.app import build_app
+    from gateway.timeouts import http_protocol
 
     assert node.decisions is not None
     app = build_app(
@@ -186,6 +187,8 @@ async def serve_gateway(
         host=host,
         port=port,
         ws="wsproto",
+        # h11 with header and body deadlines (slowloris): uvicorn has neither.
+        http=http_protocol(node.settings),
         lifespan="off",
         log_level="warning",
         ws_per_message_deflate=False,

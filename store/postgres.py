@@ -895,6 +895,46 @@ class PostgresStore:
         value: datetime = await self._read(lambda c: c.fetchval("SELECT now()"))
         return value
 
+    # -- per-user quotas (gateway/quotas.py) ----------------------------------------
+
+    async def create_thread_within_quota(
+        self, tenant: str, owner: str, *, limit: int, window_seconds: float
+    ) -> tuple[Thread | None, float]:
+        """A new thread, unless ``owner`` created ``limit`` or more in the last
+        ``window_seconds``: then ``(None, seconds until one leaves the window)``.
+
+        One transaction under a per-user advisory lock, so concurrent requests on any
+        gateway cannot all see room for one more.
+        """
+        async with self._tx() as conn:
+            await conn.execute(q.QUOTA_USER_LOCK, tenant, owner)
+            row = _some(
+                await conn.fetchrow(
+                    q.THREAD_INSERT_WITHIN_QUOTA,
+                    str(uuid.uuid4()),
+                    tenant,
+                    owner,
+                    limit,
+                    float(window_seconds),
+                )
+            )
+        if row["id"] is None:
+            return None, max(float(row["retry_after"] or 0.0), 0.0)
+        thread = {k: row[k] for k in ("id", "tenant", "owner", "last_seq", "created_at")}
+        return msgspec.convert(thread, Thread), 0.0
+
+    async def turns_in_flight(
+        self, tenant: str, owner: str, accepted_run_ids: list[str]
+    ) -> tuple[int, list[str]]:
+        """The owner's model turns in flight: runs ``running`` now plus accepted messages
+        (by the run id each will get) that no worker has started. Also returns the run ids
+        among ``accepted_run_ids`` that have started (counted by their runs from now on)."""
+        row = await self._read(
+            lambda c: c.fetchrow(q.TURNS_IN_FLIGHT, tenant, owner, accepted_run_ids)
+        )
+        row = _some(row)
+        return int(row["running"]) + int(row["queued"]), list(row["started"])
+
 
 def _uuid(value: str) -> str:
     """Validate an id before it reaches SQL: a malformed id is simply not found."""

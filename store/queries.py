@@ -420,3 +420,41 @@ FROM cards c JOIN runs r ON r.id = c.run_id
 WHERE c.status = 'approved' AND c.decided_at < now() - make_interval(secs => $1)
 ORDER BY c.decided_at LIMIT $2
 """
+
+# -- per-user quotas (gateway/quotas.py) ------------------------------------------------
+
+# Serialises one user's thread creations (until commit), so the count below sees every
+# earlier insert of theirs; other users never wait. A transaction-level lock: released at
+# commit or rollback, so it is safe with the pool's no-op reset.
+QUOTA_USER_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtext('signoff:quota'), hashtext($1 || '/' || $2))"
+)
+
+# A thread ($1) for tenant $2 / owner $3, unless that owner created $4 or more in the last
+# $5 seconds. Always one row: the thread's columns (NULL when refused), how many were in
+# the window, and the seconds until the oldest of them leaves it.
+THREAD_INSERT_WITHIN_QUOTA = """
+WITH recent AS (
+    SELECT count(*) AS n, min(created_at) AS oldest FROM threads
+    WHERE tenant = $2 AND owner = $3 AND created_at > now() - make_interval(secs => $5)
+), made AS (
+    INSERT INTO threads (id, tenant, owner) SELECT $1, $2, $3 FROM recent WHERE recent.n < $4
+    RETURNING id::text, tenant, owner, last_seq, created_at
+)
+SELECT made.id, made.tenant, made.owner, made.last_seq, made.created_at, recent.n AS recent,
+       extract(epoch FROM recent.oldest + make_interval(secs => $5) - now())::float8
+           AS retry_after
+FROM recent LEFT JOIN made ON true
+"""
+
+# Model turns in flight for tenant $1 / owner $2: their runs `running` now, and which of
+# the accepted messages' run ids ($3) no worker has started yet. One statement, one
+# snapshot: a run starting meanwhile is counted once, as one or the other.
+TURNS_IN_FLIGHT = """
+SELECT
+    (SELECT count(*) FROM runs WHERE tenant = $1 AND owner = $2 AND status = 'running')
+        AS running,
+    count(a.id) FILTER (WHERE r.id IS NULL) AS queued,
+    coalesce(array_agg(a.id::text) FILTER (WHERE r.id IS NOT NULL), '{}') AS started
+FROM unnest($3::uuid[]) AS a(id) LEFT JOIN runs r ON r.id = a.id
+"""

@@ -124,3 +124,7 @@ CREATE TABLE deliveries (
     received_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (channel, message_id)
 );
+
+-- Per-user quotas (gateway/quotas.py): threads created in the last minute, runs in flight.
+CREATE INDEX threads_owner_created ON threads (tenant, owner, created_at);
+CREATE INDEX runs_owner_running ON runs (tenant, owner) WHERE status = 'running';

@@ -160,6 +160,7 @@ async def harness(
             import uvicorn
 
             from gateway.app import build_app
+            from gateway.timeouts import http_protocol
 
             port = free_port()
             asgi = build_app(settings=s, store=store, bus=bus, decisions=decisions, tokens=tokens)
@@ -169,6 +170,7 @@ async def harness(
                     host="127.0.0.1",
                     port=port,
                     ws="wsproto",
+                    http=http_protocol(s),
                     lifespan="off",
                     log_level="warning",
                 )
