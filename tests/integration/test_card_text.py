@@ -70,9 +70,8 @@ async def test_model_description_goes_to_its_own_cleaned_field(
         refused = results_in(fake.requests[1])[email["id"]]
         assert refused["is_error"] is True and "not an e-mail address" in str(refused["content"])
         assert "\u202e" not in json.dumps(refused, ensure_ascii=False)
-        assert [c.tool for c in await h.store.list_cards(owner="alice", status=None)] == [
-            "create_pix_charge"
-        ]
+        mine = [c.tool for c in await h.store.list_cards(owner="alice") if c.tenant == h.tenant]
+        assert mine == ["create_pix_charge"]
 
 
 async def test_email_change_shows_both_addresses_as_fields(
