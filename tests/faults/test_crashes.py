@@ -54,7 +54,7 @@ async def test_worker_killed_after_provider_accepted_before_recording(
         SIGNOFF_SWEEP_SECONDS="0.5",
         SIGNOFF_STUCK_AFTER_SECONDS="1",
     ) as c:
-        invariants.watch(database_url, c.tenant, sweep_seconds=0.5, stuck_after_seconds=1)
+        invariants.watch_cluster(c)
         doomed = c.add_worker("doomed", SIGNOFF_FAULTS="execute.after_provider")
         (gw,) = c.gateways
         db = await asyncpg.connect(database_url)
@@ -125,7 +125,7 @@ async def test_gateway_killed_after_commit_before_publish(
         workers=1,
         SIGNOFF_POLL_SECONDS="1",
     ) as c:
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         doomed = c.add_gateway(SIGNOFF_FAULTS="decide.before_publish")
         db = await asyncpg.connect(database_url)
         try:
@@ -167,7 +167,7 @@ async def test_duplicated_inbox_delivery_runs_once(
     after losing the reply), and two workers take the copies concurrently: one run and one
     card per message, and one charge once approved."""
     with cluster(database_url, redis_url, tmp_path, gateways=1, workers=2) as c:
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         (gw,) = c.gateways
         db = await asyncpg.connect(database_url)
         r = aioredis.from_url(redis_url)
@@ -226,7 +226,7 @@ async def test_two_workers_recovering_the_same_runs_at_once(
         SIGNOFF_LEASE_SECONDS="2",
         SIGNOFF_POLL_SECONDS="1",
     ) as c:
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         first = c.add_worker("first")
         (gw,) = c.gateways
         db = await asyncpg.connect(database_url)

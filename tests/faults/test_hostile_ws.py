@@ -80,7 +80,7 @@ def ws_target(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture
 async def w(ws_target: WsTarget, invariants: Invariants) -> AsyncIterator[WsTarget]:
-    invariants.watch(ws_target.database_url, ws_target.c.tenant)
+    invariants.watch_cluster(ws_target.c)
     yield ws_target
 
 
