@@ -82,10 +82,10 @@ class Tally:
     approvals: dict[str, int] = field(default_factory=dict)  # card id -> status code
     messages: int = 0  # 202 messages whose processing was checked
     settle_times: list[float] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, what)
 
-    def problem(self, text: str) -> None:
-        self.problems.append(text)
+    def problem(self, kind: str, text: str) -> None:
+        self.problems.append((kind, text))
 
 
 def untyped(r: httpx.Response) -> str | None:
@@ -128,13 +128,16 @@ class Race:
                 headers=self.auth(user),
             )
         except httpx.HTTPError as exc:
-            self.tally.problem(f"message on gw{gw}: {type(exc).__name__}: {exc}")
+            self.tally.problem("no answer", f"message on gw{gw}: {type(exc).__name__}: {exc}")
             return None, time.monotonic()
         at = time.monotonic()
         self.tally.message_codes[r.status_code] += 1
         why = untyped(r)
         if r.status_code != 202 or why:
-            self.tally.problem(f"message on gw{gw}: {r.status_code} {why or r.text[:200]}")
+            self.tally.problem(
+                f"message answered {r.status_code}",
+                f"message on gw{gw}: {r.status_code} {why or r.text[:200]}",
+            )
         return r, at
 
     async def approve(self, gw: int, user: str, card: dict[str, str]) -> int | None:
@@ -145,14 +148,15 @@ class Race:
                 headers=self.auth(user),
             )
         except httpx.HTTPError as exc:
-            self.tally.problem(f"approve on gw{gw}: {type(exc).__name__}: {exc}")
+            self.tally.problem("no answer", f"approve on gw{gw}: {type(exc).__name__}: {exc}")
             return None
         self.tally.approve_codes[r.status_code] += 1
         self.tally.approvals[card["id"]] = r.status_code
         why = untyped(r)
         if r.status_code not in (200, 409) or why:
             self.tally.problem(
-                f"approve of {card['id']} on gw{gw}: {r.status_code} {why or r.text[:200]}"
+                f"approve answered {r.status_code}" + (" untyped" if why else ""),
+                f"approve of {card['id']} on gw{gw}: {r.status_code} {why or r.text[:200]}",
             )
         return r.status_code
 
@@ -176,16 +180,20 @@ class Race:
                 self.tally.settle_times.append(now - accepted_at)
                 if now > late and not reported:
                     self.tally.problem(
+                        "202 message processed late",
                         f"message {text!r}: run {last['run_id']} settled "
-                        f"{now - accepted_at:.1f}s after its 202"
+                        f"{now - accepted_at:.1f}s after its 202",
                     )
                 return None if last["card"] is None else dict(json.loads(last["card"]))
             if now > late and not reported:
                 reported = True
                 state = "no run" if last is None else f"run {last['run_id']} still running"
                 self.tally.problem(
+                    "202 message: "
+                    + ("no run" if last is None else "run still running")
+                    + " after 5 s",
                     f"message {text!r} in thread {thread}: {state} {SETTLE_SECONDS:.0f}s "
-                    "after its 202"
+                    "after its 202",
                 )
             if now > give_up:
                 return None
@@ -257,8 +265,8 @@ async def quiet(db: asyncpg.Pool, tenant: str, timeout: float) -> bool:
     return False
 
 
-async def final_checks(race: Race, db: asyncpg.Pool, c: Cluster) -> list[str]:
-    out: list[str] = []
+async def final_checks(race: Race, db: asyncpg.Pool, c: Cluster) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
     t = c.tenant
     rows = await db.fetch("SELECT id::text, status FROM cards WHERE tenant = $1", t)
     status = {r["id"]: r["status"] for r in rows}
@@ -267,9 +275,9 @@ async def final_checks(race: Race, db: asyncpg.Pool, c: Cluster) -> list[str]:
         final = status.get(card_id, "missing")
         finals[(code, final)] += 1
         if code == 200 and final not in ("executed", "failed", "invalidated"):
-            out.append(f"card {card_id} approved (200) but is {final}")
+            out.append((f"approved (200), ends {final}", f"card {card_id}"))
         if code == 409 and final in ("approved", "executing", "executed", "failed"):
-            out.append(f"card {card_id} refused (409) but is {final}")
+            out.append((f"refused (409), ends {final}", f"card {card_id}"))
     print(f"race: (answer, final status) of the raced cards: {dict(finals)}")
     # How long each approved card stayed `approved`, from its audit.
     rows = await db.fetch(
@@ -288,11 +296,16 @@ async def final_checks(race: Race, db: asyncpg.Pool, c: Cluster) -> list[str]:
         dwell = ((r["left_at"] or r["now"]) - r["approved_at"]).total_seconds()
         if dwell > APPROVED_SECONDS:
             where = "still approved" if r["left_at"] is None else f"then {r['status']}"
-            out.append(f"card {r['id']} sat approved for {dwell:.1f}s ({where})")
+            out.append(
+                (
+                    f"approved > {APPROVED_SECONDS:.0f} s",
+                    f"card {r['id']} sat approved for {dwell:.1f}s ({where})",
+                )
+            )
     running = await db.fetch(
         "SELECT id::text, worker_id FROM runs WHERE tenant = $1 AND status = 'running'", t
     )
-    out += [f"run {r['id']} still running (holder {r['worker_id']})" for r in running]
+    out += [("run left running", f"run {r['id']} (holder {r['worker_id']})") for r in running]
     executed = await db.fetchval(
         "SELECT count(*) FROM cards WHERE tenant = $1 AND status = 'executed' "
         "AND tool = 'create_pix_charge'",
@@ -300,14 +313,26 @@ async def final_checks(race: Race, db: asyncpg.Pool, c: Cluster) -> list[str]:
     )
     charges = await db.fetchval("SELECT count(*) FROM demo_charges WHERE tenant = $1", t)
     if charges != executed:
-        out.append(f"{charges} provider charges for {executed} executed cards")
+        out.append(("charges", f"{charges} provider charges for {executed} executed cards"))
     inbox = await inbox_state(c.redis_url, c.prefix)
     out += [
-        f"inbox entry {e.id} unprocessed after {e.age:.1f}s (at {e.consumer})"
+        ("inbox entry unprocessed", f"entry {e.id} after {e.age:.1f}s (at {e.consumer})")
         for e in inbox.entries
         if e.age > SETTLE_SECONDS
     ]
     return out
+
+
+def report(problems: list[tuple[str, str]]) -> str:
+    """Problems by kind: a count and the first few of each."""
+    kinds: dict[str, list[str]] = {}
+    for kind, what in problems:
+        kinds.setdefault(kind, []).append(what)
+    lines = [f"{len(problems)} problems:"]
+    for kind, whats in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"  {len(whats)} × {kind}")
+        lines += [f"      {w}" for w in whats[:3]]
+    return "\n".join(lines)
 
 
 def log_signals(c: Cluster) -> str:
@@ -347,12 +372,9 @@ async def test_approve_against_new_message_in_the_same_thread(
             await invariants.check()
         except AssertionError as exc:
             violations.append(str(exc))
-        report = "\n  ".join(
-            problems[:40] + [f"… {len(problems) - 40} more"] * (len(problems) > 40)
-        )
         assert not problems and not violations, (
-            f"{race.summary()}; logs: {log_signals(c)}\n"
-            f"{len(problems)} problems:\n  {report}\n" + "\n".join(violations)
+            f"{race.summary()}; logs: {log_signals(c)}\n{report(problems)}\n"
+            + "\n".join(violations)
         )
     finally:
         for client in clients:
