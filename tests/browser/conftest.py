@@ -3,7 +3,9 @@
 No browser is downloaded: Playwright launches the system Chromium
 (``apt-get install -y chromium`` gives ``/usr/bin/chromium``; override with
 ``SIGNOFF_CHROMIUM``). The whole directory is skipped, with the reason, only
-when that binary or the ``playwright`` package is missing.
+when that binary or the ``playwright`` package is missing — unless
+``SIGNOFF_REQUIRE_BROWSER=1`` (CI sets it in ``.ci/run``): then every browser test
+fails with the reason instead, so a CI run without a browser cannot pass.
 """
 
 from __future__ import annotations
@@ -57,10 +59,22 @@ def missing() -> str | None:
     return None
 
 
+REQUIRE_BROWSER = os.environ.get("SIGNOFF_REQUIRE_BROWSER") == "1"
+
+
+@pytest.fixture(scope="session")  # before the session's `browser` fixture tries to launch it
+def _browser_required() -> None:
+    pytest.fail(f"SIGNOFF_REQUIRE_BROWSER=1 and {missing()}", pytrace=False)
+
+
 # Every browser test module starts with ``pytestmark = [pytest.mark.anyio, needs_browser]``.
-needs_browser = pytest.mark.skipif(
-    missing() is not None, reason=f"browser tests skipped: {missing()}"
-)
+needs_browser: pytest.MarkDecorator
+if missing() is not None and REQUIRE_BROWSER:
+    needs_browser = pytest.mark.usefixtures("_browser_required")
+else:
+    needs_browser = pytest.mark.skipif(
+        missing() is not None, reason=f"browser tests skipped: {missing()}"
+    )
 
 
 if HAVE_PLAYWRIGHT:

@@ -17,6 +17,7 @@ import websockets
 
 from tests import services
 from tests.cluster import Cluster, cluster
+from tests.faults.helpers import inbox_drained, runs_settled
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -38,14 +39,14 @@ def headers(c: Cluster, user: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {c.token(user)}"}
 
 
-async def wait_until(fn: Any, timeout: float = 30.0, every: float = 0.1) -> Any:
+async def wait_until(fn: Any, timeout: float = 30.0, every: float = 0.1, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = await fn()
         if value:
             return value
         await asyncio.sleep(every)
-    raise AssertionError("condition not met in time")
+    raise AssertionError(f"not met within {timeout:.0f}s: {what or fn}")
 
 
 async def test_chat_on_a_approve_on_b(pools: Cluster) -> None:
@@ -293,7 +294,11 @@ async def test_inbox_entry_of_dead_worker_is_redone_without_duplicate_card(
             await wait_until(lambda: _dead(doomed), timeout=30)
             c.add_worker()
             card = (await wait_until(lambda: _count_pending(db, c.tenant, 1), timeout=30))[0]
-            await asyncio.sleep(1.5)  # let the survivor reclaim the entry and adopt the run
+            # The survivor reclaims the dead worker's entry, handles it again (finding its
+            # run) and acks it; only then do the counts say the redelivery added nothing.
+            await wait_until(
+                lambda: _redelivered(db, c), timeout=30, what="entry reclaimed and acked"
+            )
             total = await db.fetchval("SELECT count(*) FROM cards WHERE tenant = $1", c.tenant)
             runs = await db.fetchval("SELECT count(*) FROM runs WHERE tenant = $1", c.tenant)
             assert (total, runs) == (1, 1)
@@ -302,6 +307,11 @@ async def test_inbox_entry_of_dead_worker_is_redone_without_duplicate_card(
             await check_exactly_once(db, c.tenant, 1)
         finally:
             await db.close()
+
+
+async def _redelivered(db: asyncpg.Connection, c: Cluster) -> bool:
+    """The inbox drained and no run `running`: the redelivered entry was handled."""
+    return await inbox_drained(c) and await runs_settled(db, c.tenant)
 
 
 async def _executed(db: asyncpg.Connection, tenant: str, n: int) -> bool:

@@ -21,15 +21,20 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from runtime.config import Settings
 from store.embedded import EmbeddedServer, start_postgres, start_valkey
 from store.postgres import PostgresStore
 from tests import services
+from tests.cluster import Cluster
 from tests.conftest import with_database
 from tests.faults.helpers import cluster_pids, signal_all
 from tests.faults.invariants import Scope, check
+
+SLACK = 5.0  # scheduling slack on a loaded 2-core machine (as Scope.slack_seconds)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,28 +98,76 @@ class Invariants:
         *,
         sweep_seconds: float = 2.0,
         stuck_after_seconds: float = 300.0,
+        approved_after_seconds: float | None = None,
+        redis_url: str | None = None,
+        prefix: str | None = None,
+        inbox_idle_seconds: float | None = None,
     ) -> None:
-        self.scopes.append(Scope(database_url, tenant, sweep_seconds, stuck_after_seconds))
+        """Watch one tenant (and, with ``redis_url`` and ``prefix``, its inbox stream).
+        Thresholds left out take the runtime's defaults (see ``Scope``)."""
+        extra: dict[str, float] = {}
+        if approved_after_seconds is not None:
+            extra["approved_after_seconds"] = approved_after_seconds
+        if inbox_idle_seconds is not None:
+            extra["inbox_idle_seconds"] = inbox_idle_seconds
+        self.scopes.append(
+            Scope(
+                database_url,
+                tenant,
+                sweep_seconds,
+                stuck_after_seconds,
+                redis_url=redis_url,
+                prefix=prefix,
+                **extra,
+            )
+        )
 
-    async def check(self) -> None:
+    def watch_cluster(self, c: Cluster, **overrides: Any) -> None:
+        """Watch a cluster's tenant and inbox, with thresholds from its settings."""
+        settings = Settings()
+
+        def setting(name: str, env: str) -> float:
+            return float(c.env_extra.get(env, getattr(settings, name)))
+
+        sweep = setting("sweep_seconds", "SIGNOFF_SWEEP_SECONDS")
+        poll = setting("poll_seconds", "SIGNOFF_POLL_SECONDS")
+        lease = setting("lease_seconds", "SIGNOFF_LEASE_SECONDS")
+        claim_idle = setting("claim_idle_ms", "SIGNOFF_CLAIM_IDLE_MS") / 1000
+        args: dict[str, Any] = {
+            "sweep_seconds": sweep,
+            "stuck_after_seconds": setting("stuck_after_seconds", "SIGNOFF_STUCK_AFTER_SECONDS"),
+            # a lost hint waits for the poll; a dead holder's run for its lease and a tick
+            "approved_after_seconds": max(poll, lease + 2.0) + sweep + SLACK,
+            "redis_url": c.redis_url,
+            "prefix": c.prefix,
+            # a dead consumer's entry: the claim idle time, then one claim interval
+            "inbox_idle_seconds": claim_idle + min(5.0, claim_idle) + SLACK,
+        }
+        args.update(overrides)
+        self.watch(c.database_url, c.tenant, **args)
+
+    async def check(self, *, require_redis: bool = True) -> None:
         """Fail with every violated invariant (call while the system still runs)."""
         self.checked = True
         violations: list[str] = []
         for scope in self.scopes:
-            violations += [f"[{scope.tenant}] {v}" for v in await check(scope)]
+            found = await check(scope, require_redis=require_redis)
+            violations += [f"[{scope.tenant}] {v}" for v in found]
         assert not violations, "invariants violated:\n  " + "\n  ".join(violations)
 
 
 @pytest.fixture(autouse=True)
 def invariants(request: pytest.FixtureRequest) -> Iterator[Invariants]:
+    """Runs the checker after every fault test, whether it passed or failed."""
     inv = Invariants()
     yield inv
     if request.node.get_closest_marker("no_store"):
         return
     assert inv.scopes, "a fault test must watch the tenants it touched (or be marked no_store)"
-    # Again after teardown of the system: nothing may have changed for the worse.
+    # Again after teardown of the system: nothing may have changed for the worse. A
+    # private Redis the test's fixtures already stopped took its inbox with it.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, inv.check()).result()
+        pool.submit(asyncio.run, inv.check(require_redis=False)).result()
 
 
 # -- servers ------------------------------------------------------------------------

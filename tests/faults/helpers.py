@@ -13,6 +13,7 @@ import asyncpg
 import httpx
 
 from tests.cluster import Cluster
+from tests.faults.invariants import inbox_state
 
 T = TypeVar("T")
 
@@ -95,6 +96,32 @@ async def runs_done(db: asyncpg.Connection, tenant: str, n: int) -> bool:
         db, "SELECT count(*) FROM runs WHERE tenant = $1 AND status = 'done'", tenant
     )
     return done >= n
+
+
+async def runs_settled(db: asyncpg.Connection, tenant: str) -> bool:
+    """No run of the tenant is `running` (each is parked, done, failed or superseded)."""
+    running = await count(
+        db, "SELECT count(*) FROM runs WHERE tenant = $1 AND status = 'running'", tenant
+    )
+    return running == 0
+
+
+async def inbox_drained(c: Cluster) -> bool:
+    """Every entry of the cluster's inbox was handled and acked (acked entries are deleted)."""
+    return (await inbox_state(c.redis_url, c.prefix)).drained
+
+
+async def quiescent(db: asyncpg.Connection, c: Cluster) -> bool:
+    """Nothing left to do: the inbox drained, no run `running`, no card `approved` or
+    `executing`. What a late duplicate would need is gone, so counts taken now are final."""
+    if not await inbox_drained(c) or not await runs_settled(db, c.tenant):
+        return False
+    busy = await count(
+        db,
+        "SELECT count(*) FROM cards WHERE tenant = $1 AND status IN ('approved', 'executing')",
+        c.tenant,
+    )
+    return busy == 0
 
 
 def cluster_pids(root_pid: int) -> list[int]:

@@ -17,15 +17,28 @@ them are scoped to one tenant, so tests sharing a database never see each other.
 * ``expiry``      — no card ``pending`` past ``expires_at`` + sweep interval (I7).
 * ``stuck``       — no card ``executing`` past the stuck threshold without a
                     reconciliation flag (I4).
+* ``approved``    — no card ``approved`` (decided, neither executing nor invalidated) for
+                    longer than ``approved_after_seconds`` (I4, I6: a decision is acted on).
+* ``unheld``      — no run ``running`` with no holder (``worker_id`` NULL, a holder with
+                    no lease row, or one whose lease lapsed) for longer than the adoption
+                    tick + slack (I6: nothing half-way is left to nobody).
+* ``inbox``       — (with ``redis_url`` and ``prefix``) no entry of the scope's inbox
+                    stream older than ``inbox_idle_seconds`` and still unprocessed —
+                    pending at a consumer or never delivered (I5, I6: a message answered
+                    202 is processed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
+import redis.asyncio as aioredis
+import redis.exceptions as rx
 
 from runtime.cards import MOVES, Status
+from runtime.keys import Keys
 
 HUMAN_CHANNELS = ("http", "ws", "whatsapp", "test")
 NOT_HUMAN = ("system", "clock", "sweeper", "operator")
@@ -40,17 +53,30 @@ class Scope:
     sweep_seconds: float = 2.0
     stuck_after_seconds: float = 300.0
     slack_seconds: float = 5.0  # scheduling slack on a loaded 2-core machine
+    # A decided card is acted on within the worker's poll (a lost hint) or the lease of a
+    # dead holder, plus the adoption tick; the default fits the runtime's defaults.
+    approved_after_seconds: float = 20.0
+    adopt_tick_seconds: float = 2.0  # a lapsed or released run is adopted within one tick
+    redis_url: str | None = None  # the inbox check runs only with a Redis and a prefix
+    prefix: str | None = None
+    # An entry of a dead consumer is reclaimed after the claim idle time (30 s by default)
+    # plus one claim interval (<= 5 s), then handled in moments.
+    inbox_idle_seconds: float = 40.0
 
 
-async def check(scope: Scope) -> list[str]:
+async def check(scope: Scope, *, require_redis: bool = True) -> list[str]:
+    """Every violation in ``scope``. ``require_redis=False``: a Redis that no longer
+    answers (a private server stopped by the test's teardown) skips the inbox check."""
     conn = await asyncpg.connect(scope.database_url, timeout=10)
     try:
         out: list[str] = []
-        for fn in (_executions, _provider, _approvals, _audit, _expiry, _stuck):
+        for fn in (_executions, _provider, _approvals, _audit, _expiry, _stuck, _approved, _unheld):
             out += [f"{fn.__name__.lstrip('_')}: {v}" for v in await fn(conn, scope)]
-        return out
     finally:
         await conn.close()
+    if scope.redis_url is not None and scope.prefix is not None:
+        out += [f"inbox: {v}" for v in await _inbox(scope, require_redis)]
+    return out
 
 
 async def _executions(conn: asyncpg.Connection, s: Scope) -> list[str]:
@@ -219,3 +245,125 @@ async def _stuck(conn: asyncpg.Connection, s: Scope) -> list[str]:
         s.stuck_after_seconds + s.sweep_seconds + s.slack_seconds,
     )
     return [f"card {r['id']} executing since {r['executing_since']}, not flagged" for r in rows]
+
+
+async def _approved(conn: asyncpg.Connection, s: Scope) -> list[str]:
+    rows = await conn.fetch(
+        """
+        SELECT id::text, decided_at, now() - decided_at AS age FROM cards
+        WHERE tenant = $1 AND status = 'approved'
+          AND decided_at < now() - make_interval(secs => $2)
+        """,
+        s.tenant,
+        s.approved_after_seconds,
+    )
+    return [
+        f"card {r['id']} approved at {r['decided_at']} and still not acted on "
+        f"({r['age'].total_seconds():.1f}s)"
+        for r in rows
+    ]
+
+
+async def _unheld(conn: asyncpg.Connection, s: Scope) -> list[str]:
+    """A `running` run must have a live holder. The time it has gone without one is
+    measured from its holder's lapsed lease, or (released: ``worker_id`` NULL, or a
+    holder whose lease row is gone) from its last write — an upper bound, since a
+    release does not touch ``updated_at``; a `running` run idle that long is wrong
+    anyway (the holder would have written a step)."""
+    rows = await conn.fetch(
+        """
+        SELECT r.id::text, r.worker_id, r.updated_at, w.lease_until FROM runs r
+        LEFT JOIN workers w ON w.id = r.worker_id
+        WHERE r.tenant = $1 AND r.status = 'running'
+          AND CASE WHEN w.id IS NULL THEN r.updated_at ELSE w.lease_until END
+              < now() - make_interval(secs => $2)
+        """,
+        s.tenant,
+        s.adopt_tick_seconds + s.slack_seconds,
+    )
+    out: list[str] = []
+    for r in rows:
+        if r["worker_id"] is None:
+            why = f"no holder (last written {r['updated_at']})"
+        elif r["lease_until"] is None:
+            why = f"holder {r['worker_id']!r} has no lease row (last written {r['updated_at']})"
+        else:
+            why = f"holder {r['worker_id']!r} whose lease lapsed at {r['lease_until']}"
+        out.append(f"run {r['id']} running with {why}")
+    return out
+
+
+@dataclass(frozen=True)
+class InboxEntry:
+    id: str
+    age: float  # seconds since XADD (the id's time, against Redis's clock)
+    consumer: str | None  # the consumer holding it (pending), or None: never delivered
+    deliveries: int
+    idle: float  # seconds since its last delivery (0 when never delivered)
+
+
+@dataclass(frozen=True)
+class InboxState:
+    """The inbox stream of one key prefix. A handled entry is acked and deleted at once
+    (``RedisBus.ack``: XACK + XDEL), so every entry still there is unprocessed work."""
+
+    entries: list[InboxEntry]
+
+    @property
+    def drained(self) -> bool:
+        return not self.entries
+
+
+async def inbox_state(redis_url: str, prefix: str) -> InboxState:
+    """The entries of ``prefix``'s inbox stream (the first 1000), with their PEL state."""
+    keys = Keys(prefix)
+    inbox, group = keys.inbox, keys.inbox_group
+    client = aioredis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
+    try:
+        raw = await client.xrange(inbox, "-", "+", 1000)
+        if not raw:
+            return InboxState([])
+        seconds, micros = await client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        held: dict[str, tuple[str, int, float]] = {}
+        groups: list[dict[Any, Any]] = await client.xinfo_groups(inbox)
+        if any(_text(g["name"]) == group for g in groups):
+            for item in await client.xpending_range(inbox, group, "-", "+", 1000):
+                held[_text(item["message_id"])] = (
+                    _text(item["consumer"]),
+                    int(item["times_delivered"]),
+                    int(item["time_since_delivered"]) / 1000,
+                )
+        entries = []
+        for entry_id, _ in raw:
+            eid = _text(entry_id)
+            consumer, n, idle = held.get(eid, (None, 0, 0.0))
+            age = (now_ms - int(eid.split("-")[0])) / 1000
+            entries.append(InboxEntry(eid, age, consumer, n, idle))
+        return InboxState(entries)
+    finally:
+        await client.aclose()
+
+
+async def _inbox(s: Scope, require_redis: bool) -> list[str]:
+    assert s.redis_url is not None and s.prefix is not None
+    try:
+        state = await inbox_state(s.redis_url, s.prefix)
+    except (rx.ConnectionError, rx.TimeoutError, OSError) as exc:
+        return [f"Redis at {s.redis_url} does not answer: {exc}"] if require_redis else []
+    out: list[str] = []
+    for e in state.entries:
+        if e.age <= s.inbox_idle_seconds:
+            continue
+        if e.consumer is None:
+            out.append(f"entry {e.id} not processed after {e.age:.1f}s, never delivered")
+        else:
+            out.append(
+                f"entry {e.id} not processed after {e.age:.1f}s: pending at {e.consumer!r}, "
+                f"delivered {e.deliveries} times, idle {e.idle:.1f}s"
+            )
+    return out
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

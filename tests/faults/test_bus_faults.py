@@ -60,7 +60,7 @@ async def test_slow_subscriber_cut_off_by_output_buffer_limit_loses_no_decision(
             SIGNOFF_POLL_SECONDS="60",
         ) as c,
     ):
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         c.add_worker("slow-w", SIGNOFF_REDIS_URL=proxy.url_for(valkey.url))
         (gw,) = c.gateways
         channel = f"{c.prefix}w:slow-w"
@@ -118,7 +118,7 @@ async def test_redis_latency_and_half_open_links_lose_no_decision(
             SIGNOFF_CLAIM_IDLE_MS="1000",
         ) as c,
     ):
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         c.add_worker("ho-w", SIGNOFF_REDIS_URL=proxy.url_for(valkey.url))
         (gw,) = c.gateways
         db = await asyncpg.connect(database_url)
@@ -169,7 +169,7 @@ async def test_gateway_without_redis_still_commits_and_the_worker_applies_it(
             SIGNOFF_POLL_SECONDS="1",
         ) as c,
     ):
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         gw = c.add_gateway(SIGNOFF_REDIS_URL=proxy.url_for(valkey.url))
         db = await asyncpg.connect(database_url)
         try:

@@ -44,7 +44,7 @@ async def test_chaos_kills_and_pubsub_drops_while_deciding(
         SIGNOFF_SWEEP_SECONDS="0.5",
         SIGNOFF_STUCK_AFTER_SECONDS="2",
     ) as c:
-        invariants.watch(database_url, c.tenant, sweep_seconds=0.5, stuck_after_seconds=2)
+        invariants.watch_cluster(c)
         db = await asyncpg.connect(database_url)
         r = aioredis.from_url(redis_url)
         try:

@@ -28,6 +28,7 @@ from tests.faults.helpers import (
     bearer,
     count,
     pending,
+    quiescent,
     runs_done,
     start_threads,
     wait_until,
@@ -54,7 +55,7 @@ async def test_worker_killed_after_provider_accepted_before_recording(
         SIGNOFF_SWEEP_SECONDS="0.5",
         SIGNOFF_STUCK_AFTER_SECONDS="1",
     ) as c:
-        invariants.watch(database_url, c.tenant, sweep_seconds=0.5, stuck_after_seconds=1)
+        invariants.watch_cluster(c)
         doomed = c.add_worker("doomed", SIGNOFF_FAULTS="execute.after_provider")
         (gw,) = c.gateways
         db = await asyncpg.connect(database_url)
@@ -125,7 +126,7 @@ async def test_gateway_killed_after_commit_before_publish(
         workers=1,
         SIGNOFF_POLL_SECONDS="1",
     ) as c:
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         doomed = c.add_gateway(SIGNOFF_FAULTS="decide.before_publish")
         db = await asyncpg.connect(database_url)
         try:
@@ -167,7 +168,7 @@ async def test_duplicated_inbox_delivery_runs_once(
     after losing the reply), and two workers take the copies concurrently: one run and one
     card per message, and one charge once approved."""
     with cluster(database_url, redis_url, tmp_path, gateways=1, workers=2) as c:
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         (gw,) = c.gateways
         db = await asyncpg.connect(database_url)
         r = aioredis.from_url(redis_url)
@@ -191,7 +192,11 @@ async def test_duplicated_inbox_delivery_runs_once(
                 for _ in range(3):
                     await r.xadd(f"{c.prefix}inbox", {"job": json.dumps(job)})
             cards = await wait_until(lambda: pending(db, c.tenant, n), what="one card each")
-            await asyncio.sleep(1.0)  # every copy taken and handled
+            # Every copy taken, handled and acked, and no run still going: only then are
+            # the counts final (a copy handled late would add its run after a quick look).
+            await wait_until(
+                lambda: quiescent(db, c), timeout=20, what="all 30 copies handled, runs parked"
+            )
             assert await count(db, "SELECT count(*) FROM runs WHERE tenant = $1", c.tenant) == n
             assert await count(db, "SELECT count(*) FROM cards WHERE tenant = $1", c.tenant) == n
             users_logged = await count(
@@ -226,7 +231,7 @@ async def test_two_workers_recovering_the_same_runs_at_once(
         SIGNOFF_LEASE_SECONDS="2",
         SIGNOFF_POLL_SECONDS="1",
     ) as c:
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c)
         first = c.add_worker("first")
         (gw,) = c.gateways
         db = await asyncpg.connect(database_url)
@@ -236,7 +241,13 @@ async def test_two_workers_recovering_the_same_runs_at_once(
             first.signal(signal.SIGKILL)
             await asyncio.to_thread(first.wait)
             assert await approve(c, gw.url, cards) == [200] * n
-            await asyncio.sleep(2.5)  # leases lapse
+
+            async def lapsed() -> bool:
+                return bool(
+                    await db.fetchval("SELECT lease_until < now() FROM workers WHERE id = 'first'")
+                )
+
+            await wait_until(lapsed, timeout=10, what="the killed worker's lease lapsed")
             holder = await asyncpg.connect(database_url)
             tx = holder.transaction()
             await tx.start()
@@ -251,7 +262,9 @@ async def test_two_workers_recovering_the_same_runs_at_once(
             await holder.close()
             await started
             await wait_until(lambda: runs_done(db, c.tenant, n), timeout=60, what="runs done")
-            await asyncio.sleep(1.0)  # a second continuation, if any, would land now
+            # A done run takes no more writes (every step is fenced on an active run held
+            # by the writer), so once nothing is left to do the counts below are final.
+            await wait_until(lambda: quiescent(db, c), timeout=20, what="nothing left to do")
             rows = await db.fetch(
                 "SELECT r.id::text, r.worker_id, "
                 "count(*) FILTER (WHERE m.kind = 'tool_results') AS results, "

@@ -80,7 +80,7 @@ def ws_target(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture
 async def w(ws_target: WsTarget, invariants: Invariants) -> AsyncIterator[WsTarget]:
-    invariants.watch(ws_target.database_url, ws_target.c.tenant)
+    invariants.watch_cluster(ws_target.c)
     yield ws_target
 
 
@@ -403,7 +403,7 @@ async def test_a_message_is_acked_or_refused_never_half_stored(
         Proxy(port) as proxy,
         cluster(database_url, redis_url, tmp_path, gateways=0, workers=0) as c,
     ):
-        invariants.watch(database_url, c.tenant)
+        invariants.watch_cluster(c, redis_url=None)  # no worker: messages stay queued
         gw = c.add_gateway(SIGNOFF_REDIS_URL=proxy.url_for(redis_url))
         target = WsTarget(c, database_url)
 

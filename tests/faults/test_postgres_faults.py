@@ -68,7 +68,7 @@ async def test_postgres_stalled_then_continued_gives_503_and_nothing_half_writte
         SIGNOFF_DB_TIMEOUT_SECONDS=str(DB_TIMEOUT),
         SIGNOFF_POLL_SECONDS="1",
     ) as c:
-        invariants.watch(url, c.tenant)
+        invariants.watch_cluster(c)
         gw = c.gateways[0]
         users = [f"st{i}" for i in range(5)]
         threads = await start_threads(c, gw.url, users)
@@ -193,7 +193,7 @@ async def test_postgres_restarted_mid_transaction_leaves_nothing_half_written(
         SIGNOFF_DB_TIMEOUT_SECONDS="30",  # the restart, not the timeout, ends the transaction
         SIGNOFF_POLL_SECONDS="1",
     ) as c:
-        invariants.watch(url, c.tenant)
+        invariants.watch_cluster(c)
         gw = c.gateways[0]
         await start_threads(c, gw.url, ["rs0"])
         db = await asyncpg.connect(url)
@@ -306,7 +306,7 @@ async def test_postgres_latency_and_half_open_connections(
                 SIGNOFF_DATABASE_URL=proxy.url_for(database_url),
                 SIGNOFF_DB_TIMEOUT_SECONDS=str(DB_TIMEOUT),
             )
-            invariants.watch(database_url, c.tenant)
+            invariants.watch_cluster(c)
             proxy.delay(up=0.02, down=0.02)
             db = await asyncpg.connect(database_url)
             try:

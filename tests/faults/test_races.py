@@ -52,7 +52,7 @@ def gateways3(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture
 def c(gateways3: Cluster, database_url: str, invariants: Invariants) -> Cluster:
-    invariants.watch(database_url, gateways3.tenant, sweep_seconds=SWEEP)
+    invariants.watch_cluster(gateways3)
     return gateways3
 
 
