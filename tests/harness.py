@@ -112,8 +112,14 @@ async def harness(
     settings: Settings | None = None,
     start_worker: bool = True,
     bus: Bus | None = None,
+    leave_runs: bool = False,
 ) -> AsyncIterator[Harness]:
-    """``bus``: the bus to use (default: an in-process one); closed at the end."""
+    """``bus``: the bus to use (default: an in-process one); closed at the end.
+
+    The tests of a session share one database, and a worker adopts any released run: at
+    the end, this tenant's runs still active are ended (``superseded``) so that no later
+    test's worker continues them with its own model. ``leave_runs``: keep them for
+    another harness to adopt (the recovery tests)."""
     tenant = "t-" + secrets.token_hex(4)
     base = settings or Settings()
     s = base.with_(
@@ -188,6 +194,12 @@ async def harness(
                     await asyncio.wait_for(serve, 5)
             await asgi.state.feeds.close()
         await worker.stop()
+        if not leave_runs:
+            await store._pool.execute(
+                "UPDATE runs SET status = 'superseded' WHERE tenant = $1"
+                " AND status IN ('running', 'waiting')",
+                tenant,
+            )
         await bus.close()
         if client is not None:
             await client.close()

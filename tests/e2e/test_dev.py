@@ -151,8 +151,13 @@ def test_dev_restart_continues_parked_run(dev: Dev) -> None:
         assert wait_for(
             lambda: c.get(f"/v1/cards/{card['id']}").json()["card"]["status"] == "executed"
         )
-        events = c.get(f"/v1/threads/{thread}/events?after_seq=0").json()["events"]
-        assert events[-1]["kind"] == "run" and events[-1]["data"]["status"] == "done"
+
+        # the card's `executed` commits a moment before the run's last step (reply + done)
+        def done() -> bool:
+            events = c.get(f"/v1/threads/{thread}/events?after_seq=0").json()["events"]
+            return bool(events[-1]["kind"] == "run" and events[-1]["data"]["status"] == "done")
+
+        assert wait_for(done)
     assert warm < 10, f"warm start took {warm:.1f}s"
 
 

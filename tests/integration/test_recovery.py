@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 async def test_run_continues_after_restart_with_decision_made_while_down(database_url: str) -> None:
     fast = Settings(lease_seconds=1.0)
     model_a = Scripted(pix("42"))
-    async with harness(database_url, model=model_a, settings=fast) as a:
+    async with harness(database_url, model=model_a, settings=fast, leave_runs=True) as a:
         thread = await a.thread("alice")
         run = await a.say(thread, "cobre 42", "alice")
         assert run is not None and run.status == "waiting"
@@ -67,7 +67,7 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
 
 async def test_two_workers_recovering_same_runs_execute_once(database_url: str) -> None:
     fast = Settings(lease_seconds=1.0)
-    async with harness(database_url, model=Scripted(pix("7")), settings=fast) as a:
+    async with harness(database_url, model=Scripted(pix("7")), settings=fast, leave_runs=True) as a:
         runs = []
         cards = []
         for i in range(5):
