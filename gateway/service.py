@@ -66,6 +66,10 @@ def message_text(text: str) -> str:
         raise InvalidInput("message text contains a NUL character")
     if len(text) > MAX_TEXT:
         raise InvalidInput(f"message longer than {MAX_TEXT} characters")
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON): no UTF-8 for it
+        raise InvalidInput("message text is not valid Unicode (a lone surrogate)") from None
     return text
 
 
