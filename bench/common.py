@@ -38,10 +38,9 @@ if str(ROOT) not in sys.path:
 import asyncpg  # noqa: E402
 import httpx  # noqa: E402
 import msgspec  # noqa: E402
-
-from gateway.auth import Tokens  # noqa: E402
-from store.embedded import EmbeddedServer, free_port, start_postgres, start_valkey  # noqa: E402
-from store.postgres import PostgresStore  # noqa: E402
+from signoff.gateway.auth import Tokens  # noqa: E402
+from signoff.store.embedded import EmbeddedServer, free_port, start_postgres, start_valkey  # noqa: E402
+from signoff.store.postgres import PostgresStore  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TMP = RESULTS / "tmp"
@@ -320,7 +319,7 @@ class Cluster:
         n = len(self.gateways)
         proc = Proc(
             f"gw{n}",
-            [sys.executable, "-m", "runtime.cli", "gateway", "--port", str(port)],
+            [sys.executable, "-m", "signoff", "gateway", "--port", str(port)],
             self.env(**extra),
             self.workdir / f"gw{n}-{port}.log",
             port=port,
@@ -343,7 +342,7 @@ class Cluster:
         mport = free_port()
         proc = Proc(
             wid,
-            [sys.executable, "-m", "runtime.cli", "worker"],
+            [sys.executable, "-m", "signoff", "worker"],
             self.env(SIGNOFF_WORKER_ID=wid, SIGNOFF_METRICS_PORT=str(mport), **extra),
             self.workdir / f"{wid}.log",
             metrics_port=mport,

@@ -159,8 +159,8 @@ FROM g RETURNING id::text
 
 async def decides(database_url: str, n: int, gap: float, salt: str) -> list[int]:
     """signoff's deciding statement through the store, one at a time."""
-    from runtime.cards import Decision
-    from store.postgres import PostgresStore
+    from signoff.runtime.cards import Decision
+    from signoff.store.postgres import PostgresStore
 
     conn = await asyncpg.connect(database_url)
     store = await PostgresStore.connect(database_url, max_size=2)

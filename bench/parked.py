@@ -257,7 +257,7 @@ def wait_registry_bytes(n: int = 20_000) -> float:
     import tracemalloc
     import uuid
 
-    from runtime.waits import WaitRegistry
+    from signoff.runtime.waits import WaitRegistry
 
     async def go() -> float:
         reg = WaitRegistry(on_ready=lambda run_id: None)

@@ -6,6 +6,21 @@ import logging
 from importlib import resources
 from typing import Any
 
+from signoff.gateway.auth import Tokens
+from signoff.gateway.errors import Internal
+from signoff.gateway.feed import Feeds
+from signoff.gateway.http import HttpApi, error_response, json_response
+from signoff.gateway.openapi import build_openapi
+from signoff.gateway.quotas import Quotas, SocketGate, SocketSlots
+from signoff.gateway.service import GatewayService
+from signoff.gateway.ws import websocket_endpoint
+from signoff.runtime.bus import Bus
+from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Decisions
+from signoff.runtime.errors import SignoffError
+from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import COUNTERS, gauge, process_lines
+from signoff.store.postgres import PostgresStore
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -15,22 +30,6 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
-
-from gateway.auth import Tokens
-from gateway.errors import Internal
-from gateway.feed import Feeds
-from gateway.http import HttpApi, error_response, json_response
-from gateway.openapi import build_openapi
-from gateway.quotas import Quotas, SocketGate, SocketSlots
-from gateway.service import GatewayService
-from gateway.ws import websocket_endpoint
-from runtime.bus import Bus
-from runtime.config import Settings
-from runtime.decisions import Decisions
-from runtime.errors import SignoffError
-from runtime.keys import Keys
-from runtime.metrics import COUNTERS, gauge, process_lines
-from store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.gateway")
 
@@ -111,7 +110,7 @@ def build_app(
         return json_response(openapi)
 
     async def index(request: Request) -> Response:
-        page = resources.files("gateway").joinpath("static/index.html")
+        page = resources.files("signoff.gateway").joinpath("static/index.html")
         # The approve buttons must not be clickable inside another site's frame.
         headers = {"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY"}
         if not page.is_file():
@@ -157,7 +156,7 @@ def build_app(
         # The first frame takes one of the user's socket slots (a 429 frame and 4429 over it).
         WebSocketRoute("/v1/ws", SocketGate(slots, tokens, ws)),
         # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
-        Mount("/static", StaticFiles(packages=[("gateway", "static")]), name="static"),
+        Mount("/static", StaticFiles(packages=[("signoff.gateway", "static")]), name="static"),
         *api.routes(),
         *(extra_routes or []),
     ]

@@ -7,8 +7,7 @@ import time
 
 import jwt
 import msgspec
-
-from runtime.errors import ConfigError, Unauthenticated
+from signoff.runtime.errors import ConfigError, Unauthenticated
 
 ISSUER = "signoff"
 

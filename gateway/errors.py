@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime import errors as e
+from signoff.runtime import errors as e
 
 
 class Internal(e.SignoffError):

@@ -15,11 +15,10 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import msgspec
-
-from runtime.bus import Bus
-from runtime.errors import Unavailable
-from runtime.hints import Hint, decode
-from runtime.keys import Keys
+from signoff.runtime.bus import Bus
+from signoff.runtime.errors import Unavailable
+from signoff.runtime.hints import Hint, decode
+from signoff.runtime.keys import Keys
 
 log = logging.getLogger("signoff.feed")
 

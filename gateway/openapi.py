@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-
-from gateway.service import BatchIn, MessageIn, ResolveIn
+from signoff.gateway.service import BatchIn, MessageIn, ResolveIn
 
 ERRORS = {
     "401": "missing, expired or forged token",

@@ -41,19 +41,18 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import msgspec
+from signoff.gateway.auth import Principal, Tokens
+from signoff.gateway.errors import error_body, status_of
+from signoff.runtime.bus import Bus
+from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.canonical import run_id_of
+from signoff.runtime.config import Settings
+from signoff.runtime.errors import RateLimited, SignoffError, Unauthenticated
+from signoff.runtime.keys import Keys
+from signoff.runtime.records import Thread
+from signoff.store.postgres import PostgresStore
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
-
-from gateway.auth import Principal, Tokens
-from gateway.errors import error_body, status_of
-from runtime.bus import Bus
-from runtime.bus_redis import RedisBus
-from runtime.canonical import run_id_of
-from runtime.config import Settings
-from runtime.errors import RateLimited, SignoffError, Unauthenticated
-from runtime.keys import Keys
-from runtime.records import Thread
-from store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.quotas")
 

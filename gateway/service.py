@@ -7,16 +7,15 @@ import uuid
 from typing import Any
 
 import msgspec
-
-from gateway.auth import Principal
-from gateway.quotas import MemoryLedger, Quotas
-from runtime.bus import Bus, Job
-from runtime.cards import Decision
-from runtime.decisions import Decisions, Outcome, Resolution
-from runtime.errors import Forbidden, InvalidInput, NotOwner, SignoffError
-from runtime.keys import Keys
-from runtime.records import Entry, Thread
-from store.postgres import PostgresStore
+from signoff.gateway.auth import Principal
+from signoff.gateway.quotas import MemoryLedger, Quotas
+from signoff.runtime.bus import Bus, Job
+from signoff.runtime.cards import Decision
+from signoff.runtime.decisions import Decisions, Outcome, Resolution
+from signoff.runtime.errors import Forbidden, InvalidInput, NotOwner, SignoffError
+from signoff.runtime.keys import Keys
+from signoff.runtime.records import Entry, Thread
+from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.gateway")
 

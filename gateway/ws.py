@@ -17,20 +17,19 @@ import time
 from typing import Any
 
 import msgspec
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
-
-from gateway.auth import Principal, Tokens
-from gateway.errors import Internal, error_body, status_of, typed
-from gateway.feed import Feeds, Listener
-from gateway.service import GatewayService, ResolveIn, event_of, message_text, parse
-from runtime.errors import (
+from signoff.gateway.auth import Principal, Tokens
+from signoff.gateway.errors import Internal, error_body, status_of, typed
+from signoff.gateway.feed import Feeds, Listener
+from signoff.gateway.service import GatewayService, ResolveIn, event_of, message_text, parse
+from signoff.runtime.errors import (
     InvalidInput,
     OriginRejected,
     RateLimited,
     SignoffError,
     Unauthenticated,
 )
-from runtime.hints import Hint, WireEntry
+from signoff.runtime.hints import Hint, WireEntry
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 log = logging.getLogger("signoff.ws")
 

@@ -17,21 +17,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-
-from runtime import hints, outcomes
-from runtime.bus import Bus
-from runtime.cards import Card, Status
-from runtime.conversation import build_messages
-from runtime.errors import SignoffError, ToolValidationError, Unavailable
-from runtime.faults import Faults
-from runtime.keys import Keys
-from runtime.models.base import Model
-from runtime.notify import notify_card, quietly
-from runtime.policy import Policy, Verdict
-from runtime.proposal import new_card
-from runtime.records import Entry, Moved, Run, RunStatus
-from runtime.tools import Registry, ToolContext
-from store.postgres import PostgresStore, RunInactive
+from signoff.runtime import hints, outcomes
+from signoff.runtime.bus import Bus
+from signoff.runtime.cards import Card, Status
+from signoff.runtime.conversation import build_messages
+from signoff.runtime.errors import SignoffError, ToolValidationError, Unavailable
+from signoff.runtime.faults import Faults
+from signoff.runtime.keys import Keys
+from signoff.runtime.models.base import Model
+from signoff.runtime.notify import notify_card, quietly
+from signoff.runtime.policy import Policy, Verdict
+from signoff.runtime.proposal import new_card
+from signoff.runtime.records import Entry, Moved, Run, RunStatus
+from signoff.runtime.tools import Registry, ToolContext
+from signoff.store.postgres import PostgresStore, RunInactive
 
 log = logging.getLogger("signoff.agent")
 

@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.policy import Policy
-from runtime.tools import Registry
+from signoff.runtime.policy import Policy
+from signoff.runtime.tools import Registry
 
 
 @dataclass

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
-from runtime.bus import Delivery, Job, Subscription
+from signoff.runtime.bus import Delivery, Job, Subscription
 
 
 class _Sub:

@@ -50,11 +50,10 @@ from redis import exceptions as rx
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-
-from runtime.bus import Delivery, Job, Subscription
-from runtime.errors import ConfigError, InvalidInput, Unavailable
-from runtime.keys import Keys
-from runtime.redis_pipe import Pipe, supported
+from signoff.runtime.bus import Delivery, Job, Subscription
+from signoff.runtime.errors import ConfigError, InvalidInput, Unavailable
+from signoff.runtime.keys import Keys
+from signoff.runtime.redis_pipe import Pipe, supported
 
 log = logging.getLogger("signoff.bus")
 

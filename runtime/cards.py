@@ -12,8 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-
-from runtime.errors import IllegalTransition
+from signoff.runtime.errors import IllegalTransition
 
 
 class Status(enum.StrEnum):

@@ -13,15 +13,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from runtime import config as cfg
-from runtime.app import App
-from runtime.errors import SignoffError
+from signoff.runtime import config as cfg
+from signoff.runtime.app import App
+from signoff.runtime.errors import SignoffError
 
 ENV_HELP = "\n".join(f"  {var:<30} {name}" for name, var in cfg.env_names().items())
 
 
 def _demo_app(settings: cfg.Settings) -> App:
-    from examples.payments.app import build
+    from signoff.demo.app import build
 
     return build((settings.tenant,))
 
@@ -38,9 +38,9 @@ def _settings(args: argparse.Namespace) -> cfg.Settings:
 
 
 async def _dev(args: argparse.Namespace) -> int:
-    from gateway.auth import Tokens
-    from runtime.node import dev_secret, embedded_urls, running, serve_gateway
-    from store.embedded import redacted
+    from signoff.gateway.auth import Tokens
+    from signoff.runtime.node import dev_secret, embedded_urls, running, serve_gateway
+    from signoff.store.embedded import redacted
 
     t0 = time.monotonic()
     settings = _settings(args)
@@ -81,8 +81,8 @@ async def _dev(args: argparse.Namespace) -> int:
 
 
 async def _gateway(args: argparse.Namespace) -> int:
-    from gateway.auth import Tokens
-    from runtime.node import running, serve_gateway
+    from signoff.gateway.auth import Tokens
+    from signoff.runtime.node import running, serve_gateway
 
     settings = _settings(args)
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
@@ -92,7 +92,7 @@ async def _gateway(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from runtime.node import running
+    from signoff.runtime.node import running
 
     settings = _settings(args)
     stop = asyncio.Event()
@@ -102,7 +102,7 @@ async def _worker(args: argparse.Namespace) -> int:
     async with running(settings, _demo_app(settings), gateway=False) as node:
         metrics = None
         if settings.metrics_port and node.worker is not None:
-            from runtime import metrics as m
+            from signoff.runtime import metrics as m
 
             worker = node.worker
             metrics = await m.serve(
@@ -124,8 +124,8 @@ _NO_DATABASE = (
 
 
 async def _migrate(args: argparse.Namespace) -> int:
-    from runtime.node import database_url
-    from store.postgres import PostgresStore
+    from signoff.runtime.node import database_url
+    from signoff.store.postgres import PostgresStore
 
     url = database_url(_settings(args))
     if url is None:
@@ -141,8 +141,8 @@ async def _migrate(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from gateway.auth import Tokens
-    from runtime.node import dev_secret
+    from signoff.gateway.auth import Tokens
+    from signoff.runtime.node import dev_secret
 
     settings = _settings(args)
     secret = settings.secret or dev_secret(settings)
@@ -153,9 +153,8 @@ def _token(args: argparse.Namespace) -> int:
 
 async def _cards(args: argparse.Namespace) -> int:
     import msgspec
-
-    from runtime.node import database_url
-    from store.postgres import PostgresStore
+    from signoff.runtime.node import database_url
+    from signoff.store.postgres import PostgresStore
 
     url = database_url(_settings(args))
     if url is None:

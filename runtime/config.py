@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
-from runtime.errors import ConfigError
+from signoff.runtime.errors import ConfigError
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):

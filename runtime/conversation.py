@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.records import Entry
+from signoff.runtime.records import Entry
 
 ROLE = {"user": "user", "tool_results": "user", "assistant": "assistant"}
 

@@ -12,10 +12,9 @@ import time
 from typing import Any
 
 import msgspec
-
-from runtime.bus import Bus
-from runtime.cards import Card, Decision, Status
-from runtime.errors import (
+from signoff.runtime.bus import Bus
+from signoff.runtime.cards import Card, Decision, Status
+from signoff.runtime.errors import (
     AlreadyDecided,
     Forbidden,
     InvalidInput,
@@ -23,14 +22,14 @@ from runtime.errors import (
     SignoffError,
     ToolValidationError,
 )
-from runtime.faults import Faults
-from runtime.keys import Keys
-from runtime.notify import notify_card
-from runtime.policy import Policy, Verdict
-from runtime.proposal import new_card
-from runtime.records import Entry
-from runtime.tools import Registry, ToolContext
-from store.postgres import PostgresStore
+from signoff.runtime.faults import Faults
+from signoff.runtime.keys import Keys
+from signoff.runtime.notify import notify_card
+from signoff.runtime.policy import Policy, Verdict
+from signoff.runtime.proposal import new_card
+from signoff.runtime.records import Entry
+from signoff.runtime.tools import Registry, ToolContext
+from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.decisions")
 

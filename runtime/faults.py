@@ -28,7 +28,7 @@ class Faults:
     def __init__(self, armed: tuple[str, ...] = ()) -> None:
         unknown = set(armed) - POINTS
         if unknown:
-            from runtime.errors import ConfigError
+            from signoff.runtime.errors import ConfigError
 
             raise ConfigError(f"unknown fault points: {', '.join(sorted(unknown))}")
         self.armed = frozenset(armed)

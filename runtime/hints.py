@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import msgspec
-
-from runtime.records import Entry
+from signoff.runtime.records import Entry
 
 
 class WireEntry(msgspec.Struct, frozen=True):

@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.app import App
-from runtime.bus import Bus
-from runtime.bus_memory import MemoryBus
-from runtime.config import Settings, data_path
-from runtime.decisions import Decisions
-from runtime.errors import ConfigError
-from runtime.faults import Faults
-from runtime.keys import Keys
-from runtime.models.base import Model
-from runtime.secret_file import read_or_create
-from runtime.worker import Worker
-from store.postgres import PostgresStore
+from signoff.runtime.app import App
+from signoff.runtime.bus import Bus
+from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.config import Settings, data_path
+from signoff.runtime.decisions import Decisions
+from signoff.runtime.errors import ConfigError
+from signoff.runtime.faults import Faults
+from signoff.runtime.keys import Keys
+from signoff.runtime.models.base import Model
+from signoff.runtime.secret_file import read_or_create
+from signoff.runtime.worker import Worker
+from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff")
 
@@ -58,10 +58,10 @@ def dev_secret(settings: Settings) -> str:
 def pick_model(settings: Settings) -> Model:
     """Claude when a key is configured; otherwise the clearly labelled offline demo model."""
     if settings.offline_model or not (settings.anthropic_api_key or settings.anthropic_base_url):
-        from examples.payments.offline_model import OfflineDemoModel
+        from signoff.demo.offline_model import OfflineDemoModel
 
         return OfflineDemoModel()
-    from runtime.models.anthropic_model import AnthropicModel
+    from signoff.runtime.models.anthropic_model import AnthropicModel
 
     return AnthropicModel.from_settings(
         settings.anthropic_api_key, settings.anthropic_base_url, settings.model
@@ -75,7 +75,7 @@ def embedded_urls(settings: Settings) -> tuple[Settings, list[Any]]:
     production path; both servers are child processes that die with this one. Both
     demand the passwords kept in the data folder; the returned URLs carry them.
     """
-    from store.embedded import start_postgres, start_valkey
+    from signoff.store.embedded import start_postgres, start_valkey
 
     root = data_path(settings) / EMBEDDED_DIR
     closers: list[Any] = []
@@ -94,14 +94,14 @@ def database_url(settings: Settings) -> str | None:
     """The configured Postgres URL, else that of a running ``signoff dev`` on this data folder."""
     if settings.database_url is not None:
         return settings.database_url
-    from store.embedded import running_postgres_url
+    from signoff.store.embedded import running_postgres_url
 
     return running_postgres_url(data_path(settings) / EMBEDDED_DIR)
 
 
 def make_bus(settings: Settings) -> Bus:
     if settings.redis_url:
-        from runtime.bus_redis import RedisBus
+        from signoff.runtime.bus_redis import RedisBus
 
         bus: Bus = RedisBus.from_url(
             settings.redis_url, Keys(settings.key_prefix), claim_idle_ms=settings.claim_idle_ms
@@ -170,9 +170,8 @@ async def serve_gateway(
 ) -> None:
     """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped."""
     import uvicorn
-
-    from gateway.app import build_app
-    from gateway.timeouts import http_protocol
+    from signoff.gateway.app import build_app
+    from signoff.gateway.timeouts import http_protocol
 
     assert node.decisions is not None
     app = build_app(

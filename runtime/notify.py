@@ -13,15 +13,14 @@ import logging
 from collections.abc import Awaitable
 
 import msgspec
-
-from runtime import hints
-from runtime.bus import Bus
-from runtime.cards import Card
-from runtime.errors import SignoffError
-from runtime.keys import Keys
-from runtime.metrics import COUNTERS
-from runtime.records import Entry
-from store.postgres import PostgresStore
+from signoff.runtime import hints
+from signoff.runtime.bus import Bus
+from signoff.runtime.cards import Card
+from signoff.runtime.errors import SignoffError
+from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import COUNTERS
+from signoff.runtime.records import Entry
+from signoff.store.postgres import PostgresStore
 
 
 class CardSignal(msgspec.Struct, frozen=True):

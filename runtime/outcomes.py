@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.cards import Card, Status
+from signoff.runtime.cards import Card, Status
 
 
 def tool_result(

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.cards import Risk
-from runtime.tools import Registry, Tool
+from signoff.runtime.cards import Risk
+from signoff.runtime.tools import Registry, Tool
 
 
 class Verdict(enum.StrEnum):

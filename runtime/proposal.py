@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.canonical import request_key, snapshot_hash
-from runtime.text import one_line
-from runtime.tools import Prepared, Tool
-from store.postgres import NewCard
+from signoff.runtime.canonical import request_key, snapshot_hash
+from signoff.runtime.text import one_line
+from signoff.runtime.tools import Prepared, Tool
+from signoff.store.postgres import NewCard
 
 SUMMARY_LIMIT = 500
 LABEL_LIMIT = 60

@@ -7,8 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-
-from runtime.cards import Card
+from signoff.runtime.cards import Card
 
 
 class Thread(msgspec.Struct, frozen=True, kw_only=True):

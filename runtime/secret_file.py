@@ -17,7 +17,7 @@ import stat
 import threading
 from pathlib import Path
 
-from runtime.errors import ConfigError
+from signoff.runtime.errors import ConfigError
 
 __all__ = ["new_secret", "read_or_create", "read_secret"]
 

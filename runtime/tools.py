@@ -14,9 +14,8 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import msgspec
-
-from runtime.cards import Risk
-from runtime.errors import ConfigError, ToolValidationError
+from signoff.runtime.cards import Risk
+from signoff.runtime.errors import ConfigError, ToolValidationError
 
 
 class Prepared(msgspec.Struct, frozen=True):

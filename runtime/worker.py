@@ -17,20 +17,20 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
-from runtime.agent import Agent
-from runtime.app import App
-from runtime.bus import Bus, Delivery
-from runtime.cards import Card, Status
-from runtime.config import Settings
-from runtime.errors import NotFound, SignoffError, Unavailable
-from runtime.faults import Faults
-from runtime.keys import Keys
-from runtime.metrics import COUNTERS, LatencySamples
-from runtime.models.base import Model
-from runtime.notify import notify_card, quietly, signal_decoder
-from runtime.records import ACTIVE_RUN, Run, RunStatus
-from runtime.waits import WaitRegistry
-from store.postgres import PostgresStore, RunInactive
+from signoff.runtime.agent import Agent
+from signoff.runtime.app import App
+from signoff.runtime.bus import Bus, Delivery
+from signoff.runtime.cards import Card, Status
+from signoff.runtime.config import Settings
+from signoff.runtime.errors import NotFound, SignoffError, Unavailable
+from signoff.runtime.faults import Faults
+from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import COUNTERS, LatencySamples
+from signoff.runtime.models.base import Model
+from signoff.runtime.notify import notify_card, quietly, signal_decoder
+from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
+from signoff.runtime.waits import WaitRegistry
+from signoff.store.postgres import PostgresStore, RunInactive
 
 log = logging.getLogger("signoff.worker")
 

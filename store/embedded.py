@@ -103,8 +103,8 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from runtime.errors import ConfigError
-from runtime.secret_file import read_or_create, read_secret
+from signoff.runtime.errors import ConfigError
+from signoff.runtime.secret_file import read_or_create, read_secret
 
 __all__ = [
     "EmbeddedServer",

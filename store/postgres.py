@@ -20,10 +20,9 @@ from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
-
-from runtime.canonical import operation_id
-from runtime.cards import Card, Decision, Status, check_move
-from runtime.errors import (
+from signoff.runtime.canonical import operation_id
+from signoff.runtime.cards import Card, Decision, Status, check_move
+from signoff.runtime.errors import (
     AlreadyDecided,
     CardNotFound,
     Conflict,
@@ -35,10 +34,10 @@ from runtime.errors import (
     StaleCard,
     Unavailable,
 )
-from runtime.metrics import COUNTERS
-from runtime.records import CardEvent, Entry, Moved, Run, Thread
-from store import queries as q
-from store.pool import Pool
+from signoff.runtime.metrics import COUNTERS
+from signoff.runtime.records import CardEvent, Entry, Moved, Run, Thread
+from signoff.store import queries as q
+from signoff.store.pool import Pool
 
 T = TypeVar("T")
 
@@ -251,7 +250,11 @@ class PostgresStore:
     async def migrate(self) -> list[str]:
         """Apply pending migrations in order; return the versions applied now."""
         files = sorted(
-            (f for f in resources.files("store.migrations").iterdir() if f.name.endswith(".sql")),
+            (
+                f
+                for f in resources.files("signoff.store.migrations").iterdir()
+                if f.name.endswith(".sql")
+            ),
             key=lambda f: f.name,
         )
         applied_now: list[str] = []

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import IO
 
 import httpx
-
-from gateway.auth import Tokens
-from store.embedded import free_port
+from signoff.gateway.auth import Tokens
+from signoff.store.embedded import free_port
 
 SECRET = "cluster-secret-" + "y" * 40
 
@@ -106,7 +105,7 @@ class Cluster:
         n = len(self.gateways)
         proc = Proc(
             f"gw{n}",
-            [sys.executable, "-m", "runtime.cli", "gateway", "--port", str(port)],
+            [sys.executable, "-m", "signoff", "gateway", "--port", str(port)],
             self.env(**extra),
             self.workdir / f"gw{n}.log",
             port=port,
@@ -121,7 +120,7 @@ class Cluster:
         wid = worker_id or f"wk{n}-{secrets.token_hex(2)}"
         proc = Proc(
             wid,
-            [sys.executable, "-m", "runtime.cli", "worker"],
+            [sys.executable, "-m", "signoff", "worker"],
             self.env(SIGNOFF_WORKER_ID=wid, **extra),
             self.workdir / f"{wid}.log",
         )

@@ -13,23 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
+from signoff.gateway.auth import Tokens
+from signoff.runtime.bus import Bus
+from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.cards import Card, Decision
+from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Decisions, Resolution
+from signoff.runtime.keys import Keys
+from signoff.runtime.models.anthropic_model import AnthropicModel
+from signoff.runtime.models.base import Model
+from signoff.runtime.models.fake_server import FakeMessagesServer
+from signoff.runtime.records import Run
+from signoff.runtime.worker import Worker
+from signoff.store.embedded import free_port
+from signoff.store.postgres import PostgresStore
 
-from examples.payments.app import build
-from examples.payments.provider import Provider
-from gateway.auth import Tokens
-from runtime.bus import Bus
-from runtime.bus_memory import MemoryBus
-from runtime.cards import Card, Decision
-from runtime.config import Settings
-from runtime.decisions import Decisions, Resolution
-from runtime.keys import Keys
-from runtime.models.anthropic_model import AnthropicModel
-from runtime.models.base import Model
-from runtime.models.fake_server import FakeMessagesServer
-from runtime.records import Run
-from runtime.worker import Worker
-from store.embedded import free_port
-from store.postgres import PostgresStore
+from signoff.demo.app import build
+from signoff.demo.provider import Provider
 
 SECRET = "test-secret-" + "x" * 40
 
@@ -164,9 +164,8 @@ async def harness(
             await worker.start()
         if gateway:
             import uvicorn
-
-            from gateway.app import build_app
-            from gateway.timeouts import http_protocol
+            from signoff.gateway.app import build_app
+            from signoff.gateway.timeouts import http_protocol
 
             port = free_port()
             asgi = build_app(settings=s, store=store, bus=bus, decisions=decisions, tokens=tokens)

@@ -30,8 +30,7 @@ from typing import IO
 from urllib.parse import urlsplit
 
 import asyncpg
-
-from store import embedded
+from signoff.store import embedded
 
 DATABASE_ENV = "SIGNOFF_TEST_DATABASE_URL"
 REDIS_ENV = "SIGNOFF_TEST_REDIS_URL"

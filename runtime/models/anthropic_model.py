@@ -13,9 +13,8 @@ from typing import Any, cast
 
 import anthropic
 from anthropic.types import ContentBlock, MessageParam, ToolUnionParam
-
-from runtime.errors import ConfigError, Unavailable
-from runtime.models.base import Block, Message, ModelReply, TextSink, ToolSpec
+from signoff.runtime.errors import ConfigError, Unavailable
+from signoff.runtime.models.base import Block, Message, ModelReply, TextSink, ToolSpec
 
 __all__ = ["AnthropicModel", "blocks_to_dicts"]
 

@@ -17,8 +17,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
-
-from store.embedded import free_port, remove_data
+from signoff.store.embedded import free_port, remove_data
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,7 +38,7 @@ class Dev:
             [
                 sys.executable,
                 "-m",
-                "runtime.cli",
+                "signoff",
                 "dev",
                 "--port",
                 str(self.port),
@@ -175,7 +174,7 @@ def _port(pattern: str, text: str) -> int:
 def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
     return subprocess.run(
-        [sys.executable, "-m", "runtime.cli", *args, "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "signoff", *args, "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         env=env,

@@ -36,9 +36,8 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 import redis.exceptions as rx
-
-from runtime.cards import MOVES, Status
-from runtime.keys import Keys
+from signoff.runtime.cards import MOVES, Status
+from signoff.runtime.keys import Keys
 
 HUMAN_CHANNELS = ("http", "ws", "whatsapp", "test")
 NOT_HUMAN = ("system", "clock", "sweeper", "operator")

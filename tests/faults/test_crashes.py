@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from examples.payments.provider import Provider
+from signoff.demo.provider import Provider
 from tests.cluster import cluster
 from tests.faults.conftest import Invariants, Profile
 from tests.faults.helpers import (

@@ -6,9 +6,8 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
-
-from runtime.cards import Card, Decision, Status
-from runtime.errors import (
+from signoff.runtime.cards import Card, Decision, Status
+from signoff.runtime.errors import (
     AlreadyDecided,
     CardNotFound,
     Expired,
@@ -18,7 +17,8 @@ from runtime.errors import (
     NotOwner,
     StaleCard,
 )
-from runtime.models.base import ModelReply
+from signoff.runtime.models.base import ModelReply
+
 from tests.harness import Harness, harness
 
 pytestmark = pytest.mark.anyio
@@ -118,7 +118,7 @@ async def test_refusals_are_typed_and_change_nothing(database_url: str) -> None:
         with pytest.raises(CardNotFound):
             await h.decisions.resolve(
                 "00000000-0000-0000-0000-000000000000",
-                __import__("runtime.decisions", fromlist=["Resolution"]).Resolution(
+                __import__("signoff.runtime.decisions", fromlist=["Resolution"]).Resolution(
                     decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash
                 ),
                 principal="alice",
@@ -198,7 +198,7 @@ async def test_revalidation_failure_invalidates_and_executes_nothing(database_ur
 
 
 async def test_batch_decisions(database_url: str) -> None:
-    from runtime.decisions import Resolution
+    from signoff.runtime.decisions import Resolution
 
     async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
         thread = await h.thread("erin")
@@ -260,7 +260,7 @@ async def test_known_outcome_is_recorded_despite_a_passing_store_timeout(
     """The provider charged; the first attempts to record `executed` time out (a real store
     call that fails, injected around the real Postgres store): the outcome is still
     recorded, not left `executing` for an operator."""
-    from runtime.errors import Unavailable
+    from signoff.runtime.errors import Unavailable
 
     async with harness(database_url, model=Scripted(pix("9"))) as h:
         card = await one_card(h)
@@ -283,8 +283,9 @@ async def test_known_outcome_is_recorded_despite_a_passing_store_timeout(
 
 
 def test_tool_specs_are_built_once() -> None:
-    from examples.payments.tools import ALL_TOOLS
-    from runtime.tools import Registry
+    from signoff.runtime.tools import Registry
+
+    from signoff.demo.tools import ALL_TOOLS
 
     reg = Registry(ALL_TOOLS)
     assert reg.specs() is reg.specs()
@@ -325,8 +326,7 @@ async def test_log_entries_show_the_card_as_the_api_does(database_url: str) -> N
 async def test_sql_timestamps_match_msgspec(database_url: str, micro: int) -> None:
     import asyncpg
     import msgspec
-
-    from store.queries import _ts
+    from signoff.store.queries import _ts
 
     at = datetime(2026, 11, 30, 23, 59, 59, micro, tzinfo=UTC)
     conn = await asyncpg.connect(database_url)

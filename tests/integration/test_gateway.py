@@ -13,21 +13,21 @@ import httpx
 import pytest
 import uvicorn
 import websockets
+from signoff.gateway.app import build_app
+from signoff.gateway.feed import Feeds
+from signoff.runtime.bus import Job
+from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.cards import Status
+from signoff.runtime.errors import Unavailable
+from signoff.runtime.hints import Hint
+from signoff.runtime.keys import Keys
+from signoff.store.embedded import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.app import build_app
-from gateway.feed import Feeds
-from runtime.bus import Job
-from runtime.bus_memory import MemoryBus
-from runtime.bus_redis import RedisBus
-from runtime.cards import Status
-from runtime.errors import Unavailable
-from runtime.hints import Hint
-from runtime.keys import Keys
-from store.embedded import free_port
 from tests import services
 from tests.faults.proxy import Proxy
 from tests.harness import Harness, harness

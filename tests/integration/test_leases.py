@@ -7,8 +7,7 @@ import asyncio
 import secrets
 
 import pytest
-
-from store.postgres import PostgresStore
+from signoff.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
 
@@ -96,7 +95,7 @@ async def test_a_graceful_release_hands_every_run_back_at_once(store: PostgresSt
 async def test_a_worker_whose_runs_were_adopted_cannot_write_them(store: PostgresStore) -> None:
     """The fence: a worker that stalled past its lease finds its writes refused once another
     worker adopted the run, so the run never gets two replies."""
-    from store.postgres import RunInactive
+    from signoff.store.postgres import RunInactive
 
     a, b = "wa-" + secrets.token_hex(3), "wb-" + secrets.token_hex(3)
     (run_id,) = await start_runs(store, a, 1)

@@ -7,8 +7,8 @@ from importlib import resources
 
 import asyncpg
 import pytest
+from signoff.store.postgres import PostgresStore
 
-from store.postgres import PostgresStore
 from tests.conftest import drop_database, fresh_database
 
 CATALOG = """
@@ -52,7 +52,7 @@ async def replay(url: str) -> list[str]:
 async def load_canonical(url: str) -> None:
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute(resources.files("store").joinpath("schema.sql").read_text())
+        await conn.execute(resources.files("signoff.store").joinpath("schema.sql").read_text())
     finally:
         await conn.close()
 
@@ -92,4 +92,4 @@ def test_schema_difference_is_detected() -> None:
 
 @pytest.mark.parametrize("version", ["0001_init"])
 def test_migration_files_are_packaged(version: str) -> None:
-    assert resources.files("store.migrations").joinpath(f"{version}.sql").is_file()
+    assert resources.files("signoff.store.migrations").joinpath(f"{version}.sql").is_file()

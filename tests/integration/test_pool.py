@@ -6,9 +6,8 @@ import asyncio
 
 import asyncpg
 import pytest
-
-from store.pool import Pool
-from store.postgres import _init_connection
+from signoff.store.pool import Pool
+from signoff.store.postgres import _init_connection
 
 pytestmark = pytest.mark.anyio
 

@@ -17,19 +17,19 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import websockets
+from signoff.gateway.auth import Principal
+from signoff.gateway.quotas import Quotas
+from signoff.runtime.bus import Job
+from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.canonical import run_id_of
+from signoff.runtime.config import Settings
+from signoff.runtime.errors import RateLimited
+from signoff.runtime.keys import Keys
+from signoff.store.embedded import free_port
+from signoff.store.postgres import PostgresStore
 from websockets.exceptions import ConnectionClosed
 
-from gateway.auth import Principal
-from gateway.quotas import Quotas
-from runtime.bus import Job
-from runtime.bus_memory import MemoryBus
-from runtime.bus_redis import RedisBus
-from runtime.canonical import run_id_of
-from runtime.config import Settings
-from runtime.errors import RateLimited
-from runtime.keys import Keys
-from store.embedded import free_port
-from store.postgres import PostgresStore
 from tests import services
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix

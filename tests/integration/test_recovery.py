@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.cards import Decision, Status
+from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Decisions, Resolution
+from signoff.runtime.keys import Keys
+from signoff.runtime.policy import Policy
+from signoff.runtime.tools import Registry
 
-from runtime.bus_memory import MemoryBus
-from runtime.cards import Decision, Status
-from runtime.config import Settings
-from runtime.decisions import Decisions, Resolution
-from runtime.keys import Keys
-from runtime.policy import Policy
-from runtime.tools import Registry
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
 

@@ -19,9 +19,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-
-from runtime.errors import ConfigError
-from store import embedded
+from signoff.runtime.errors import ConfigError
+from signoff.store import embedded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -143,7 +142,7 @@ def test_start_query_stop_then_warm_restart_keeps_data(data_dir: Path) -> None:
 _CHILD = """
 import json, sys, time
 from pathlib import Path
-from store import embedded
+from signoff.store import embedded
 data = Path(sys.argv[1])
 pg = embedded.start_postgres(data)
 vk = embedded.start_valkey(data)

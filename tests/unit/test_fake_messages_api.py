@@ -12,11 +12,10 @@ import anthropic
 import anyio
 import httpx
 import pytest
-
-from runtime.errors import ConfigError, Unavailable
-from runtime.models.anthropic_model import AnthropicModel
-from runtime.models.base import ModelReply
-from runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
+from signoff.runtime.errors import ConfigError, Unavailable
+from signoff.runtime.models.anthropic_model import AnthropicModel
+from signoff.runtime.models.base import ModelReply
+from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
 
 T = TypeVar("T")
 

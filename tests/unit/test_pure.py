@@ -8,18 +8,18 @@ from typing import Any
 
 import msgspec
 import pytest
+from signoff.runtime.canonical import args_fingerprint, canonical_json, request_key, snapshot_hash
+from signoff.runtime.cards import MOVES, TERMINAL, Status, can_move, check_move
+from signoff.runtime.conversation import build_messages
+from signoff.runtime.errors import IllegalTransition, ToolValidationError
+from signoff.runtime.policy import Policy, Rule, Verdict
+from signoff.runtime.records import Entry
+from signoff.runtime.tools import Registry
+from signoff.runtime.waits import WaitRegistry
 
-from examples.payments.app import demo_policy
-from examples.payments.money import brl, mask_cpf, parse_amount
-from examples.payments.tools import ALL_TOOLS, CreatePixCharge, GetBalance
-from runtime.canonical import args_fingerprint, canonical_json, request_key, snapshot_hash
-from runtime.cards import MOVES, TERMINAL, Status, can_move, check_move
-from runtime.conversation import build_messages
-from runtime.errors import IllegalTransition, ToolValidationError
-from runtime.policy import Policy, Rule, Verdict
-from runtime.records import Entry
-from runtime.tools import Registry
-from runtime.waits import WaitRegistry
+from signoff.demo.app import demo_policy
+from signoff.demo.money import brl, mask_cpf, parse_amount
+from signoff.demo.tools import ALL_TOOLS, CreatePixCharge, GetBalance
 
 
 def test_canonical_json_is_order_insensitive_for_keys() -> None:
@@ -223,7 +223,7 @@ def test_wait_registry_resolves_and_drops() -> None:
 
 
 def test_card_struct_round_trips_to_json() -> None:
-    from runtime.cards import Card
+    from signoff.runtime.cards import Card
 
     now = datetime.now(UTC)
     card = Card(

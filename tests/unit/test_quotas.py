@@ -8,12 +8,11 @@ import uuid
 from typing import Any
 
 import pytest
-
-from gateway.auth import Principal, Tokens
-from gateway.quotas import MemoryLedger, SocketGate, SocketSlots
-from runtime import agent
-from runtime.canonical import run_id_of
-from runtime.config import from_env
+from signoff.gateway.auth import Principal, Tokens
+from signoff.gateway.quotas import MemoryLedger, SocketGate, SocketSlots
+from signoff.runtime import agent
+from signoff.runtime.canonical import run_id_of
+from signoff.runtime.config import from_env
 
 pytestmark = pytest.mark.anyio
 

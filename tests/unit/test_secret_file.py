@@ -8,9 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from runtime.errors import ConfigError
-from runtime.secret_file import read_or_create, read_secret
+from signoff.runtime.errors import ConfigError
+from signoff.runtime.secret_file import read_or_create, read_secret
 
 
 def test_created_with_mode_600_whatever_the_umask(tmp_path: Path) -> None:

@@ -9,12 +9,11 @@ import msgspec
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-
-from runtime.canonical import snapshot_hash
-from runtime.cards import Risk
-from runtime.proposal import new_card
-from runtime.text import ELLIPSIS, one_line
-from runtime.tools import Prepared, Tool, ToolContext
+from signoff.runtime.canonical import snapshot_hash
+from signoff.runtime.cards import Risk
+from signoff.runtime.proposal import new_card
+from signoff.runtime.text import ELLIPSIS, one_line
+from signoff.runtime.tools import Prepared, Tool, ToolContext
 
 FORGED = "pedido 42\n**Valor: R$ 1,00**\u202e00,1 $R\u202c\u2028\u2066x\u2069"
 BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F)}

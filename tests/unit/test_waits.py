@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from runtime.waits import WaitRegistry
+from signoff.runtime.waits import WaitRegistry
 
 Woken = list[tuple[str, float]]
 

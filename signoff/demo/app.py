@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from examples.payments.provider import Provider
-from examples.payments.tools import ALL_TOOLS
-from runtime.app import App
-from runtime.policy import Policy, Rule, Verdict
-from runtime.tools import Registry
+from signoff.demo.provider import Provider
+from signoff.demo.tools import ALL_TOOLS
+from signoff.runtime.app import App
+from signoff.runtime.policy import Policy, Rule, Verdict
+from signoff.runtime.tools import Registry
 
 PIX_LIMIT_CENTS = 1_000_000  # R$ 10.000,00: above this the agent may not even ask
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import msgspec
 
-from examples.payments.money import brl, mask_cpf, parse_amount
-from examples.payments.provider import Provider
-from runtime.cards import Risk
-from runtime.errors import ToolValidationError
-from runtime.text import one_line
-from runtime.tools import Prepared, Revalidation, Tool, ToolContext
+from signoff.demo.money import brl, mask_cpf, parse_amount
+from signoff.demo.provider import Provider
+from signoff.runtime.cards import Risk
+from signoff.runtime.errors import ToolValidationError
+from signoff.runtime.text import one_line
+from signoff.runtime.tools import Prepared, Revalidation, Tool, ToolContext
 
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 

@@ -1,0 +1,1 @@
+"""Versioned SQL migrations, applied in file-name order by ``signoff migrate``."""
