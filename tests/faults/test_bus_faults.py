@@ -19,11 +19,19 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from signoff.store.embedded import EmbeddedServer
 
+from signoff.store.embedded import EmbeddedServer
 from tests.cluster import cluster
 from tests.faults.conftest import Invariants
-from tests.faults.helpers import approve, count, pending, runs_done, start_threads, wait_until
+from tests.faults.helpers import (
+    approve,
+    count,
+    inbox_drained,
+    pending,
+    runs_done,
+    start_threads,
+    wait_until,
+)
 from tests.faults.proxy import Link, Proxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
@@ -146,6 +154,9 @@ async def test_redis_latency_and_half_open_links_lose_no_decision(
             )
             assert await approve(c, gw.url, cards) == [200] * 3
             await wait_until(lambda: runs_done(db, c.tenant, 13), timeout=45, what="13 done")
+            # An ack sent on a half-open connection fails only after the command timeouts;
+            # the entry is then handed back and reclaimed (its run found, not run again).
+            await wait_until(lambda: inbox_drained(c), timeout=45, what="inbox drained")
             await invariants.check()
         finally:
             await db.close()

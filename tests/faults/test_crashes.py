@@ -230,6 +230,9 @@ async def test_two_workers_recovering_the_same_runs_at_once(
         workers=0,
         SIGNOFF_LEASE_SECONDS="2",
         SIGNOFF_POLL_SECONDS="1",
+        # the killed worker may die before acking an entry whose run it stored: the others
+        # reclaim it after this (the default, 30 s, outlasts the waits below)
+        SIGNOFF_CLAIM_IDLE_MS="1000",
     ) as c:
         invariants.watch_cluster(c)
         first = c.add_worker("first")
