@@ -297,6 +297,7 @@ class Cluster:
         }
         env.update(
             {
+                "SIGNOFF_APP": "signoff.demo:app",
                 "SIGNOFF_DATABASE_URL": self.services.database_url,
                 "SIGNOFF_REDIS_URL": self.services.redis_url,
                 "SIGNOFF_SECRET": SECRET,

@@ -14,7 +14,7 @@ from typing import Any
 
 import anthropic
 
-from signoff.demo.app import build
+from signoff.demo import build
 from signoff.demo.provider import Provider
 from signoff.gateway.auth import Tokens
 from signoff.runtime.bus import Bus

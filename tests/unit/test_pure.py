@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from signoff.demo.app import demo_policy
+from signoff.demo import demo_policy
 from signoff.demo.money import brl, mask_cpf, parse_amount
 from signoff.demo.tools import ALL_TOOLS, CreatePixCharge, GetBalance
 from signoff.runtime.canonical import args_fingerprint, canonical_json, request_key, snapshot_hash
