@@ -30,8 +30,9 @@ class App:
     serves the same name must serve the same tools (:meth:`fingerprint`).
     ``system``: the system prompt (default: signoff's own, which tells the model that
     writes only propose). ``setup`` is awaited once at start-up with the Postgres URL
-    (create the app's own tables, open its pools) and may return the ``services``
-    handed to tools as ``ctx.services``; ``teardown`` is awaited at shutdown.
+    (create the app's own tables, open its pools); what it returns becomes ``services``
+    (handed to tools as ``ctx.services``) unless it set them itself. ``teardown`` is
+    awaited at shutdown.
     ``offline_model``: the model used when no Anthropic key is configured (a rule-based
     stand-in, so ``signoff dev`` works on a fresh machine); without one, signoff's
     generic offline model offers ``/tool key=value`` commands.
@@ -42,7 +43,8 @@ class App:
     policy: Policy = field(default_factory=Policy)
     services: Any = None
     system: str | None = None
-    # Called with the store's Postgres URL at start-up (e.g. to create the app's own tables).
+    # Awaited with the store's Postgres URL at start-up (e.g. to create the app's own tables);
+    # what it returns becomes ``services`` unless setup set them itself.
     setup: Callable[[str], Awaitable[Any]] | None = None
     teardown: Callable[[], Awaitable[None]] | None = None
     offline_model: Model | None = None

@@ -147,7 +147,9 @@ async def running(
             presence.present(store, app, process_id, roles, allow_skew=settings.allow_app_skew)
         )
         if app.setup is not None:
-            await app.setup(settings.database_url)
+            made = await app.setup(settings.database_url)
+            if app.services is None:
+                app.services = made  # what setup returns is what tools get as ctx.services
         keys = Keys(settings.key_prefix)
         if gateway:
             node.decisions = Decisions(
