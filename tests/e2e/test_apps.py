@@ -266,3 +266,48 @@ def test_the_installed_signoff_serves_an_app_from_the_current_folder(
     card = _approve_and_execute(wheel_dev, '/add_note text="ship it on friday"')
     assert card["tool"] == "add_note" and card["summary"] == "Pin a note to the board"
     assert card["result"] == {"pinned": "ship it on friday", "notes": 1}
+
+
+# -- one app version per deployment --------------------------------------------------------
+
+
+def _versioned_app(folder: Path, module: str, name: str, extra_field: str) -> None:
+    """An app named ``name`` whose tool's input has ``extra_field`` too (another version)."""
+    (folder / f"{module}.py").write_text(
+        TINY_APP.replace(
+            "    text: str\n", f"    text: str\n    {extra_field}: str = ''\n"
+        ).replace('App(name="notes"', f'App(name="{name}"'),
+        encoding="utf-8",
+    )
+
+
+def test_a_gateway_of_another_app_version_refuses_to_start_unless_skew_is_allowed(
+    database_url: str, tmp_path: Path
+) -> None:
+    import secrets
+
+    from tests import services
+    from tests.cluster import cluster
+
+    name = "notes-" + secrets.token_hex(3)
+    _versioned_app(tmp_path, "notes_v1", name, "colour")
+    _versioned_app(tmp_path, "notes_v2", name, "pinned_by")
+    path = {"PYTHONPATH": str(tmp_path)}
+    with cluster(database_url, services.redis_url(), tmp_path, gateways=0, workers=0) as c:
+        c.add_worker(SIGNOFF_APP="notes_v1:app", **path)
+        env = c.env(SIGNOFF_APP="notes_v2:app", **path)
+        refused = subprocess.run(
+            [sys.executable, "-m", "signoff", "gateway", "--port", str(free_port())],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert refused.returncode == 1, refused
+        assert f"app {name!r}" in refused.stderr and "add_note differs" in refused.stderr
+        assert "SIGNOFF_ALLOW_APP_SKEW=1" in refused.stderr
+        # the same version joins; another one only with the override, and it says so
+        c.add_gateway(SIGNOFF_APP="notes_v1:app", **path)
+        skewed = c.add_gateway(SIGNOFF_APP="notes_v2:app", SIGNOFF_ALLOW_APP_SKEW="1", **path)
+        assert "add_note differs" in skewed.output() and "allowed" in skewed.output()
