@@ -254,6 +254,13 @@ def test_the_installed_signoff_serves_the_helpdesk_from_a_checkout(wheel_dev: De
     assert card["result"]["refunded"] == "$25.00"
 
 
+def readme_first_app() -> str:
+    """The `myapp.py` of the README's "Your first app in ten minutes", as printed there."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- first-app: begin", 1)[1].split("<!-- first-app: end -->", 1)[0]
+    return block.split("```python\n", 1)[1].rsplit("```", 1)[0]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_installed_signoff_serves_an_app_from_the_current_folder(
@@ -266,6 +273,29 @@ def test_the_installed_signoff_serves_an_app_from_the_current_folder(
     card = _approve_and_execute(wheel_dev, '/add_note text="ship it on friday"')
     assert card["tool"] == "add_note" and card["summary"] == "Pin a note to the board"
     assert card["result"] == {"pinned": "ship it on friday", "notes": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_readme_first_app_works_as_written(wheel_dev: Dev, tmp_path: Path) -> None:
+    (tmp_path / "myapp.py").write_text(readme_first_app(), encoding="utf-8")
+    wheel_dev.start(args=("--app", "myapp:app"), cwd=tmp_path)
+    assert "app:      board (myapp:app)" in wheel_dev.output
+    card = _approve_and_execute(wheel_dev, '/add_task title="Water the plants"')
+    assert card["summary"] == "Add a task to the team board"
+    assert card["impact"]["fields"] == [{"label": "Task", "value": "Water the plants"}]
+    assert card["result"] == {"added": "Water the plants", "tasks": 1}
+    with wheel_dev.client() as c:  # step 6: the board lists it
+        thread = c.post("/v1/threads").json()["thread"]["id"]
+        c.post(f"/v1/threads/{thread}/messages", json={"text": "/list_tasks"})
+
+        def listed() -> bool:
+            events = c.get(f"/v1/threads/{thread}/events?after_seq=0").json()["events"]
+            return any(
+                "Water the plants" in str(e["data"]) for e in events if e["kind"] == "assistant"
+            )
+
+        wait_for(listed)
 
 
 # -- one app version per deployment --------------------------------------------------------
