@@ -1,0 +1,1 @@
+"""Example apps built only on signoff's public API (``from signoff import ...``)."""

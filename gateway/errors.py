@@ -18,6 +18,9 @@ STATUS: list[tuple[type[e.SignoffError], int]] = [
     (e.Unauthenticated, 401),
     (e.Forbidden, 403),
     (e.NotFound, 404),
+    # The card exists but this gateway does not serve its tool (a version skew, or a
+    # tool removed): nothing changed; another gateway, or a later deploy, may decide it.
+    (e.UnknownTool, 409),
     (e.Expired, 410),
     (e.Conflict, 409),
     (e.RateLimited, 429),

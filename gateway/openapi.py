@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
 from signoff.gateway.service import BatchIn, MessageIn, ResolveIn
 
 ERRORS = {
@@ -12,7 +13,8 @@ ERRORS = {
     "403": "not the owner",
     "404": "unknown thread, card or run",
     "408": "the request body did not arrive in time (SIGNOFF_BODY_TIMEOUT_SECONDS)",
-    "409": "already decided, or stale snapshot_hash",
+    "409": "already decided, stale snapshot_hash, or a card of a tool this gateway does not "
+    "serve (unknown_tool)",
     "410": "the card expired (database clock)",
     "422": "invalid payload",
     "429": "over a per-user quota (threads a minute, turns in flight); see Retry-After",

@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+
 from signoff.runtime import hints, outcomes
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.conversation import build_messages
-from signoff.runtime.errors import SignoffError, ToolValidationError, Unavailable
+from signoff.runtime.errors import SignoffError, ToolValidationError, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.base import Model
@@ -353,6 +354,7 @@ class Agent:
                 owner=run.owner,
                 tool_use_id=use_id,
                 raw_input=raw,
+                ttl=verdict.card_ttl(tool),
             )
         )
         if entry is not None:
@@ -455,8 +457,21 @@ class Agent:
         cards: dict[str, Card],
         conversation: list[Entry] | None = None,
     ) -> Run:
-        """Every card is decided: execute the approved ones, tell the model, step on."""
+        """Every card is decided: execute the approved ones, tell the model, step on.
+
+        An approved card of a tool this worker does not serve (another version of the app
+        proposed it) stops the continuation before anything runs: :class:`UnknownTool`,
+        the card left approved for a worker that serves it (``Worker._hand_over``)."""
         results: dict[str, dict[str, Any]] = dict(run.state.get("results", {}))
+        for use_id in run.state.get("order", []):
+            card = cards[waiting[use_id]] if use_id in waiting else None
+            if (
+                use_id not in results
+                and card is not None
+                and card.status is Status.APPROVED
+                and self.tools.get(card.tool) is None
+            ):
+                raise self._unknown(card)
         for use_id in run.state.get("order", []):
             if use_id in results:
                 continue
@@ -469,20 +484,22 @@ class Agent:
         # The results are written with the step's next write (see _step).
         return await self._step(run, conversation, [("tool_results", {"content": blocks})])
 
+    def _unknown(self, card: Card) -> UnknownTool:
+        return UnknownTool(
+            f"card {card.id} was approved for the tool {card.tool!r}, which worker "
+            f"{self.worker_id} does not serve",
+            tool=card.tool,
+            card_id=card.id,
+            run_id=card.run_id,
+        )
+
     async def execute(self, run: Run, card: Card) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id)."""
         actor = f"worker:{self.worker_id}"
         tool = self.tools.get(card.tool)
         ctx = self._ctx(run)
         if tool is None:
-            moved = await self.store.move(
-                card.id,
-                Status.APPROVED,
-                Status.INVALIDATED,
-                actor=actor,
-                result={"reason": f"tool {card.tool} is no longer available"},
-            )
-            return await self.moved(moved) or await self.store.get_card(card.id)
+            raise self._unknown(card)  # left approved: not invalidated for a version skew
         try:
             check = await tool.revalidate(card.args_snapshot, ctx)
         except Exception as exc:  # a tool's own failure must not wedge the run

@@ -14,26 +14,52 @@ from collections.abc import Sequence
 from typing import Any
 
 from signoff.runtime import config as cfg
-from signoff.runtime.app import App
-from signoff.runtime.errors import SignoffError
+from signoff.runtime.app import App, load_app
+from signoff.runtime.errors import ConfigError, SignoffError
 
 ENV_HELP = "\n".join(f"  {var:<30} {name}" for name, var in cfg.env_names().items())
+DEMO_APP = "signoff.demo:app"
+DEMO_HELP = (
+    "the built-in demo (--app signoff.demo:app) also reads SIGNOFF_DEMO_CARD_TTL_SECONDS "
+    "(every card's lifetime, e.g. 20 to watch one expire)"
+)
 
 
-def _demo_app(settings: cfg.Settings) -> App:
-    from signoff.demo.app import build
+class NoApp(ConfigError):
+    """``gateway``/``worker``/``check-policy`` without ``--app``: production never serves
+    the demo by accident."""
 
-    return build((settings.tenant,))
+    code = "no_app"
+
+
+def _app(settings: cfg.Settings, command: str) -> App:
+    """The app the command serves: ``--app``/``SIGNOFF_APP``; ``dev`` alone falls back to
+    the demo (and says so)."""
+    if settings.app:
+        return load_app(settings.app)
+    if command == "dev":
+        print(
+            f"signoff dev: no --app given: serving the built-in demo ({DEMO_APP}); "
+            "serve yours with --app module:attribute",
+            flush=True,
+        )
+        return load_app(DEMO_APP)
+    raise NoApp(
+        f"{command}: no app to serve: pass --app module:attribute (or set SIGNOFF_APP), "
+        f"e.g. --app myproject.agent:app; the built-in demo is --app {DEMO_APP}"
+    )
 
 
 def _settings(args: argparse.Namespace) -> cfg.Settings:
     overrides: dict[str, Any] = {}
-    for name in ("host", "port", "database_url", "redis_url", "worker_id", "data_dir"):
+    for name in ("host", "port", "database_url", "redis_url", "worker_id", "data_dir", "app"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
     if getattr(args, "offline", False):
         overrides["offline_model"] = True
+    if getattr(args, "allow_app_skew", False):
+        overrides["allow_app_skew"] = True
     return cfg.from_env(**overrides)
 
 
@@ -44,11 +70,12 @@ async def _dev(args: argparse.Namespace) -> int:
 
     t0 = time.monotonic()
     settings = _settings(args)
+    app = _app(settings, "dev")
     settings, closers = embedded_urls(settings)
     settings = settings.with_(secret=dev_secret(settings))
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
     try:
-        async with running(settings, _demo_app(settings)) as node:
+        async with running(settings, app) as node:
             token = tokens.issue("demo", settings.tenant)
             started = asyncio.Event()
             serve = asyncio.create_task(
@@ -68,6 +95,7 @@ async def _dev(args: argparse.Namespace) -> int:
                 f"  chat:     {url}/#token={token}\n"
                 f"  api:      {url}/v1   (Authorization: Bearer <token>)\n"
                 f"  token:    {token}\n"
+                f"  app:      {app.name} ({settings.app or 'the built-in demo, ' + DEMO_APP})\n"
                 f"  model:    {model}\n"
                 f"  database: {redacted(settings.database_url or '')}\n"
                 f"  bus:      {'redis ' + redis if redis else 'in-process'}",
@@ -85,8 +113,9 @@ async def _gateway(args: argparse.Namespace) -> int:
     from signoff.runtime.node import running, serve_gateway
 
     settings = _settings(args)
+    app = _app(settings, "gateway")
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
-    async with running(settings, _demo_app(settings), worker=False) as node:
+    async with running(settings, app, worker=False) as node:
         await serve_gateway(node, tokens, settings.host, settings.port)
     return 0
 
@@ -95,11 +124,12 @@ async def _worker(args: argparse.Namespace) -> int:
     from signoff.runtime.node import running
 
     settings = _settings(args)
+    app = _app(settings, "worker")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(settings, _demo_app(settings), gateway=False) as node:
+    async with running(settings, app, gateway=False) as node:
         metrics = None
         if settings.metrics_port and node.worker is not None:
             from signoff.runtime import metrics as m
@@ -111,7 +141,7 @@ async def _worker(args: argparse.Namespace) -> int:
                 lambda: m.worker_text(worker),
                 worker.decision_latency_ns,
             )
-        print(f"signoff worker {settings.worker_id} running", flush=True)
+        print(f"signoff worker {settings.worker_id} running app {app.name}", flush=True)
         await stop.wait()
         if metrics is not None:
             metrics.close()
@@ -153,6 +183,7 @@ def _token(args: argparse.Namespace) -> int:
 
 async def _cards(args: argparse.Namespace) -> int:
     import msgspec
+
     from signoff.runtime.node import database_url
     from signoff.store.postgres import PostgresStore
 
@@ -197,7 +228,7 @@ async def _cards(args: argparse.Namespace) -> int:
 
 
 def _check_policy(args: argparse.Namespace) -> int:
-    app = _demo_app(_settings(args))
+    app = _app(_settings(args), "check-policy")
     missing = app.policy.unruled_writes(app.tools)
     if missing:
         print("write tools without an explicit policy rule (they default to ASK):")
@@ -212,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="signoff",
         description="Human-in-the-loop runtime for AI agents.",
-        epilog="environment variables:\n" + ENV_HELP,
+        epilog="environment variables:\n" + ENV_HELP + "\n\n" + DEMO_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
@@ -222,17 +253,44 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--redis-url", help="Redis URL (SIGNOFF_REDIS_URL)")
         sp.add_argument("--data-dir", help="local data folder (SIGNOFF_DATA_DIR, .signoff)")
 
-    dev = sub.add_parser("dev", help="gateway + worker + demo app in one process, embedded servers")
+    def app_flags(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--app",
+            help="the app to serve, module:attribute (an App or a zero-argument factory "
+            "returning one; the current directory is on the import path) (SIGNOFF_APP)",
+        )
+
+    def skew_flag(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--allow-app-skew",
+            action="store_true",
+            help="start beside live processes serving another version of the app, with a "
+            "warning (rolling deploys) (SIGNOFF_ALLOW_APP_SKEW)",
+        )
+
+    dev = sub.add_parser(
+        "dev",
+        help="gateway + worker + your app (--app; default: the demo) in one process, "
+        "embedded servers",
+    )
     common(dev)
+    app_flags(dev)
+    skew_flag(dev)
     dev.add_argument("--host", help="bind address (SIGNOFF_HOST, 127.0.0.1)")
     dev.add_argument("--port", type=int, help="port (SIGNOFF_PORT, 8000)")
     dev.add_argument("--offline", action="store_true", help="use the offline demo model")
-    gw = sub.add_parser("gateway", help="serve WebSocket and HTTP (needs Postgres and Redis)")
+    gw = sub.add_parser(
+        "gateway", help="serve WebSocket and HTTP for --app (needs Postgres and Redis)"
+    )
     common(gw)
+    app_flags(gw)
+    skew_flag(gw)
     gw.add_argument("--host")
     gw.add_argument("--port", type=int)
-    wk = sub.add_parser("worker", help="run agent turns (needs Postgres and Redis)")
+    wk = sub.add_parser("worker", help="run agent turns of --app (needs Postgres and Redis)")
     common(wk)
+    app_flags(wk)
+    skew_flag(wk)
     wk.add_argument("--worker-id", help="stable worker id (SIGNOFF_WORKER_ID)")
     wk.add_argument("--offline", action="store_true")
     mg = sub.add_parser("migrate", help="apply SQL migrations")
@@ -255,8 +313,11 @@ def parser() -> argparse.ArgumentParser:
         choices=["executed", "failed"],
         help="reconcile: what the provider says happened",
     )
-    cp = sub.add_parser("check-policy", help="list write tools without an explicit policy rule")
+    cp = sub.add_parser(
+        "check-policy", help="list the write tools of --app without an explicit policy rule"
+    )
     common(cp)
+    app_flags(cp)
     return p
 
 
@@ -281,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(runner(args))
         return 130
+    except NoApp as exc:
+        print(f"signoff {exc.message}", file=sys.stderr)
+        return 2
     except SignoffError as exc:
         print(f"signoff: {exc.message}", file=sys.stderr)
         return 1

@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from signoff.runtime.errors import ConfigError
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    # The application served, as module:attribute (an App or a zero-argument factory of one).
+    # `signoff gateway` and `signoff worker` refuse to start without one; `signoff dev`
+    # serves the built-in demo (signoff.demo:app) and says so.
+    app: str = ""
+    # Start even when a live process on the database serves another version of the app
+    # (a rolling deploy): the mismatch is logged as a warning instead (runtime/presence.py).
+    allow_app_skew: bool = False
     database_url: str | None = None  # None: `signoff dev` starts an embedded Postgres
     redis_url: str | None = None  # None: the in-process bus (single process only)
     host: str = "127.0.0.1"
@@ -66,6 +74,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _ENV: dict[str, str] = {
+    "app": "SIGNOFF_APP",
+    "allow_app_skew": "SIGNOFF_ALLOW_APP_SKEW",
     "database_url": "SIGNOFF_DATABASE_URL",
     "redis_url": "SIGNOFF_REDIS_URL",
     "host": "SIGNOFF_HOST",
@@ -104,6 +114,9 @@ _ENV: dict[str, str] = {
 }
 
 
+_BOOLS = frozenset({"offline_model", "allow_app_skew"})
+
+
 def env_names() -> dict[str, str]:
     """Setting name -> environment variable (for --help and the README)."""
     return dict(_ENV)
@@ -118,7 +131,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
             value: Any = source[var]
             if name in ("allowed_origins", "faults"):
                 value = tuple(o.strip() for o in value.split(",") if o.strip())
-            elif name == "offline_model":
+            elif name in _BOOLS:
                 value = value.lower() in ("1", "true", "yes")
             raw[name] = value
     raw.update({k: v for k, v in overrides.items() if v is not None})

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import msgspec
+
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.errors import (
@@ -21,6 +22,7 @@ from signoff.runtime.errors import (
     NotOwner,
     SignoffError,
     ToolValidationError,
+    UnknownTool,
 )
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
@@ -93,9 +95,14 @@ class Decisions:
         if res.edits:
             raise InvalidInput("edits are only accepted with decision 'edit'")
         # The decision's statement also names the worker holding the card's run: the
-        # signal goes there first (notify_card falls back to the wait token).
-        moved = await self.store.decide(
+        # signal goes there first (notify_card falls back to the wait token). An approval
+        # is refused (UnknownTool) for a card of a tool this app does not serve: another
+        # version of the app proposed it. A rejection needs no tool: a person can always
+        # say no.
+        known = [t.name for t in self.tools] if res.decision is Decision.APPROVE else None
+        moved = await self.store.decide_known(
             card_id,
+            tools=known,
             principal=principal,
             decision=res.decision,
             snapshot_hash=res.snapshot_hash,
@@ -145,7 +152,12 @@ class Decisions:
             )
         tool = self.tools.get(card.tool)
         if tool is None:
-            raise InvalidInput(f"tool {card.tool} is no longer available")
+            raise UnknownTool(
+                f"this server does not serve the tool {card.tool!r} of card {card_id} "
+                "(another version of the app proposed it); nothing was edited",
+                tool=card.tool,
+                card_id=card_id,
+            )
         raw = {**await self.store.card_input(card_id), **edits}
         run = await self.store.get_run(card.run_id)
         ctx = ToolContext(
@@ -175,6 +187,7 @@ class Decisions:
                 owner=card.owner,
                 tool_use_id=card.tool_use_id,
                 raw_input=raw_input,
+                ttl=verdict.card_ttl(tool),
             )
         except ToolValidationError as exc:
             raise InvalidInput(exc.message) from exc

@@ -123,3 +123,28 @@ class Unavailable(SignoffError):
 
 class ConfigError(SignoffError):
     code = "config"
+
+
+class AppLoadError(ConfigError):
+    """``--app`` / ``SIGNOFF_APP`` names no usable application (module not found,
+    attribute missing, not an App)."""
+
+    code = "app_load"
+
+
+class AppMismatch(ConfigError):
+    """A live gateway or worker on this database serves the same app with other tools (or
+    other versions of them): this process refuses to start (``SIGNOFF_ALLOW_APP_SKEW``)."""
+
+    code = "app_mismatch"
+
+
+class UnknownTool(SignoffError):
+    """A card's tool is not one this process serves (a version skew between processes, or
+    a tool removed): it refuses to decide (409) or run it, and changes nothing."""
+
+    code = "unknown_tool"
+
+    def __init__(self, message: str, *, tool: str, **detail: Any) -> None:
+        self.tool = tool
+        super().__init__(message, tool=tool, **detail)

@@ -125,6 +125,8 @@ class Counters:
         "signoff_runs_failed_by_error_total": "Runs settled as failed after an error.",
         "signoff_inbox_released_total": "Inbox entries handed back for a later retry.",
         "signoff_approved_stale_total": "Approved cards the sweeper found not yet started.",
+        "signoff_runs_handed_over_total": "Runs handed to another worker: an approved card "
+        "named a tool this worker does not serve (another version of the app).",
         "signoff_store_races_retried_total": "Statements or transactions Postgres rolled "
         "back as a deadlock or serialization victim, tried again.",
     }

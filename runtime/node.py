@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from signoff.runtime import presence
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
 from signoff.runtime.bus_memory import MemoryBus
@@ -55,12 +56,16 @@ def dev_secret(settings: Settings) -> str:
     return read_or_create(path, secrets.token_urlsafe(48))[0]
 
 
-def pick_model(settings: Settings) -> Model:
-    """Claude when a key is configured; otherwise the clearly labelled offline demo model."""
+def pick_model(settings: Settings, app: App) -> Model:
+    """Claude when a key is configured; otherwise (or with ``SIGNOFF_OFFLINE_MODEL``) the
+    app's own offline model, else the generic one that takes ``/tool key=value``
+    commands. Both are clearly labelled in what they write."""
     if settings.offline_model or not (settings.anthropic_api_key or settings.anthropic_base_url):
-        from signoff.demo.offline_model import OfflineDemoModel
+        if app.offline_model is not None:
+            return app.offline_model
+        from signoff.runtime.models.command import CommandModel
 
-        return OfflineDemoModel()
+        return CommandModel()
     from signoff.runtime.models.anthropic_model import AnthropicModel
 
     return AnthropicModel.from_settings(
@@ -130,11 +135,21 @@ async def running(
     )
     bus = make_bus(settings)
     node = Node(settings=settings, store=store, bus=bus, app=app, model=model)
+    roles = [r for r, on in ((presence.GATEWAY, gateway), (presence.WORKER, worker)) if on]
+    process_id = settings.worker_id if worker else f"gateway-{settings.worker_id}"
+    stack = contextlib.AsyncExitStack()
     try:
         if migrate:
             await store.migrate()
+        # Refuses to start (AppMismatch) beside live processes serving another version of
+        # the app, before the app's own setup touches anything.
+        await stack.enter_async_context(
+            presence.present(store, app, process_id, roles, allow_skew=settings.allow_app_skew)
+        )
         if app.setup is not None:
-            await app.setup(settings.database_url)
+            made = await app.setup(settings.database_url)
+            if app.services is None:
+                app.services = made  # what setup returns is what tools get as ctx.services
         keys = Keys(settings.key_prefix)
         if gateway:
             node.decisions = Decisions(
@@ -147,7 +162,7 @@ async def running(
                 faults=Faults(settings.faults),
             )
         if worker:
-            node.model = model or pick_model(settings)
+            node.model = model or pick_model(settings, app)
             node.worker = Worker(settings=settings, store=store, bus=bus, app=app, model=node.model)
             await node.worker.start()
         yield node
@@ -161,6 +176,8 @@ async def running(
         if close is not None:
             with contextlib.suppress(Exception):
                 await close()
+        with contextlib.suppress(Exception):
+            await stack.aclose()  # the presence row goes last: the worker has let go
         await bus.close()
         await store.close()
 
@@ -170,6 +187,7 @@ async def serve_gateway(
 ) -> None:
     """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped."""
     import uvicorn
+
     from signoff.gateway.app import build_app
     from signoff.gateway.timeouts import http_protocol
 

@@ -4,6 +4,13 @@ Rules match on tool name, risk, tenant, role and a predicate over the
 arguments. Evaluation: any matching DENY wins (DENY is final, I3); otherwise
 the first matching rule decides; with no matching rule, reads are ALLOW and
 every write is ASK.
+
+A rule may also set how long a card waits for its decision (``ttl``): whenever it
+matches, whichever rule decides the verdict, and the shortest of the matching rules'
+``ttl`` wins. With none, the card lives for its tool's own ``ttl``. So a deployment
+shortens the critical tier for one tenant without touching the tools::
+
+    Rule(Verdict.ASK, risk=Risk.CRITICAL, tenant="acme", ttl=timedelta(minutes=2))
 """
 
 from __future__ import annotations
@@ -11,9 +18,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from signoff.runtime.cards import Risk
+from signoff.runtime.errors import ConfigError
 from signoff.runtime.tools import Registry, Tool
 
 
@@ -28,7 +37,8 @@ Predicate = Callable[[Mapping[str, Any]], bool]
 
 @dataclass(frozen=True)
 class Rule:
-    """One policy rule. ``None`` fields match anything."""
+    """One policy rule. ``None`` fields match anything. ``ttl``: the lifetime of the cards
+    of the calls it matches (the shortest of the matching rules' wins; none: the tool's)."""
 
     verdict: Verdict
     tool: str | None = None
@@ -37,6 +47,11 @@ class Rule:
     role: str | None = None
     when: Predicate | None = None
     reason: str = ""
+    ttl: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttl is not None and self.ttl <= timedelta(0):
+            raise ConfigError(f"a rule's ttl must be positive, not {self.ttl}")
 
     def matches(self, tool: Tool, args: Mapping[str, Any], tenant: str, role: str) -> bool:
         if self.tool is not None and self.tool != tool.name:
@@ -55,6 +70,11 @@ class Outcome:
     verdict: Verdict
     reason: str = ""
     rule: Rule | None = None
+    ttl: timedelta | None = None  # set by a matching rule; None: the tool's own
+
+    def card_ttl(self, tool: Tool) -> timedelta:
+        """How long a card of this call waits for its decision."""
+        return self.ttl if self.ttl is not None else tool.ttl
 
 
 @dataclass
@@ -73,7 +93,9 @@ class Policy:
             if rule.verdict is Verdict.DENY:
                 return Outcome(Verdict.DENY, rule.reason or f"{tool.name} is not allowed", rule)
         if matching:
-            return Outcome(matching[0].verdict, matching[0].reason, matching[0])
+            ttls = [r.ttl for r in matching if r.ttl is not None]
+            ttl = min(ttls) if ttls else None
+            return Outcome(matching[0].verdict, matching[0].reason, matching[0], ttl)
         if tool.risk is Risk.READ:
             return Outcome(Verdict.ALLOW, "reads are allowed by default")
         return Outcome(Verdict.ASK, "writes ask by default")

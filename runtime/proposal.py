@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from signoff.runtime.canonical import request_key, snapshot_hash
@@ -33,13 +34,17 @@ def new_card(
     owner: str,
     tool_use_id: str,
     raw_input: dict[str, Any],
+    ttl: timedelta | None = None,
 ) -> NewCard:
     """The card for one prepared call: its hash binds tool, frozen args, summary and impact
     (I2); its request key makes a repeated proposal in the same run find it again (I5).
 
     The summary and the labelled fields are cleaned here, before hashing: the hash binds
     the text the person is shown. A code-written summary never needs a newline or a bidi
-    control, so cleaning it is only a safety net; model text belongs in ``fields``."""
+    control, so cleaning it is only a safety net; model text belongs in ``fields``.
+
+    ``ttl``: how long the card waits for a decision (the policy's, see
+    ``Outcome.card_ttl``); by default the tool's own."""
     summary = one_line(prepared.summary, SUMMARY_LIMIT)
     impact = {"risk": str(tool.risk), **prepared.impact}
     if prepared.fields:
@@ -59,5 +64,5 @@ def new_card(
         snapshot_hash=snapshot_hash(tool.name, prepared.args, summary, impact),
         request_key=request_key(run_id, tool.name, prepared.args, tool.set_fields),
         editable=sorted(tool.editable),
-        ttl_seconds=tool.ttl.total_seconds(),
+        ttl_seconds=(tool.ttl if ttl is None else ttl).total_seconds(),
     )

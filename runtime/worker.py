@@ -17,12 +17,13 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
+from signoff.runtime import presence
 from signoff.runtime.agent import Agent
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import NotFound, SignoffError, Unavailable
+from signoff.runtime.errors import NotFound, SignoffError, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
@@ -40,6 +41,10 @@ START_RETRIES = (0.2, 0.5, 1.0, 2.0)
 # A continuation that raised anything but Unavailable is tried this many more times (it
 # may have lost a race), then its run is settled as failed with the error for the client.
 WAKE_ERROR_RETRIES = 2
+# A run whose approved card names a tool no live worker serves is looked at again after
+# these many seconds (doubling up to the maximum): a worker that serves it may start.
+HAND_OVER_RETRY_SECONDS = 5.0
+HAND_OVER_RETRY_MAX_SECONDS = 60.0
 APPROVED_ORPHAN_REASON = (
     "its conversation moved on before this approved action started; nothing was executed"
 )
@@ -171,6 +176,9 @@ class Worker:
             return await self._after_error(thread_id, self.agent.run_id_for(message_id), exc)
 
     async def _after_error(self, thread_id: str, run_id: str, exc: Exception) -> Run | None:
+        if isinstance(exc, UnknownTool):
+            await self._hand_over(run_id, exc)
+            return await self.store.get_run(run_id)
         COUNTERS.inc("signoff_handler_errors_total")
         transient = isinstance(exc, Unavailable)
         if transient:
@@ -292,6 +300,9 @@ class Worker:
             # the provider acted, a card is then left `executing` for an operator).
             async with self._step_slots:
                 run = await self.agent.continue_run(run_id)
+        except UnknownTool as exc:
+            await self._hand_over(run_id, exc, attempt)
+            return
         except Unavailable as exc:
             # The run is ours (we renew its lease) and no longer parked: unless we try
             # again, nobody continues it and its decisions wait for our restart (I6).
@@ -310,6 +321,35 @@ class Worker:
             return
         if run is None or run.status is not RunStatus.WAITING:
             self.waits.drop_run(run_id)
+
+    async def _hand_over(self, run_id: str, exc: UnknownTool, attempt: int = 0) -> None:
+        """An approved card of the run names a tool this worker does not serve: another
+        version of the app proposed it. It is not invalidated for a version skew: the card
+        stays approved and the run goes to a live worker that serves the tool (released:
+        the next worker to adopt takes it; one that does not serve the tool either hands
+        it on again). With no such worker alive, the run stays here and is looked at
+        again later, so a worker of the right version that starts meanwhile gets it."""
+        self.waits.drop_run(run_id)
+        try:
+            handed = await self.store.hand_over_run(
+                run_id, self.worker_id, exc.tool, presence.LIVE_SECONDS
+            )
+        except SignoffError as err:
+            log.warning("run %s: could not hand it over (%s)", run_id, err)
+            handed = False
+        if handed:
+            COUNTERS.inc("signoff_runs_handed_over_total")
+            log.warning("%s: run %s handed to the workers that serve it", exc.message, run_id)
+            return
+        delay = min(HAND_OVER_RETRY_SECONDS * 2**attempt, HAND_OVER_RETRY_MAX_SECONDS)
+        log.error(
+            "%s, and no live worker serves it: the card stays approved; run %s is looked "
+            "at again in %.0fs",
+            exc.message,
+            run_id,
+            delay,
+        )
+        self._retry_wake(run_id, attempt + 1, delay)
 
     def _retry_wake(self, run_id: str, attempt: int, delay: float = 0.0) -> None:
         if self._draining:

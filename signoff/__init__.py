@@ -15,7 +15,9 @@ An app::
     from signoff import App, Policy, Registry, Rule
     app = App(name="helpdesk", tools=Registry([...]), policy=Policy([Rule(...)]))
 
-Served with ``signoff dev --app mypackage.module:app``.
+Served with ``signoff dev --app mypackage.module:app``. An app may bring its own offline
+model (``App(offline_model=...)``, used when no Anthropic key is set): anything with a
+``name`` and an ``async respond(...) -> ModelReply``, see :class:`Model`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from signoff.runtime.app import App
 from signoff.runtime.cards import Risk
 from signoff.runtime.errors import (
     AlreadyDecided,
+    AppLoadError,
+    AppMismatch,
     CardNotFound,
     ConfigError,
     Conflict,
@@ -38,7 +42,9 @@ from signoff.runtime.errors import (
     ToolValidationError,
     Unauthenticated,
     Unavailable,
+    UnknownTool,
 )
+from signoff.runtime.models.base import Message, Model, ModelReply, TextSink, ToolSpec
 from signoff.runtime.policy import Policy, Rule, Verdict
 from signoff.runtime.text import one_line
 from signoff.runtime.tools import Prepared, Registry, Revalidation, Tool, ToolContext
@@ -48,12 +54,17 @@ __version__ = "0.4.0"
 __all__ = [
     "AlreadyDecided",
     "App",
+    "AppLoadError",
+    "AppMismatch",
     "CardNotFound",
     "ConfigError",
     "Conflict",
     "Expired",
     "Forbidden",
     "InvalidInput",
+    "Message",
+    "Model",
+    "ModelReply",
     "NotFound",
     "NotOwner",
     "Policy",
@@ -65,11 +76,14 @@ __all__ = [
     "Rule",
     "SignoffError",
     "StaleCard",
+    "TextSink",
     "Tool",
     "ToolContext",
+    "ToolSpec",
     "ToolValidationError",
     "Unauthenticated",
     "Unavailable",
+    "UnknownTool",
     "Verdict",
     "__version__",
     "one_line",

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
+
 from signoff.runtime.canonical import operation_id
 from signoff.runtime.cards import Card, Decision, Status, check_move
 from signoff.runtime.errors import (
@@ -33,8 +34,10 @@ from signoff.runtime.errors import (
     NotOwner,
     StaleCard,
     Unavailable,
+    UnknownTool,
 )
 from signoff.runtime.metrics import COUNTERS
+from signoff.runtime.presence import AppProcess
 from signoff.runtime.records import CardEvent, Entry, Moved, Run, Thread
 from signoff.store import queries as q
 from signoff.store.pool import Pool
@@ -937,6 +940,97 @@ class PostgresStore:
         )
         row = _some(row)
         return int(row["running"]) + int(row["queued"]), list(row["started"])
+
+    # -- which process serves which app (runtime/presence.py) -------------------------
+
+    async def join_app(
+        self,
+        process: AppProcess,
+        live_seconds: float,
+        check: Callable[[list[AppProcess]], None],
+    ) -> None:
+        """Register ``process`` once ``check`` accepted the other live processes: one
+        transaction under a lock every joining process takes, so two processes starting
+        at once see each other. Nothing is written when ``check`` raises."""
+        async with self._tx() as conn:
+            await conn.execute(q.APP_JOIN_LOCK)
+            await conn.execute(q.APP_PROCESSES_FORGET)
+            rows = await conn.fetch(q.APP_PROCESSES_LIVE, process.id, float(live_seconds))
+            check([msgspec.convert(dict(r), AppProcess) for r in rows])
+            await conn.execute(q.APP_PROCESS_UPSERT, *_process_values(process))
+
+    async def beat_app(self, process: AppProcess) -> None:
+        """Renew ``process``'s row (written again if it was forgotten)."""
+        await self._read(lambda c: c.execute(q.APP_PROCESS_UPSERT, *_process_values(process)))
+
+    async def leave_app(self, process_id: str) -> None:
+        await self._read(lambda c: c.execute(q.APP_PROCESS_LEAVE, process_id))
+
+    async def app_processes(self, live_seconds: float) -> list[AppProcess]:
+        """The live processes (renewed within ``live_seconds``)."""
+        rows = await self._read(lambda c: c.fetch(q.APP_PROCESSES_LIVE, "", float(live_seconds)))
+        return [msgspec.convert(dict(r), AppProcess) for r in rows]
+
+    async def hand_over_run(self, run_id: str, holder: str, tool: str, live_seconds: float) -> bool:
+        """Let go of a run we hold (its holder NULL: adopted by the next worker that looks)
+        when another live worker serves ``tool``; False (and the run kept) when none does."""
+        value = await self._read(
+            lambda c: c.fetchval(q.RUN_HAND_OVER, _uuid(run_id), holder, tool, float(live_seconds))
+        )
+        return value is not None
+
+    async def decide_known(
+        self,
+        card_id: str,
+        *,
+        tools: list[str] | None,
+        principal: str,
+        decision: Decision,
+        snapshot_hash: str,
+        channel: str,
+        reason: str | None = None,
+        tenant: str | None = None,
+    ) -> Moved:
+        """:meth:`decide`, for a card whose tool is one of ``tools`` (None: any). A card of
+        another tool is refused with :class:`UnknownTool` — after the owner, deadline,
+        status and hash checks, so only the card's owner learns its tool is not served."""
+        if decision is Decision.EDIT:
+            raise IllegalTransition("edits go through edit()")
+        target = Status.APPROVED if decision is Decision.APPROVE else Status.REJECTED
+        cid = _uuid(card_id)
+        detail = {"reason": reason} if reason else {}
+        row = await self._read(
+            lambda c: c.fetchrow(
+                q.CARD_DECIDE_KNOWN_LOGGED,
+                cid,
+                str(target),
+                principal,
+                channel,
+                reason,
+                snapshot_hash,
+                tenant,
+                detail,
+                tools,
+            )
+        )
+        if row is None:
+            async with self._tx() as conn:
+                error = await self._diagnose(conn, cid, principal, snapshot_hash, tenant)
+                if tools is not None and type(error) is Conflict:
+                    tool = await conn.fetchval(q.CARD_TOOL, cid)
+                    if tool is not None and tool not in tools:
+                        error = UnknownTool(
+                            f"this server does not serve the tool {tool!r} of card {card_id} "
+                            "(another version of the app proposed it); nothing was decided",
+                            tool=tool,
+                            card_id=card_id,
+                        )
+                raise error
+        return _moved(row)
+
+
+def _process_values(p: AppProcess) -> tuple[Any, ...]:
+    return (p.id, p.app, p.fingerprint, p.tools, p.roles)
 
 
 def _uuid(value: str) -> str:

@@ -458,3 +458,52 @@ SELECT
     coalesce(array_agg(a.id::text) FILTER (WHERE r.id IS NOT NULL), '{}') AS started
 FROM unnest($3::uuid[]) AS a(id) LEFT JOIN runs r ON r.id = a.id
 """
+
+# -- which process serves which app (runtime/presence.py) -------------------------------
+
+# Serialises processes joining (any app): a check and its insert see every earlier join.
+APP_JOIN_LOCK = "SELECT pg_advisory_xact_lock(7401553902)"
+# The other processes renewed within $2 seconds.
+APP_PROCESSES_LIVE = """
+SELECT id, app, fingerprint, tools, roles FROM app_processes
+WHERE id <> $1 AND seen_at > now() - make_interval(secs => $2)
+ORDER BY started_at, id
+"""
+APP_PROCESS_UPSERT = """
+INSERT INTO app_processes (id, app, fingerprint, tools, roles) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (id) DO UPDATE SET app = EXCLUDED.app, fingerprint = EXCLUDED.fingerprint,
+    tools = EXCLUDED.tools, roles = EXCLUDED.roles, seen_at = now()
+"""
+APP_PROCESS_LEAVE = "DELETE FROM app_processes WHERE id = $1"
+# Rows of processes gone for a day: nobody reads them any more.
+APP_PROCESSES_FORGET = (
+    "DELETE FROM app_processes WHERE seen_at < now() - make_interval(secs => 86400)"
+)
+# A run whose approved card names a tool its holder ($2) does not serve, handed back
+# (holder NULL: any worker adopts it) when a live worker ($4 seconds) serves tool $3.
+RUN_HAND_OVER = """
+UPDATE runs SET worker_id = NULL, updated_at = now()
+WHERE id = $1 AND worker_id = $2 AND status IN ('running', 'waiting')
+  AND EXISTS (
+      SELECT 1 FROM app_processes p
+      WHERE p.id <> $2 AND 'worker' = ANY (p.roles) AND p.tools ? $3
+        AND p.seen_at > now() - make_interval(secs => $4)
+  )
+RETURNING id::text
+"""
+# CARD_DECIDE_LOGGED, and only a card whose tool is one of $9 (NULL: any): a gateway
+# does not approve what it does not serve (UnknownTool).
+CARD_DECIDE_KNOWN_LOGGED = logged(
+    """UPDATE cards
+    SET status = $2, decided_at = now(), decided_by = $3, channel = $4, reason = $5
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
+      AND expires_at > now() AND ($7::text IS NULL OR tenant = $7)
+      AND ($9::text[] IS NULL OR tool = ANY ($9::text[]))""",
+    src="'pending'",
+    actor="$3",
+    channel="$4",
+    hash_seen="$6",
+    detail="$8::jsonb",
+)
+CARD_TOOL = "SELECT tool FROM cards WHERE id = $1"

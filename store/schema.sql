@@ -128,3 +128,15 @@ CREATE TABLE deliveries (
 -- Per-user quotas (gateway/quotas.py): threads created in the last minute, runs in flight.
 CREATE INDEX threads_owner_created ON threads (tenant, owner, created_at);
 CREATE INDEX runs_owner_running ON runs (tenant, owner) WHERE status = 'running';
+
+-- Which live process serves which app (runtime/presence.py): gateways and workers of one
+-- app agree on its tools; a worker hands a run to one that serves the card's tool.
+CREATE TABLE app_processes (
+    id           text PRIMARY KEY,
+    app          text NOT NULL,
+    fingerprint  text NOT NULL,
+    tools        jsonb NOT NULL,
+    roles        text[] NOT NULL,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    seen_at      timestamptz NOT NULL DEFAULT now()
+);

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+
 from signoff.gateway.auth import Tokens
 from signoff.store.embedded import free_port
 
@@ -87,6 +88,7 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
         env.update(
             {
+                "SIGNOFF_APP": "signoff.demo:app",
                 "SIGNOFF_DATABASE_URL": self.database_url,
                 "SIGNOFF_REDIS_URL": self.redis_url,
                 "SIGNOFF_SECRET": SECRET,

@@ -424,6 +424,7 @@
       case 'already_decided': return 'Already decided elsewhere: ' + msg;
       case 'stale_hash': return 'This card changed since it was shown; reload the page.';
       case 'expired': return 'This card expired before your decision.';
+      case 'unknown_tool': return 'This server cannot act on this card right now (an update is rolling out); try again shortly.';
       case 'not_owner':
       case 'forbidden': return 'Not allowed: ' + msg;
       case 'card_not_found':

@@ -6,7 +6,7 @@ import math
 import re
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
-from signoff.runtime.errors import ToolValidationError
+from signoff import ToolValidationError
 
 MAX_CENTS = 100_000_000  # R$ 1.000.000,00
 _MAX_REAIS = Decimal(MAX_CENTS) / 100

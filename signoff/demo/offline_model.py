@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from signoff.runtime.models.base import Message, ModelReply, TextSink, ToolSpec
+from signoff import Message, ModelReply, TextSink, ToolSpec
 
 LABEL = "[offline demo model] "
 _ids = itertools.count(1)

@@ -8,12 +8,17 @@ from typing import Any
 
 import msgspec
 
+from signoff import (
+    Prepared,
+    Revalidation,
+    Risk,
+    Tool,
+    ToolContext,
+    ToolValidationError,
+    one_line,
+)
 from signoff.demo.money import brl, mask_cpf, parse_amount
 from signoff.demo.provider import Provider
-from signoff.runtime.cards import Risk
-from signoff.runtime.errors import ToolValidationError
-from signoff.runtime.text import one_line
-from signoff.runtime.tools import Prepared, Revalidation, Tool, ToolContext
 
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 

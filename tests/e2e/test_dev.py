@@ -17,38 +17,48 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+
 from signoff.store.embedded import free_port, remove_data
 
 pytestmark = pytest.mark.timeout(120)
 
 
 class Dev:
-    def __init__(self, data_dir: Path, port: int) -> None:
+    """``signoff dev`` as a child process. ``command``: how to run signoff (default: this
+    interpreter's ``-m signoff``; e.g. the console script of an installed wheel)."""
+
+    def __init__(self, data_dir: Path, port: int, command: list[str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = port
+        self.command = command or [sys.executable, "-m", "signoff"]
         self.proc: subprocess.Popen[str] | None = None
         self.token = ""
         self.ready_line = ""
         self.output = ""
 
-    def start(self, extra_env: dict[str, str] | None = None) -> None:
+    def start(
+        self,
+        extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        cwd: Path | None = None,
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
         env.update(extra_env or {})
         self.proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "signoff",
+                *self.command,
                 "dev",
                 "--port",
                 str(self.port),
                 "--data-dir",
                 str(self.data_dir),
+                *args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env=env,
+            cwd=cwd,
         )
         assert self.proc.stdout is not None
         lines: list[str] = []
@@ -105,6 +115,9 @@ def wait_for(fn: Any, timeout: float = 20.0) -> Any:
 
 def test_dev_serves_the_demo_flow(dev: Dev) -> None:
     dev.start()
+    # no --app: the demo, and it says so
+    assert "serving the built-in demo (signoff.demo:app)" in dev.output
+    assert re.search(r"app:\s+payments \(the built-in demo, signoff.demo:app\)", dev.output)
     with dev.client() as c:
         assert c.get("/healthz").json() == {"ok": True}
         assert c.get("/readyz").status_code == 200

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from signoff.runtime.bus_memory import MemoryBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions, Resolution
 from signoff.runtime.keys import Keys
 from signoff.runtime.policy import Policy
-from signoff.runtime.tools import Registry
-
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
 
@@ -32,8 +31,9 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
         # the process dies: no drain, no release of leases or tokens
         await a.worker.stop(drain=False, release=False)
         # the decision arrives while nobody holds the run (published to nobody)
+        # (a gateway of the same app: one that does not serve the tool refuses, UnknownTool)
         down = Decisions(
-            store=a.store, bus=MemoryBus(), tools=Registry(), policy=Policy(), keys=Keys()
+            store=a.store, bus=MemoryBus(), tools=a.decisions.tools, policy=Policy(), keys=Keys()
         )
         await down.resolve(
             card.id,

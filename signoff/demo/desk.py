@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
+from signoff import App, Policy, Registry, Rule, Verdict
+from signoff.demo.offline_model import OfflineDemoModel
 from signoff.demo.provider import Provider
 from signoff.demo.tools import ALL_TOOLS
-from signoff.runtime.app import App
-from signoff.runtime.policy import Policy, Rule, Verdict
-from signoff.runtime.tools import Registry
 
 PIX_LIMIT_CENTS = 1_000_000  # R$ 10.000,00: above this the agent may not even ask
 
@@ -21,7 +21,8 @@ SYSTEM = (
 )
 
 
-def demo_policy() -> Policy:
+def demo_policy(card_ttl: timedelta | None = None) -> Policy:
+    """The demo's rules. ``card_ttl``: every card's lifetime (None: each tool's own)."""
     return Policy(
         [
             Rule(
@@ -30,10 +31,10 @@ def demo_policy() -> Policy:
                 when=lambda a: int(a.get("amount_cents", 0)) > PIX_LIMIT_CENTS,
                 reason="Pix charges above R$ 10.000,00 are not allowed from chat",
             ),
-            Rule(Verdict.ASK, tool="create_pix_charge"),
-            Rule(Verdict.ASK, tool="refund_sale"),
-            Rule(Verdict.ASK, tool="cancel_appointment"),
-            Rule(Verdict.ASK, tool="update_email"),
+            Rule(Verdict.ASK, tool="create_pix_charge", ttl=card_ttl),
+            Rule(Verdict.ASK, tool="refund_sale", ttl=card_ttl),
+            Rule(Verdict.ASK, tool="cancel_appointment", ttl=card_ttl),
+            Rule(Verdict.ASK, tool="update_email", ttl=card_ttl),
         ]
     )
 
@@ -43,10 +44,16 @@ class _Holder:
     provider: Provider | None = None
 
 
-def build(tenants: tuple[str, ...] = ("demo",)) -> App:
+def build(tenants: tuple[str, ...] = ("demo",), card_ttl: timedelta | None = None) -> App:
     """The demo app. ``setup`` connects the provider and seeds each tenant."""
     holder = _Holder()
-    app = App(name="payments", tools=Registry(ALL_TOOLS), policy=demo_policy(), system=SYSTEM)
+    app = App(
+        name="payments",
+        tools=Registry(ALL_TOOLS),
+        policy=demo_policy(card_ttl),
+        system=SYSTEM,
+        offline_model=OfflineDemoModel(),
+    )
 
     async def setup(database_url: str) -> Provider:
         holder.provider = await Provider.connect(database_url)

@@ -1,0 +1,150 @@
+"""Which live process serves which app: gateways and workers of one deployment agree.
+
+Every gateway and worker registers itself at start in Postgres (``app_processes``): its
+id, its roles, its app's name and fingerprint (``App.fingerprint``) and each tool's
+fingerprint, and renews the row every :data:`BEAT_SECONDS`. A row not renewed for
+:data:`LIVE_SECONDS` is a process that is gone. At start, under one advisory lock (so two
+processes starting at once see each other), a process refuses to start
+(:class:`AppMismatch`) when a live process serves the same app name with another
+fingerprint — unless ``SIGNOFF_ALLOW_APP_SKEW`` is set for a rolling deploy: then it
+warns and starts. A live process of another app name on the same database is warned
+about (runs are adopted by any worker of the database: one database per app).
+
+A worker that meets an approved card of a tool it does not serve hands the run to a
+live worker that does (``runtime/worker.py``); the registry answers "who serves it".
+See docs/design-notes.md, note 21.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import msgspec
+
+from signoff.runtime.app import App
+from signoff.runtime.errors import AppMismatch
+
+log = logging.getLogger("signoff.presence")
+
+BEAT_SECONDS = 5.0
+# A process whose row was not renewed for this long is gone (killed, or partitioned).
+LIVE_SECONDS = 3 * BEAT_SECONDS
+GATEWAY = "gateway"
+WORKER = "worker"
+
+
+class AppProcess(msgspec.Struct, frozen=True, kw_only=True):
+    """One process as registered: what it serves."""
+
+    id: str
+    app: str
+    fingerprint: str
+    tools: dict[str, str]  # tool name -> tool fingerprint
+    roles: list[str]
+
+
+class PresenceStore(Protocol):
+    async def join_app(
+        self,
+        process: AppProcess,
+        live_seconds: float,
+        check: Callable[[list[AppProcess]], None],
+    ) -> None:
+        """Register ``process`` after ``check`` accepted the other live ones (one
+        transaction; nothing is written when ``check`` raises)."""
+
+    async def beat_app(self, process: AppProcess) -> None: ...
+
+    async def leave_app(self, process_id: str) -> None: ...
+
+
+def describe(app: App, process_id: str, roles: list[str]) -> AppProcess:
+    return AppProcess(
+        id=process_id,
+        app=app.name,
+        fingerprint=app.fingerprint(),
+        tools=app.tool_fingerprints(),
+        roles=sorted(roles),
+    )
+
+
+def differences(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
+    """How two processes' tools differ, as short phrases."""
+    out = [f"{n} differs" for n in sorted(set(mine) & set(theirs)) if mine[n] != theirs[n]]
+    out += [f"{n} only here" for n in sorted(set(mine) - set(theirs))]
+    out += [f"{n} only there" for n in sorted(set(theirs) - set(mine))]
+    return out
+
+
+def check_peers(me: AppProcess, peers: list[AppProcess], *, allow_skew: bool) -> list[str]:
+    """Raise :class:`AppMismatch` when a live peer serves another version of this app
+    (unless ``allow_skew``); returns the warnings to log."""
+    warnings: list[str] = []
+    others = sorted({p.app for p in peers if p.app != me.app})
+    if others:
+        warnings.append(
+            f"live processes on this database serve other apps ({', '.join(others)}): "
+            "workers adopt any app's runs; give each app its own database"
+        )
+    skewed = [p for p in peers if p.app == me.app and p.fingerprint != me.fingerprint]
+    if not skewed:
+        return warnings
+    detail = "; ".join(
+        f"{'+'.join(p.roles)} {p.id}: {', '.join(differences(me.tools, p.tools)) or 'same tools'}"
+        for p in skewed[:3]
+    )
+    more = f" (and {len(skewed) - 3} more)" if len(skewed) > 3 else ""
+    text = (
+        f"app {me.app!r} {me.fingerprint} differs from what live processes on this database "
+        f"serve — {detail}{more}"
+    )
+    if not allow_skew:
+        raise AppMismatch(
+            text + ". Deploy one version of the app to every gateway and worker, or set "
+            "SIGNOFF_ALLOW_APP_SKEW=1 during a rolling deploy (a process killed less than "
+            f"{LIVE_SECONDS:.0f}s ago still counts as live)",
+            app=me.app,
+            fingerprint=me.fingerprint,
+        )
+    warnings.append(text + " (allowed: SIGNOFF_ALLOW_APP_SKEW)")
+    return warnings
+
+
+async def join(store: PresenceStore, me: AppProcess, *, allow_skew: bool) -> None:
+    def check(peers: list[AppProcess]) -> None:
+        for warning in check_peers(me, peers, allow_skew=allow_skew):
+            log.warning("%s", warning)
+
+    await store.join_app(me, LIVE_SECONDS, check)
+
+
+async def _beat(store: PresenceStore, me: AppProcess) -> None:
+    while True:
+        await asyncio.sleep(BEAT_SECONDS)
+        try:
+            await store.beat_app(me)
+        except Exception as exc:  # the store away: the next beat tries again
+            log.warning("app presence not renewed: %s", exc)
+
+
+@asynccontextmanager
+async def present(
+    store: PresenceStore, app: App, process_id: str, roles: list[str], *, allow_skew: bool
+) -> AsyncIterator[AppProcess]:
+    """Registered (or refused) for the duration of the block; the row goes at the end."""
+    me = describe(app, process_id, roles)
+    await join(store, me, allow_skew=allow_skew)
+    beat = asyncio.create_task(_beat(store, me), name="signoff-presence")
+    try:
+        yield me
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+        with contextlib.suppress(Exception):
+            await store.leave_app(me.id)
