@@ -1,4 +1,4 @@
-"""A local fake of the Anthropic Messages API, for tests and offline demos.
+"""A local fake of the Anthropic Messages API, for tests (public: ``signoff.testing``).
 
 It is a real HTTP server (Starlette served by uvicorn on 127.0.0.1), so the
 real ``anthropic`` SDK talks to it through ``base_url`` exactly as it talks to
@@ -23,7 +23,7 @@ exhausted and there is no responder.
 
 CLI::
 
-    python -m runtime.models.fake_server --port 8765 --script replies.json
+    python -m signoff.testing.fake_messages --port 8765 --script replies.json
 
 where ``replies.json`` is a list of ``{"content": [...], "stop_reason": "..."}``.
 """
@@ -49,7 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["FakeMessagesServer", "ScriptedReply", "text", "thinking", "tool_use"]
+__all__ = ["FakeMessagesServer", "ScriptedReply", "reply", "text", "thinking", "tool_use"]
 
 Block = dict[str, Any]
 Responder = Callable[[dict[str, Any]], "ScriptedReply"]
@@ -99,6 +99,16 @@ def tool_use(name: str, input: dict[str, Any], id: str | None = None) -> Block:
         "name": name,
         "input": input,
     }
+
+
+def reply(*blocks: Block, stop_reason: str | None = None) -> ScriptedReply:
+    """An assistant message of these blocks. Its ``stop_reason`` defaults to ``tool_use``
+    when a block calls a tool (several ``tool_use`` blocks are parallel calls), else
+    ``end_turn``."""
+    if stop_reason is None:
+        calls = any(b.get("type") == "tool_use" for b in blocks)
+        stop_reason = "tool_use" if calls else "end_turn"
+    return ScriptedReply(content=list(blocks), stop_reason=stop_reason)
 
 
 def thinking(s: str, signature: str = "sig") -> Block:
