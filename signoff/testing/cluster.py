@@ -200,6 +200,15 @@ class Cluster:
             self.wait_ready(proc)
         return proc
 
+    def launch(self, *, gateways: int, workers: int) -> None:
+        """Start workers and gateways at once, then wait until every one is ready."""
+        for _ in range(workers):
+            self.add_worker(wait=False)
+        for _ in range(gateways):
+            self.add_gateway(wait=False)
+        for p in self.workers + self.gateways:
+            self.wait_ready(p)
+
     def wait_ready(self, proc: Proc, timeout: float = START_TIMEOUT) -> None:
         """Wait until a gateway answers ``/readyz`` or a worker logged that it runs."""
         if proc.port:
@@ -318,12 +327,7 @@ def cluster(
         cwd=cwd,
     )
     try:
-        for _ in range(workers):
-            c.add_worker(wait=False)
-        for _ in range(gateways):
-            c.add_gateway(wait=False)
-        for p in c.workers + c.gateways:
-            c.wait_ready(p)
+        c.launch(gateways=gateways, workers=workers)
         yield c
     finally:
         c.stop()
