@@ -51,7 +51,8 @@ from signoff.testing.fake_messages import (
     thinking,
     tool_use,
 )
-from signoff.testing.harness import DEFAULT_USER, Harness, ToolResult
+from signoff.testing.harness import DEFAULT_USER, Harness
+from signoff.testing.script import ToolResult
 
 __all__ = [
     "DEFAULT_USER",

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import anthropic
-import msgspec
 
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
@@ -43,25 +40,12 @@ from signoff.runtime.records import CardEvent, Run
 from signoff.runtime.worker import Worker
 from signoff.store.postgres import PostgresStore
 from signoff.testing import servers
-from signoff.testing.fake_messages import FakeMessagesServer, ScriptedReply, reply, text, tool_use
+from signoff.testing.fake_messages import FakeMessagesServer, ScriptedReply, reply, tool_use
+from signoff.testing.script import Plan, ToolResult, find_result
 
 __all__ = ["DEFAULT_USER", "Harness", "ToolResult"]
 
 DEFAULT_USER = "alice"
-CLOSING_TEXT = "Done."  # what the scripted model says after a tool result
-ANSWER_TEXT = "OK."  # ... and to a message nothing was scripted for
-
-
-class ToolResult(msgspec.Struct, frozen=True):
-    """A ``tool_result`` the model was sent: the outcome of one of its tool calls."""
-
-    tool_use_id: str
-    content: str
-    is_error: bool = False
-
-    def json(self) -> Any:
-        """``content`` parsed as JSON (an executed card's result, a read tool's answer)."""
-        return json.loads(self.content)
 
 
 class Harness:
@@ -126,9 +110,7 @@ class Harness:
         self._secret = secret or "signoff-testing-" + secrets.token_hex(24)
         self._leave_runs = leave_runs
         self._own_fake = False  # a fake (or model) that is given answers on its own
-        self._planned: dict[str, list[ScriptedReply]] = {}
-        self._plan_lock = threading.Lock()
-        self._count = 0
+        self._plan = Plan()
         self._cleanup: list[Callable[[], Awaitable[Any]]] = []
         self.base_url = ""
 
@@ -177,7 +159,7 @@ class Harness:
         model = self._model
         if model is None:
             if self._fake is None:
-                self._fake = FakeMessagesServer(responder=self._respond)
+                self._fake = FakeMessagesServer(responder=self._plan.respond)
                 self._fake.start()
                 self._own_fake = True
                 self._cleanup.append(_async(self._fake.stop))
@@ -279,8 +261,7 @@ class Harness:
         model answers a tool result with ``Done.``. Needs the harness's own fake server."""
         if not self._own_fake:
             raise RuntimeError("reply_to, propose and call script the harness's own fake server")
-        with self._plan_lock:
-            self._planned.setdefault(message, []).extend(replies)
+        self._plan.add(message, *replies)
 
     @property
     def fake(self) -> FakeMessagesServer:
@@ -293,22 +274,6 @@ class Harness:
         """Append replies the model gives next, in order, whatever the message (they come
         before anything :meth:`reply_to` planned)."""
         self.fake.add(*replies)
-
-    def _respond(self, body: dict[str, Any]) -> ScriptedReply:
-        """The fake server's answer when its own script is empty (runs on its thread)."""
-        messages: list[dict[str, Any]] = body["messages"]
-        turn = _turn_text(messages)
-        with self._plan_lock:
-            planned = self._planned.get(turn) if turn is not None else None
-            if planned:
-                return planned.pop(0)
-        last = messages[-1]["content"]
-        answered = isinstance(last, list) and any(b.get("type") == "tool_result" for b in last)
-        return reply(text(CLOSING_TEXT if answered else ANSWER_TEXT))
-
-    def _message(self, what: str) -> str:
-        self._count += 1
-        return f"[signoff.testing #{self._count}] {what}"
 
     # -- driving the app ---------------------------------------------------------------
 
@@ -382,7 +347,7 @@ class Harness:
     ) -> tuple[str, list[dict[str, Any]]]:
         """One user message whose scripted reply makes these calls; (thread id, the calls)."""
         uses = [tool_use(name, dict(input)) for name, input in calls]
-        message = self._message("call " + ", ".join(name for name, _ in calls))
+        message = self._plan.message("call " + ", ".join(name for name, _ in calls))
         self.reply_to(message, reply(*uses))
         thread_id = thread or await self.thread(user)
         await self.say(thread_id, message, user)
@@ -479,15 +444,7 @@ class Harness:
         return got
 
     async def _find_result(self, thread_id: str, tool_use_id: str) -> ToolResult | None:
-        for entry in reversed(await self.store.conversation(thread_id)):
-            for block in entry.body.get("content", []):
-                if block.get("type") == "tool_result" and block.get("tool_use_id") == tool_use_id:
-                    return ToolResult(
-                        tool_use_id=tool_use_id,
-                        content=_text_of(block.get("content")),
-                        is_error=bool(block.get("is_error", False)),
-                    )
-        return None
+        return find_result(await self.store.conversation(thread_id), tool_use_id)
 
     async def settle(self, timeout: float = 10.0) -> None:
         """Wait until the worker is quiet: no step in flight and no signal undelivered,
@@ -509,28 +466,6 @@ class Harness:
         """A bearer token for ``user`` in the harness's tenant (for :attr:`base_url`)."""
         token: str = self.tokens.issue(user, self.tenant)
         return token
-
-
-def _turn_text(messages: list[dict[str, Any]]) -> str | None:
-    """The user message the current turn answers: the last user text in the conversation."""
-    for message in reversed(messages):
-        if message.get("role") != "user":
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            return content
-        texts = [b.get("text", "") for b in content or [] if b.get("type") == "text"]
-        if texts:
-            return str(texts[-1])
-    return None
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
-    return ""
 
 
 def _async(fn: Callable[[], None]) -> Callable[[], Awaitable[None]]:
