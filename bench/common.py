@@ -18,17 +18,14 @@ import json
 import os
 import platform
 import secrets
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,16 +33,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import asyncpg  # noqa: E402
-import httpx  # noqa: E402
 import msgspec  # noqa: E402
 
-from signoff.gateway.auth import Tokens  # noqa: E402
-from signoff.store.embedded import EmbeddedServer, free_port, start_postgres, start_valkey  # noqa: E402
 from signoff.store.postgres import PostgresStore  # noqa: E402
+from signoff.testing.cluster import Cluster as _Cluster  # noqa: E402
+from signoff.testing.servers import EmbeddedServer, start_postgres, start_valkey  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TMP = RESULTS / "tmp"
-SECRET = "bench-secret-" + "z" * 40
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -186,77 +181,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@dataclass
-class Proc:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    port: int = 0
-    metrics_port: int = 0
-    popen: subprocess.Popen[bytes] | None = None
-    log: IO[bytes] | None = None
-
-    def start(self) -> None:
-        self.log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            preexec_fn=_die_with_parent,
-        )
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            assert self.popen is not None
-            self.popen.send_signal(sig)
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.popen is not None
-            self.signal(signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.signal(signal.SIGKILL)
-                self.popen.wait(10)
-        if self.log is not None:
-            self.log.close()
-            self.log = None
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/ws"
-
-    def rss(self) -> int:
-        return rss_bytes(self.pid)
-
-
-def _die_with_parent() -> None:
-    """SIGKILL the child when the bench process dies, however it dies (Linux prctl)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def machine_busy(seconds: float = 1.0) -> dict[str, float]:
     """How busy the machine is before a bench starts (other work skews every figure)."""
 
@@ -272,171 +196,38 @@ def machine_busy(seconds: float = 1.0) -> dict[str, float]:
     return {"cpu_busy_before_start": round(busy, 3), "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
-def _http() -> httpx.Client:
-    return httpx.Client(timeout=5, trust_env=False)
+# A load generator is a few identities doing many people's work: per-user quotas off (a
+# script's env may set them back).
+QUOTAS_OFF = {
+    "SIGNOFF_QUOTA_THREADS_PER_MINUTE": "0",
+    "SIGNOFF_QUOTA_TURNS_IN_FLIGHT": "0",
+    "SIGNOFF_QUOTA_SOCKETS": "0",
+}
 
 
 @dataclass
-class Cluster:
-    """G ``signoff gateway`` and W ``signoff worker`` processes (offline demo model)."""
+class Cluster(_Cluster):
+    """G ``signoff gateway`` and W ``signoff worker`` processes (offline demo model) on a
+    bench run's services: :class:`signoff.testing.cluster.Cluster`, which also holds the
+    workers' latency records and gauges."""
 
-    services: Services
-    workdir: Path
-    tenant: str = field(default_factory=lambda: "b-" + secrets.token_hex(3))
-    prefix: str = field(default_factory=lambda: f"sob-{secrets.token_hex(3)}:")
-    env_extra: dict[str, str] = field(default_factory=dict)
-    gateways: list[Proc] = field(default_factory=list)
-    workers: list[Proc] = field(default_factory=list)
-    tokens: Tokens = field(default_factory=lambda: Tokens(SECRET))
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SIGNOFF_", "ANTHROPIC")) and "proxy" not in k.lower()
-        }
-        env.update(
-            {
-                "SIGNOFF_APP": "signoff.demo:app",
-                "SIGNOFF_DATABASE_URL": self.services.database_url,
-                "SIGNOFF_REDIS_URL": self.services.redis_url,
-                "SIGNOFF_SECRET": SECRET,
-                "SIGNOFF_KEY_PREFIX": self.prefix,
-                "SIGNOFF_TENANT": self.tenant,
-                "SIGNOFF_OFFLINE_MODEL": "1",
-                # A load generator is a few identities doing many people's work: per-user
-                # quotas off (a script's env_extra may set them back).
-                "SIGNOFF_QUOTA_THREADS_PER_MINUTE": "0",
-                "SIGNOFF_QUOTA_TURNS_IN_FLIGHT": "0",
-                "SIGNOFF_QUOTA_SOCKETS": "0",
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        env.update(self.env_extra)
-        env.update(extra)
-        return env
-
-    def add_gateway(self, wait: bool = True, **extra: str) -> Proc:
-        port = free_port()
-        n = len(self.gateways)
-        proc = Proc(
-            f"gw{n}",
-            [sys.executable, "-m", "signoff", "gateway", "--port", str(port)],
-            self.env(**extra),
-            self.workdir / f"gw{n}-{port}.log",
-            port=port,
-        )
-        proc.start()
-        self.gateways.append(proc)
-        if wait:
-            self.wait_ready(proc)
-        return proc
-
-    def wait_ready(self, proc: Proc) -> None:
-        if proc.port:
-            self._wait(lambda: _ok(proc.url + "/readyz"), proc, "gateway /readyz")
-        else:
-            self._wait(lambda: "running" in proc.output(), proc, "worker start")
-
-    def add_worker(self, worker_id: str | None = None, wait: bool = True, **extra: str) -> Proc:
-        n = len(self.workers)
-        wid = worker_id or f"wk{n}-{secrets.token_hex(2)}"
-        mport = free_port()
-        proc = Proc(
-            wid,
-            [sys.executable, "-m", "signoff", "worker"],
-            self.env(SIGNOFF_WORKER_ID=wid, SIGNOFF_METRICS_PORT=str(mport), **extra),
-            self.workdir / f"{wid}.log",
-            metrics_port=mport,
-        )
-        proc.start()
-        self.workers.append(proc)
-        if wait:
-            self.wait_ready(proc)
-        return proc
-
-    def _wait(self, ok: Callable[[], bool], proc: Proc, what: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ok():
-                return
-            if not proc.alive():
-                raise RuntimeError(f"{proc.name} exited during {what}:\n{proc.output()[-3000:]}")
-            time.sleep(0.05)
-        raise RuntimeError(f"{proc.name}: {what} timed out:\n{proc.output()[-3000:]}")
-
-    def token(self, user: str) -> str:
-        return self.tokens.issue(user, self.tenant)
-
-    def stop(self) -> None:
-        threads = [threading.Thread(target=p.stop) for p in self.gateways + self.workers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    # -- the runtime's own latency records -------------------------------------------------
-
-    def latency_counts(self) -> dict[str, int]:
-        """Per live worker: how many decision-latency samples it has recorded so far."""
-        out = {}
-        with _http() as http:
-            for w in self.workers:
-                if w.alive():
-                    url = f"http://127.0.0.1:{w.metrics_port}/metrics/decision-latency?after=1e18"
-                    out[w.name] = int(http.get(url).json()["count"])
-        return out
-
-    def latency_samples(self, after: dict[str, int]) -> list[int]:
-        """Decision latency samples (ns) the workers recorded after the given counts."""
-        samples: list[int] = []
-        with _http() as http:
-            for w in self.workers:
-                if w.alive():
-                    n = after.get(w.name, 0)
-                    url = f"http://127.0.0.1:{w.metrics_port}/metrics/decision-latency?after={n}"
-                    samples += http.get(url).json()["samples_ns"]
-        return samples
-
-    def worker_gauge(self, name: str) -> float:
-        """Sum of one gauge over the live workers' /metrics."""
-        total = 0.0
-        with _http() as http:
-            for w in self.workers:
-                if not w.alive():
-                    continue
-                for line in http.get(
-                    f"http://127.0.0.1:{w.metrics_port}/metrics"
-                ).text.splitlines():
-                    if line.startswith(name + " "):
-                        total += float(line.split()[1])
-        return total
-
-    def steps_in_flight(self) -> int:
-        return int(self.worker_gauge("signoff_steps_in_flight"))
-
-
-def _ok(url: str) -> bool:
-    try:
-        with _http() as http:
-            return http.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    services: Services | None = None
 
 
 @contextmanager
 def cluster(
     svc: Services, workdir: Path, *, gateways: int = 2, workers: int = 2, **env: str
 ) -> Iterator[Cluster]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    c = Cluster(services=svc, workdir=workdir, env_extra=env)
+    c = Cluster(
+        database_url=svc.database_url,
+        redis_url=svc.redis_url,
+        workdir=workdir,
+        env_extra={**QUOTAS_OFF, **env},
+        cwd=ROOT,
+        services=svc,
+    )
     try:
-        for _ in range(workers):
-            c.add_worker(wait=False)
-        for _ in range(gateways):
-            c.add_gateway(wait=False)
-        for p in c.workers + c.gateways:
-            c.wait_ready(p)
+        c.launch(gateways=gateways, workers=workers)
         yield c
     finally:
         c.stop()
@@ -483,6 +274,7 @@ class Costs:
         import redis.asyncio as aioredis
 
         svc = self.c.services
+        assert svc is not None
         cpu = {
             "gateways": sum(_cpu_or_zero(p.pid) for p in self.c.gateways if p.alive()),
             "workers": sum(_cpu_or_zero(p.pid) for p in self.c.workers if p.alive()),

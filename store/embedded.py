@@ -109,6 +109,7 @@ from signoff.runtime.secret_file import read_or_create, read_secret
 __all__ = [
     "EmbeddedServer",
     "free_port",
+    "popen_with_parent",
     "redacted",
     "remove_data",
     "running_postgres_url",
@@ -976,3 +977,33 @@ def _spawner_loop() -> None:
             result.set_result(create())
         except BaseException as exc:
             result.set_exception(exc)
+
+
+def popen_with_parent(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    stdout: IO[bytes],
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a child process (output and errors to ``stdout``) that dies with this one.
+
+    The same guarantee as the servers': ``PR_SET_PDEATHSIG=SIGKILL`` on Linux, set from
+    the main thread or the process-lifetime spawner thread, so killing this process
+    (even with ``SIGKILL``) kills the child. Used for the gateway and worker processes of
+    ``signoff.testing.cluster``.
+    """
+
+    def create() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            close_fds=True,
+            preexec_fn=_parent_death_hook(),
+        )
+
+    return _from_long_lived_thread(create)

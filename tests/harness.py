@@ -1,104 +1,37 @@
-"""An in-process signoff for tests: real Postgres, the demo app, the real anthropic SDK
-talking to the fake Messages API server, the worker, the decision path and (optionally)
-the gateway served by uvicorn on a free port."""
+"""The project's in-process harness: :class:`signoff.testing.Harness` running the payments
+demo on the session's shared database (each harness in a tenant of its own)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
-
-import anthropic
+from typing import cast
 
 from signoff.demo import build
 from signoff.demo.provider import Provider
-from signoff.gateway.auth import Tokens
 from signoff.runtime.bus import Bus
-from signoff.runtime.bus_memory import MemoryBus
-from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
-from signoff.runtime.decisions import Decisions, Resolution
-from signoff.runtime.keys import Keys
-from signoff.runtime.models.anthropic_model import AnthropicModel
 from signoff.runtime.models.base import Model
-from signoff.runtime.models.fake_server import FakeMessagesServer
-from signoff.runtime.records import Run
-from signoff.runtime.worker import Worker
-from signoff.store.embedded import free_port
-from signoff.store.postgres import PostgresStore
+from signoff.testing import FakeMessagesServer
+from signoff.testing import Harness as _Harness
 
 SECRET = "test-secret-" + "x" * 40
 
 
-@dataclass
-class Harness:
-    settings: Settings
-    store: PostgresStore
-    bus: Bus
-    worker: Worker
-    decisions: Decisions
-    provider: Provider
-    tenant: str
-    fake: FakeMessagesServer | None
-    tokens: Tokens
-    base_url: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+class Harness(_Harness):
+    provider: Provider  # the demo's payments provider (what the app's setup connected)
 
-    async def thread(self, user: str) -> str:
-        return (await self.store.create_thread(self.tenant, user)).id
-
-    async def say(self, thread_id: str, text: str, user: str) -> Run | None:
-        return await self.worker.run_message(thread_id, text, user=user)
-
-    async def decide(
-        self,
-        card: Card,
-        decision: Decision,
-        user: str | None = None,
-        reason: str | None = None,
-        snapshot_hash: str | None = None,
-        edits: dict[str, Any] | None = None,
-    ) -> Any:
-        return await self.decisions.resolve(
-            card.id,
-            Resolution(
-                decision=decision,
-                snapshot_hash=snapshot_hash or card.snapshot_hash,
-                reason=reason,
-                edits=edits,
-            ),
-            principal=user or card.owner,
-            channel="test",
-        )
-
-    async def settle(self, timeout: float = 10.0) -> None:
-        """Wait until the worker is quiet: no step in flight and no signal undelivered,
-        seen on three consecutive ticks (signals hop through the bus before a step starts)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        quiet = 0
-        while quiet < 3:
-            if loop.time() > deadline:
-                raise TimeoutError("worker did not settle")
-            await asyncio.sleep(0.01)
-            if self.worker.busy():
-                quiet = 0
-                await self.worker.idle(max(deadline - loop.time(), 0.1))
-            else:
-                quiet += 1
+    async def __aenter__(self) -> Harness:
+        await super().__aenter__()
+        self.provider = cast(Provider, self.app.services)
+        return self
 
     async def charges(self) -> int:
         value = await self.provider.pool.fetchval(
             "SELECT count(*) FROM demo_charges WHERE tenant = $1", self.tenant
         )
         return int(value)
-
-    def token(self, user: str) -> str:
-        return self.tokens.issue(user, self.tenant)
 
 
 @asynccontextmanager
@@ -114,95 +47,24 @@ async def harness(
     bus: Bus | None = None,
     leave_runs: bool = False,
 ) -> AsyncIterator[Harness]:
-    """``bus``: the bus to use (default: an in-process one); closed at the end.
-
-    The tests of a session share one database, and a worker adopts any released run: at
-    the end, this tenant's runs still active are ended (``superseded``) so that no later
-    test's worker continues them with its own model. ``leave_runs``: keep them for
-    another harness to adopt (the recovery tests)."""
+    """The demo app seeded for a fresh tenant. ``fake`` or ``model`` is required (the
+    project's tests script every reply). ``bus``: default an in-process one; closed at the
+    end. ``leave_runs``: keep the tenant's active runs for another harness to adopt (the
+    recovery tests)."""
+    assert fake is not None or model is not None, "give a fake Messages API server or a model"
     tenant = "t-" + secrets.token_hex(4)
-    base = settings or Settings()
-    s = base.with_(
+    async with Harness(
+        build((tenant,)),
         database_url=database_url,
-        worker_id=worker_id or "w-" + secrets.token_hex(3),
-        secret=SECRET,
-        tenant=tenant,
-        poll_seconds=min(base.poll_seconds, 1.0),
-        sweep_seconds=min(base.sweep_seconds, 0.5),
-    )
-    store = await PostgresStore.connect(database_url, max_size=20)
-    bus = bus or MemoryBus()
-    app = build((tenant,))
-    assert app.setup is not None
-    provider = await app.setup(database_url)
-    client: anthropic.AsyncAnthropic | None = None
-    if model is None:
-        assert fake is not None, "give a fake Messages API server or a model"
-        client = anthropic.AsyncAnthropic(api_key="test-key", base_url=fake.base_url, max_retries=0)
-        model = AnthropicModel(client, "claude-test", stream=True)
-    keys = Keys(s.key_prefix)
-    worker = Worker(settings=s, store=store, bus=bus, app=app, model=model)
-    decisions = Decisions(
-        store=store, bus=bus, tools=app.tools, policy=app.policy, keys=keys, services=app.services
-    )
-    tokens = Tokens(SECRET)
-    h = Harness(
-        settings=s,
-        store=store,
-        bus=bus,
-        worker=worker,
-        decisions=decisions,
-        provider=provider,
         tenant=tenant,
         fake=fake,
-        tokens=tokens,
-    )
-    serve: asyncio.Task[None] | None = None
-    server: Any = None
-    try:
-        if start_worker:
-            await worker.start()
-        if gateway:
-            import uvicorn
-
-            from signoff.gateway.app import build_app
-            from signoff.gateway.timeouts import http_protocol
-
-            port = free_port()
-            asgi = build_app(settings=s, store=store, bus=bus, decisions=decisions, tokens=tokens)
-            server = uvicorn.Server(
-                uvicorn.Config(
-                    asgi,
-                    host="127.0.0.1",
-                    port=port,
-                    ws="wsproto",
-                    http=http_protocol(s),
-                    lifespan="off",
-                    log_level="warning",
-                )
-            )
-            serve = asyncio.create_task(server.serve())
-            while not server.started:
-                await asyncio.sleep(0.01)
-            h.base_url = f"http://127.0.0.1:{port}"
+        model=model,
+        gateway=gateway,
+        worker_id=worker_id,
+        settings=settings,
+        start_worker=start_worker,
+        bus=bus,
+        secret=SECRET,
+        leave_runs=leave_runs,
+    ) as h:
         yield h
-    finally:
-        if server is not None:
-            server.should_exit = True
-            if serve is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(serve, 5)
-            await asgi.state.feeds.close()
-        await worker.stop()
-        if not leave_runs:
-            await store._pool.execute(
-                "UPDATE runs SET status = 'superseded' WHERE tenant = $1"
-                " AND status IN ('running', 'waiting')",
-                tenant,
-            )
-        await bus.close()
-        if client is not None:
-            await client.close()
-        if app.teardown is not None:
-            await app.teardown()
-        await store.close()

@@ -5,12 +5,13 @@
 1. ``SIGNOFF_TEST_DATABASE_URL`` / ``SIGNOFF_TEST_REDIS_URL`` when set (used as given);
 2. the machine's services — ``postgresql://postgres@127.0.0.1:5432/test`` (then user
    ``root``) and ``redis://127.0.0.1:6379/0`` — when they answer within 1 s;
-3. private embedded servers (:mod:`store.embedded`) on free ports, kept under
-   ``/tmp/signoff-test-<uid>/slot-<n>``. A slot is held with an exclusive ``flock`` for
-   the life of the process, so parallel test processes never share a cluster while a
-   later run reuses a warm one. The servers stop at exit (and die with the process if
-   it is killed). Their URLs carry the passwords kept in the slot (a slot made by an
-   older version, with trust authentication, is converted on its next start).
+3. private embedded servers (:mod:`signoff.testing.servers`, the same ones a user's suite
+   gets) on free ports, kept under ``/tmp/signoff-test-<uid>/slot-<n>``. A slot is held
+   with an exclusive ``flock`` for the life of the process, so parallel test processes
+   never share a cluster while a later run reuses a warm one. The servers stop at exit
+   (and die with the process if it is killed). Their URLs carry the passwords kept in
+   the slot (a slot made by an older version, with trust authentication, is converted on
+   its next start).
 
 The choice is printed to stderr once per service.
 """
@@ -19,34 +20,27 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import fcntl
 import os
 import socket
-import stat
 import sys
 import threading
-from pathlib import Path
-from typing import IO
 from urllib.parse import urlsplit
 
 import asyncpg
 
-from signoff.store import embedded
+from signoff.testing import servers
 
-DATABASE_ENV = "SIGNOFF_TEST_DATABASE_URL"
-REDIS_ENV = "SIGNOFF_TEST_REDIS_URL"
+DATABASE_ENV = servers.DATABASE_ENV
+REDIS_ENV = servers.REDIS_ENV
 MACHINE_POSTGRES = (
     "postgresql://postgres@127.0.0.1:5432/test",
     "postgresql://root@127.0.0.1:5432/test",
 )
 MACHINE_REDIS = "redis://127.0.0.1:6379/0"
-EMBEDDED_DATABASE = "test"
 PROBE_TIMEOUT = 1.0
 
 _lock = threading.RLock()
 _urls: dict[str, str] = {}
-_servers: list[embedded.EmbeddedServer] = []
-_slot: tuple[Path, IO[bytes]] | None = None
 
 
 def postgres_url() -> str:
@@ -72,9 +66,8 @@ def _choose_postgres() -> str:
     for url in MACHINE_POSTGRES:
         if _postgres_answers(url):
             return _announce("postgres", url, "the machine's service")
-    server = embedded.start_postgres(_slot_dir(), database=EMBEDDED_DATABASE)
-    _servers.append(server)
-    return _announce("postgres", server.url, f"embedded, pid {server.pid}, {_slot_dir()}")
+    server = servers.embedded_postgres()
+    return _announce("postgres", server.url, f"embedded, pid {server.pid}, {servers.slot_dir()}")
 
 
 def _choose_redis() -> str:
@@ -83,13 +76,14 @@ def _choose_redis() -> str:
         return _announce("redis", url, f"from ${REDIS_ENV}")
     if _redis_answers(MACHINE_REDIS):
         return _announce("redis", MACHINE_REDIS, "the machine's service")
-    server = embedded.start_valkey(_slot_dir())
-    _servers.append(server)
-    return _announce("redis", server.url, f"embedded valkey, pid {server.pid}, {_slot_dir()}")
+    server = servers.embedded_valkey()
+    return _announce(
+        "redis", server.url, f"embedded valkey, pid {server.pid}, {servers.slot_dir()}"
+    )
 
 
 def _announce(service: str, url: str, how: str) -> str:
-    shown = embedded.redacted(url)
+    shown = servers.redacted(url)
     print(f"signoff tests: {service} = {shown} ({how})", file=sys.stderr, flush=True)
     return url
 
@@ -122,26 +116,3 @@ def _redis_answers(url: str) -> bool:
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
-
-
-def _slot_dir() -> Path:
-    """This process's embedded-server directory, locked for the life of the process."""
-    global _slot
-    with _lock:
-        if _slot is not None:
-            return _slot[0]
-        base = Path(f"/tmp/signoff-test-{os.getuid()}")
-        base.mkdir(mode=0o700, exist_ok=True)
-        st = base.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise RuntimeError(f"{base} must be a directory owned by uid {os.getuid()}, mode 700")
-        for n in range(64):
-            lock = open(base / f"slot-{n}.lock", "ab")  # held until exit
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.close()
-                continue
-            _slot = (base / f"slot-{n}", lock)
-            return _slot[0]
-        raise RuntimeError(f"all 64 embedded-server slots under {base} are in use")

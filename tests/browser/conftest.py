@@ -22,7 +22,7 @@ import pytest
 
 from signoff.demo.offline_model import OfflineDemoModel
 from signoff.runtime.cards import Card
-from signoff.runtime.models.fake_server import FakeMessagesServer
+from signoff.testing import FakeMessagesServer
 from tests.harness import Harness, harness
 
 CHROMIUM = os.environ.get("SIGNOFF_CHROMIUM", "/usr/bin/chromium")

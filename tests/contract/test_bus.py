@@ -22,7 +22,7 @@ from signoff.runtime.bus import Delivery, Job
 from signoff.runtime.bus_redis import CLEAR_BATCH, RETRY_DELAYS, BusDisconnected, RedisBus
 from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.keys import Keys
-from signoff.store import embedded
+from signoff.testing import servers
 from tests import services
 from tests.contract.conftest import CLAIM_IDLE_MS, AnyBus, drop_keys_of, open_redis_bus
 
@@ -473,7 +473,7 @@ class TestRedisOnly:
         self, keys: Keys, tmp_path: Path
     ) -> None:
         """A private, non-persistent server (embedded Valkey) stopped and started again."""
-        server = await asyncio.to_thread(embedded.start_valkey, tmp_path)
+        server = await asyncio.to_thread(servers.start_valkey, tmp_path)
         bus = RedisBus.from_url(server.url, keys, claim_idle_ms=CLAIM_IDLE_MS)
         channel = keys.worker_channel("w-1")
         try:
@@ -490,7 +490,7 @@ class TestRedisOnly:
                     pass
             with pytest.raises(Unavailable):
                 await bus.publish(channel, b"down")
-            server = await asyncio.to_thread(embedded.start_valkey, tmp_path, server.port)
+            server = await asyncio.to_thread(servers.start_valkey, tmp_path, server.port)
             async with bus.subscribe(channel) as sub:
                 assert await bus.publish(channel, b"back") == 1
                 assert await receive(aiter(sub)) == b"back"

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from signoff.runtime.config import Settings
-from signoff.store.embedded import EmbeddedServer, start_postgres, start_valkey
 from signoff.store.postgres import PostgresStore
+from signoff.testing.servers import EmbeddedServer, start_postgres, start_valkey
 from tests import services
 from tests.cluster import Cluster
 from tests.conftest import with_database

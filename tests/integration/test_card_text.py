@@ -16,7 +16,7 @@ import pytest
 from signoff.demo.offline_model import OfflineDemoModel
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.errors import InvalidInput
-from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
+from signoff.testing import FakeMessagesServer, ScriptedReply, text, tool_use
 from tests.harness import harness
 
 pytestmark = pytest.mark.anyio

@@ -27,7 +27,7 @@ from signoff.runtime.cards import Status
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.hints import Hint
 from signoff.runtime.keys import Keys
-from signoff.store.embedded import free_port
+from signoff.testing.servers import free_port
 from tests import services
 from tests.faults.proxy import Proxy
 from tests.harness import Harness, harness

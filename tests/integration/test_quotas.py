@@ -28,8 +28,8 @@ from signoff.runtime.canonical import run_id_of
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import RateLimited
 from signoff.runtime.keys import Keys
-from signoff.store.embedded import free_port
 from signoff.store.postgres import PostgresStore
+from signoff.testing.servers import free_port
 from tests import services
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix

@@ -16,7 +16,7 @@ import pytest
 from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.models.anthropic_model import AnthropicModel
 from signoff.runtime.models.base import ModelReply
-from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
+from signoff.testing import FakeMessagesServer, ScriptedReply, text, tool_use
 
 T = TypeVar("T")
 

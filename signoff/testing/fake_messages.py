@@ -1,4 +1,4 @@
-"""A local fake of the Anthropic Messages API, for tests and offline demos.
+"""A local fake of the Anthropic Messages API, for tests (public: ``signoff.testing``).
 
 It is a real HTTP server (Starlette served by uvicorn on 127.0.0.1), so the
 real ``anthropic`` SDK talks to it through ``base_url`` exactly as it talks to
@@ -23,7 +23,7 @@ exhausted and there is no responder.
 
 CLI::
 
-    python -m runtime.models.fake_server --port 8765 --script replies.json
+    python -m signoff.testing.fake_messages --port 8765 --script replies.json
 
 where ``replies.json`` is a list of ``{"content": [...], "stop_reason": "..."}``.
 """
@@ -49,32 +49,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["FakeMessagesServer", "ScriptedReply", "text", "thinking", "tool_use"]
+from signoff.testing.fake_requests import (
+    STOP_REASONS,
+    BadRequest,
+    validate_content_block,
+    validate_request,
+)
+
+__all__ = ["FakeMessagesServer", "ScriptedReply", "reply", "text", "thinking", "tool_use"]
 
 Block = dict[str, Any]
 Responder = Callable[[dict[str, Any]], "ScriptedReply"]
-
-STOP_REASONS = frozenset(
-    {
-        "end_turn",
-        "max_tokens",
-        "stop_sequence",
-        "tool_use",
-        "pause_turn",
-        "refusal",
-        "model_context_window_exceeded",
-    }
-)
-
-# Request-side fields the API accepts on the block types it knows; anything else
-# on these blocks is rejected as the real API does ("Extra inputs are not permitted").
-_BLOCK_FIELDS: dict[str, frozenset[str]] = {
-    "text": frozenset({"type", "text", "cache_control", "citations"}),
-    "tool_use": frozenset({"type", "id", "name", "input", "cache_control", "caller"}),
-    "tool_result": frozenset({"type", "tool_use_id", "content", "is_error", "cache_control"}),
-    "thinking": frozenset({"type", "thinking", "signature"}),
-    "redacted_thinking": frozenset({"type", "data"}),
-}
 
 _JSON_CHUNK = 12  # characters of tool input JSON per input_json_delta
 
@@ -101,17 +86,19 @@ def tool_use(name: str, input: dict[str, Any], id: str | None = None) -> Block:
     }
 
 
+def reply(*blocks: Block, stop_reason: str | None = None) -> ScriptedReply:
+    """An assistant message of these blocks. Its ``stop_reason`` defaults to ``tool_use``
+    when a block calls a tool (several ``tool_use`` blocks are parallel calls), else
+    ``end_turn``."""
+    if stop_reason is None:
+        calls = any(b.get("type") == "tool_use" for b in blocks)
+        stop_reason = "tool_use" if calls else "end_turn"
+    return ScriptedReply(content=list(blocks), stop_reason=stop_reason)
+
+
 def thinking(s: str, signature: str = "sig") -> Block:
     """A ``thinking`` content block (streamed as thinking_delta + signature_delta)."""
     return {"type": "thinking", "thinking": s, "signature": signature}
-
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.kind = kind
 
 
 def _error(status: int, kind: str, message: str, *, retry: bool | None = None) -> JSONResponse:
@@ -125,112 +112,11 @@ def _error(status: int, kind: str, message: str, *, retry: bool | None = None) -
     )
 
 
-def _validate_content_block(block: Any, where: str) -> None:
-    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise _BadRequest(f"{where}: content block must be an object with a string 'type'")
-    kind = block["type"]
-    allowed = _BLOCK_FIELDS.get(kind)
-    if allowed is None:
-        return  # image, document, ...: accepted as-is
-    extra = sorted(set(block) - allowed)
-    if extra:
-        raise _BadRequest(f"{where}.{extra[0]}: Extra inputs are not permitted")
-    if kind == "text" and not isinstance(block.get("text"), str):
-        raise _BadRequest(f"{where}.text: Field required")
-    if kind == "tool_use":
-        if not isinstance(block.get("id"), str) or not block["id"]:
-            raise _BadRequest(f"{where}.id: Field required")
-        if not isinstance(block.get("name"), str) or not block["name"]:
-            raise _BadRequest(f"{where}.name: Field required")
-        if not isinstance(block.get("input"), dict):
-            raise _BadRequest(f"{where}.input: Input should be a valid dictionary")
-    if kind == "tool_result":
-        if not isinstance(block.get("tool_use_id"), str):
-            raise _BadRequest(f"{where}.tool_use_id: Field required")
-        content = block.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise _BadRequest(f"{where}.content: Input should be a valid string or list")
-        if isinstance(content, list):
-            for j, inner in enumerate(content):
-                _validate_content_block(inner, f"{where}.content.{j}")
-
-
-def _validate(body: Any) -> None:
-    """Reject what the real API rejects, as far as this fake needs to care."""
-    if not isinstance(body, dict):
-        raise _BadRequest("request body must be a JSON object")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise _BadRequest("model: Field required")
-    max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise _BadRequest("max_tokens: Field required (a positive integer)")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise _BadRequest("stream: Input should be a valid boolean")
-    system = body.get("system")
-    if system is not None and not isinstance(system, str | list):
-        raise _BadRequest("system: Input should be a valid string or list")
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise _BadRequest("tools: Input should be a valid list")
-        names: set[str] = set()
-        for i, tool in enumerate(tools):
-            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-                raise _BadRequest(f"tools.{i}.name: Field required")
-            if tool["name"] in names:
-                raise _BadRequest(f"tools: Tool names must be unique ({tool['name']!r})")
-            names.add(tool["name"])
-            if "type" not in tool and not isinstance(tool.get("input_schema"), dict):
-                raise _BadRequest(f"tools.{i}.input_schema: Field required")
-
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("messages: at least one message is required")
-    pending: set[str] = set()  # tool_use ids the previous assistant turn left open
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _BadRequest(f"messages.{i}: Input should be a valid dictionary")
-        role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise _BadRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'")
-        content = message.get("content")
-        if isinstance(content, str):
-            blocks: list[Any] = [{"type": "text", "text": content}]
-        elif isinstance(content, list):
-            blocks = content
-        else:
-            raise _BadRequest(f"messages.{i}.content: Input should be a valid string or list")
-        for j, block in enumerate(blocks):
-            _validate_content_block(block, f"messages.{i}.content.{j}")
-        results = {b["tool_use_id"] for b in blocks if b["type"] == "tool_result"}
-        if role == "assistant" and results:
-            raise _BadRequest(f"messages.{i}: tool_result blocks are only allowed in user messages")
-        if pending:
-            missing = pending - results
-            if role != "user" or missing:
-                raise _BadRequest(
-                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
-                    f"immediately after: {', '.join(sorted(missing or pending))}. Each "
-                    "`tool_use` block must have a corresponding `tool_result` block in the "
-                    "next message."
-                )
-        unknown = results - pending
-        if unknown:
-            raise _BadRequest(
-                f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` "
-                f"blocks: {', '.join(sorted(unknown))}. Each `tool_result` block must have a "
-                "corresponding `tool_use` block in the previous message."
-            )
-        pending = (
-            {b["id"] for b in blocks if b["type"] == "tool_use"} if role == "assistant" else set()
-        )
-
-
 def _validate_reply(reply: ScriptedReply) -> None:
     if reply.stop_reason not in STOP_REASONS:
         raise ValueError(f"unknown stop_reason {reply.stop_reason!r}")
     for block in reply.content:
-        _validate_content_block(block, "reply.content")
+        validate_content_block(block, "reply.content")
 
 
 def _estimate_tokens(value: Any) -> int:
@@ -328,8 +214,8 @@ class FakeMessagesServer:
                 self.requests.append(body)
                 self.request_headers.append(dict(request.headers))
         try:
-            _validate(body)
-        except _BadRequest as exc:
+            validate_request(body)
+        except BadRequest as exc:
             return _error(exc.status, exc.kind, exc.message)
 
         try:
