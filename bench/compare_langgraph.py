@@ -109,7 +109,9 @@ async def langgraph_side(database_url: str, args: Any, bar: Any) -> dict[str, An
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 
-    pool = AsyncConnectionPool(
+    # Any: psycopg_pool cannot express the dict_row connections that `kwargs` asks for, which
+    # AsyncPostgresSaver's parameter type wants (and both are untyped without the bench extras)
+    pool: Any = AsyncConnectionPool(
         database_url,
         min_size=4,
         max_size=max(args.concurrency) + 2,
@@ -118,7 +120,7 @@ async def langgraph_side(database_url: str, args: Any, bar: Any) -> dict[str, An
     )
     await pool.open(wait=True)
     try:
-        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        saver = AsyncPostgresSaver(pool)
         await saver.setup()
         async with pool.connection() as conn:
             await conn.execute(
@@ -143,7 +145,9 @@ async def langgraph_side(database_url: str, args: Any, bar: Any) -> dict[str, An
                     await _limited([start(t) for t in threads], 16)
                     lat: list[int] = []
 
-                    async def resumer(mine: list[str], graph: Any = graph, lat: list = lat) -> None:
+                    async def resumer(
+                        mine: list[str], graph: Any = graph, lat: list[int] = lat
+                    ) -> None:
                         for t in mine:
                             t0 = time.perf_counter_ns()
                             res = await graph.ainvoke(
@@ -284,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = [a / b for a, b in zip(num, den, strict=False) if a and b]
         return {**spread(pairs, "x", 2), "of": of}
 
-    def p(runs: list[dict[str, Any]], key: str, q: str) -> list[float]:
+    def pick(runs: list[dict[str, Any]], key: str, q: str) -> list[float]:
         return [r[key][q] for r in runs]
 
     lg_lo, lg_hi, so_lo, so_hi = (
@@ -294,17 +298,17 @@ def main(argv: list[str] | None = None) -> int:
         so[f"signoff_{hi}"],
     )
     summary["ratio_resume_p50"] = ratio(
-        p(lg_lo, "latency_ms", "p50"), p(so_lo, "latency_ms", "p50"), "LangGraph / signoff"
+        pick(lg_lo, "latency_ms", "p50"), pick(so_lo, "latency_ms", "p50"), "LangGraph / signoff"
     )
     summary["ratio_resume_p99"] = ratio(
-        p(lg_lo, "latency_ms", "p99"), p(so_lo, "latency_ms", "p99"), "LangGraph / signoff"
+        pick(lg_lo, "latency_ms", "p99"), pick(so_lo, "latency_ms", "p99"), "LangGraph / signoff"
     )
     summary["ratio_resumes_per_s"] = ratio(
         [r["per_s"] for r in so_hi], [r["per_s"] for r in lg_hi], "signoff / LangGraph"
     )
     summary["ratio_result_p50"] = ratio(
-        p(lg[f"resume_and_act_{lo}"], "latency_ms", "p50"),
-        p(so_lo, "decision_to_result_ms", "p50"),
+        pick(lg[f"resume_and_act_{lo}"], "latency_ms", "p50"),
+        pick(so_lo, "decision_to_result_ms", "p50"),
         "LangGraph resume+act / signoff decision-to-result",
     )
 

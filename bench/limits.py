@@ -184,8 +184,10 @@ async def decides(database_url: str, n: int, gap: float, salt: str) -> list[int]
         await conn.close()
 
 
-def measure(database_url: str, redis_url: str, n: int, runs: int, gap: float, bar: Any) -> dict:
-    per_run = []
+def measure(
+    database_url: str, redis_url: str, n: int, runs: int, gap: float, bar: Any
+) -> dict[str, Any]:
+    per_run: list[dict[str, Any]] = []
     for _ in range(runs):
         commits, trips = asyncio.run(pg_commits(database_url, n, gap))
         bar.update(1)

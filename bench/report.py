@@ -221,7 +221,7 @@ def table(s: dict[str, Any], data: dict[str, dict[str, Any]]) -> str:
             f"{_fmt(v.get('min'))}..{_fmt(v.get('max'))} | {v.get('runs', '')} | "
             f"{_fmt(v.get('x_floor')) if 'x_floor' in v else ''} | {v.get('target', '')} | {met} |"
         )
-    m = next((d["machine"] for d in data.values() if "machine" in d), {})
+    m: dict[str, Any] = next((d["machine"] for d in data.values() if "machine" in d), {})
     when = max((d.get("at", "") for d in data.values()), default="")
     busy = {n: d.get("machine", {}).get("cpu_busy_before_start") for n, d in data.items()}
     pk = m.get("packages", {})

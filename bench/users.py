@@ -77,8 +77,15 @@ class Users:
             token = self.c.token(u.name)
             chat_gw = self.c.gateways[i % g]
             decide_gw = self.c.gateways[(i + 1) % g]
-            u.chat = Socket(chat_gw.ws_url, token, lambda f, t, u=u: self._on_chat(u, f, t))
-            u.decide = Socket(decide_gw.ws_url, token, lambda f, t, u=u: self._on_decide(u, f, t))
+
+            def on_chat(f: dict[str, Any], t: int) -> None:
+                self._on_chat(u, f, t)
+
+            def on_decide(f: dict[str, Any], t: int) -> None:
+                self._on_decide(u, f, t)
+
+            u.chat = Socket(chat_gw.ws_url, token, on_chat)
+            u.decide = Socket(decide_gw.ws_url, token, on_decide)
             await u.chat.open()
             await u.decide.open()
 

@@ -108,7 +108,7 @@ async def test_bursts_across_two_gateways_stay_within_the_quotas(
 
 
 async def _none_running(db: asyncpg.Connection, tenant: str) -> bool:
-    n = await db.fetchval(
+    n: int = await db.fetchval(
         "SELECT count(*) FROM runs WHERE tenant = $1 AND owner = 'ana' AND status = 'running'",
         tenant,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ def fake() -> Iterator[FakeMessagesServer]:
         yield server
 
 
-def results_in(request: dict[str, object]) -> dict[str, dict[str, object]]:
+def results_in(request: dict[str, object]) -> dict[str, dict[str, Any]]:
     """tool_use_id -> tool_result block, from the last user message of a recorded request."""
     messages = request["messages"]
     assert isinstance(messages, list)

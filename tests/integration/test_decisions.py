@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ class Scripted:
     def __init__(self, *uses: dict[str, object]) -> None:
         self.uses = list(uses)
         self.calls = 0
-        self.seen: list[list[dict[str, object]]] = []
+        self.seen: list[list[dict[str, Any]]] = []
 
     async def respond(self, *, system, messages, tools, on_text=None):  # type: ignore[no-untyped-def]
         self.calls += 1

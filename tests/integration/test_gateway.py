@@ -85,6 +85,7 @@ async def test_http_refusals(h: Harness) -> None:
         assert r.status_code == 404
         r = await c.post(url, json={**ok, "snapshot_hash": "f" * 64}, headers=auth(h, "alice"))
         assert r.status_code == 409 and r.json()["error"] == "stale_hash"
+        bad: object
         for bad in (
             {"decision": "yes"},
             {"decision": "approve"},
@@ -168,7 +169,7 @@ async def ws_call(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
     """Send a frame and return the reply with the same id (skipping events)."""
     await ws.send(json.dumps(frame))
     while True:
-        msg = json.loads(await ws.recv())
+        msg: dict[str, Any] = json.loads(await ws.recv())
         if msg.get("id") == frame.get("id") and msg["type"] in ("error", "resolved", "ack"):
             return msg
 
@@ -380,8 +381,8 @@ async def test_untyped_exceptions_are_typed_500s_and_the_socket_stays(h: Harness
         assert json.loads(await ws.recv())["type"] == "ready"
         err = await ws_call(ws, {"type": "message", "text": "cobre", "id": "m"})
         assert err["type"] == "error" and err["status"] == 500 and err["error"] == "internal"
-        r = await ws_call(ws, {"type": "resume", "thread_id": thread, "id": "alive"})
-        assert r["status"] == 403  # still answering: alice's thread is not bob's
+        alive = await ws_call(ws, {"type": "resume", "thread_id": thread, "id": "alive"})
+        assert alive["status"] == 403  # still answering: alice's thread is not bob's
         await ws.close()
     threads = await h.store._pool.fetchval(
         "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = 'bob'", h.tenant

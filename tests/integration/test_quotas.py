@@ -11,7 +11,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -62,7 +62,7 @@ async def threads_of(h: Harness, user: str) -> int:
     n = await h.store._pool.fetchval(
         "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = $2", h.tenant, user
     )
-    return int(n)
+    return int(cast(int, n))
 
 
 async def queued_jobs(h: Harness) -> list[Job]:

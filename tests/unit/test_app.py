@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import ClassVar
 
 import msgspec
 import pytest
@@ -43,7 +44,7 @@ class AddNote(Tool):
     name = "add_note"
     description = "Add a note."
     risk = Risk.REVERSIBLE
-    input_type = NoteIn
+    input_type: ClassVar[type[msgspec.Struct]] = NoteIn
 
     async def prepare(self, data: NoteIn, ctx: ToolContext) -> Prepared:
         return Prepared(args={"text": data.text}, summary="Add a note", impact={})
