@@ -300,6 +300,7 @@ class Costs:
             await r.aclose()
         calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
         machine_busy_s = _machine_busy_seconds()
+        assert row is not None  # pg_stat_database has the bench's database
         return {
             "cpu": cpu,
             "machine_busy_s": machine_busy_s,
@@ -522,6 +523,7 @@ async def exactly_once(
             )
     finally:
         await conn.close()
+    assert row is not None  # an aggregate always returns its one row
     executed = int(row["executed"])
     result = {
         "cards": int(row["cards"]),

@@ -322,10 +322,10 @@ def test_a_gateway_of_another_app_version_refuses_to_start_unless_skew_is_allowe
     name = "notes-" + secrets.token_hex(3)
     _versioned_app(tmp_path, "notes_v1", name, "colour")
     _versioned_app(tmp_path, "notes_v2", name, "pinned_by")
-    path = {"PYTHONPATH": str(tmp_path)}
+    here = str(tmp_path)
     with cluster(database_url, services.redis_url(), tmp_path, gateways=0, workers=0) as c:
-        c.add_worker(SIGNOFF_APP="notes_v1:app", **path)
-        env = c.env(SIGNOFF_APP="notes_v2:app", **path)
+        c.add_worker(SIGNOFF_APP="notes_v1:app", PYTHONPATH=here)
+        env = c.env(SIGNOFF_APP="notes_v2:app", PYTHONPATH=here)
         refused = subprocess.run(
             [sys.executable, "-m", "signoff", "gateway", "--port", str(free_port())],
             capture_output=True,
@@ -338,6 +338,8 @@ def test_a_gateway_of_another_app_version_refuses_to_start_unless_skew_is_allowe
         assert f"app {name!r}" in refused.stderr and "add_note differs" in refused.stderr
         assert "SIGNOFF_ALLOW_APP_SKEW=1" in refused.stderr
         # the same version joins; another one only with the override, and it says so
-        c.add_gateway(SIGNOFF_APP="notes_v1:app", **path)
-        skewed = c.add_gateway(SIGNOFF_APP="notes_v2:app", SIGNOFF_ALLOW_APP_SKEW="1", **path)
+        c.add_gateway(SIGNOFF_APP="notes_v1:app", PYTHONPATH=here)
+        skewed = c.add_gateway(
+            SIGNOFF_APP="notes_v2:app", SIGNOFF_ALLOW_APP_SKEW="1", PYTHONPATH=here
+        )
         assert "add_note differs" in skewed.output() and "allowed" in skewed.output()
