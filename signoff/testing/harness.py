@@ -36,6 +36,7 @@ from signoff.runtime.decisions import Decisions, Outcome, Resolution
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.anthropic_model import AnthropicModel
 from signoff.runtime.models.base import Model
+from signoff.runtime.models.command import CommandModel
 from signoff.runtime.records import CardEvent, Run
 from signoff.runtime.worker import Worker
 from signoff.store.postgres import PostgresStore
@@ -58,6 +59,9 @@ class Harness:
     (``$SIGNOFF_TEST_DATABASE_URL`` or an embedded Postgres) and dropped at the end.
 
     ``tenant``: the tenant of every thread (default: a fresh ``t-<hex>``).
+    ``offline``: drive the app with the model ``signoff dev`` uses without an API key —
+    its own ``App.offline_model``, else signoff's generic ``/tool key=value`` one — so
+    :meth:`say` takes plain messages as that model understands them (no fake server).
     ``model``: any :class:`Model`; by default the real ``anthropic`` client (streaming
     when ``stream``) against ``fake``, a :class:`FakeMessagesServer` (default: one of the
     harness's own). Replies added with :meth:`script` are served first, in order;
@@ -85,6 +89,7 @@ class Harness:
         *,
         database_url: str | None = None,
         tenant: str | None = None,
+        offline: bool = False,
         model: Model | None = None,
         fake: FakeMessagesServer | None = None,
         stream: bool = True,
@@ -98,6 +103,10 @@ class Harness:
     ) -> None:
         self.app = app if isinstance(app, App) else app()
         self.tenant = tenant or "t-" + secrets.token_hex(4)
+        if offline and (model is not None or fake is not None):
+            raise ValueError("offline=True runs the app's offline model: no model or fake too")
+        if offline:
+            model = self.app.offline_model or CommandModel()
         self._fake = fake
         self._given_database = database_url
         self._model = model
@@ -169,7 +178,9 @@ class Harness:
             self._cleanup.append(client.close)
             model = AnthropicModel(client, "claude-test", stream=self._stream)
         if self.app.setup is not None:
-            await self.app.setup(self.database_url)
+            made = await self.app.setup(self.database_url)
+            if self.app.services is None:
+                self.app.services = made  # as in production: what setup returns, tools get
         if self.app.teardown is not None:
             self._cleanup.append(self.app.teardown)
         self.worker = Worker(
@@ -423,6 +434,15 @@ class Harness:
     async def pending(self, thread_id: str) -> list[Card]:
         """The thread's pending cards."""
         return await self.store.pending_cards(thread_id)
+
+    async def last_reply(self, thread_id: str) -> str:
+        """The text of the model's last reply in the thread (its text blocks, joined with
+        spaces; ``""`` when it has not replied yet). Call after the turn settled."""
+        for entry in reversed(await self.store.conversation(thread_id)):
+            if entry.kind == "assistant":
+                blocks = entry.body.get("content", [])
+                return " ".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+        return ""
 
     async def tool_result(self, call: Card | str, *, thread: str | None = None) -> ToolResult:
         """The tool result the model got for a card's call (once the run went on), or for

@@ -1,109 +1,56 @@
-"""The helpdesk example (examples/helpdesk): its tools, policy and offline model, run by a
-real worker on real Postgres with its own offline model. (Its HTTP path through
-`signoff dev --app examples.helpdesk:app` is in tests/e2e/test_apps.py.)"""
+"""The helpdesk example (examples/helpdesk), tested as its author would: with
+``signoff.testing`` and the public API only.
+
+Its tools, policy and offline model run in a :class:`~signoff.testing.Harness` on a fresh
+database of a real Postgres, driven by the helpdesk's own offline model
+(``Harness(app, offline=True)``) in plain English, or by a scripted model. This file
+imports nothing but ``signoff``, ``signoff.testing``, ``examples.helpdesk``, the standard
+library and third-party packages (the last test checks it). The HTTP path through
+``signoff dev --app examples.helpdesk:app`` is in tests/e2e/test_apps.py.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+import ast
+import importlib.metadata
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import signoff
+import signoff.testing
 from examples.helpdesk import app as helpdesk_app
 from examples.helpdesk.data import Shop
 from examples.helpdesk.model import understand
 from examples.helpdesk.tools import parse_dollars
-from signoff import App, Risk, ToolValidationError, Verdict
-from signoff.runtime.bus_memory import MemoryBus
-from signoff.runtime.cards import Card, Decision, Status
-from signoff.runtime.config import Settings
-from signoff.runtime.decisions import Decisions, Resolution
-from signoff.runtime.keys import Keys
-from signoff.runtime.worker import Worker
-from signoff.store.postgres import PostgresStore
+from signoff import Risk, ToolValidationError, Verdict
+from signoff.testing import Harness
 
 pytestmark = pytest.mark.anyio
 
 
-@dataclass
-class Desk:
-    app: App
-    shop: Shop
-    store: PostgresStore
-    worker: Worker
-    decisions: Decisions
-    tenant: str
-
-    async def say(self, user: str, text: str, thread: str | None = None) -> str:
-        thread = thread or (await self.store.create_thread(self.tenant, user)).id
-        await self.worker.run_message(thread, text, user=user)
-        return thread
-
-    async def card(self, thread: str) -> Card:
-        (card,) = await self.store.pending_cards(thread)
-        return card
-
-    async def decide(self, card: Card, decision: Decision, **kw: Any) -> Any:
-        res = Resolution(decision=decision, snapshot_hash=card.snapshot_hash, **kw)
-        return await self.decisions.resolve(card.id, res, principal=card.owner, channel="test")
-
-    async def settled(self, card: Card) -> Card:
-        """The card once its run is over (executed, invalidated ... and the reply written)."""
-        deadline = asyncio.get_running_loop().time() + 10
-        while (await self.store.get_run(card.run_id)).status not in ("done", "failed"):
-            assert asyncio.get_running_loop().time() < deadline, "the run did not finish"
-            await asyncio.sleep(0.05)
-        return await self.store.get_card(card.id)
-
-    async def reply(self, thread: str) -> str:
-        entries = await self.store.conversation(thread)
-        blocks = entries[-1].body.get("content", [])
-        return " ".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-
-    async def order(self, user: str, order_id: str) -> dict[str, Any]:
-        order = await self.shop.order(self.tenant, user, order_id)
-        assert order is not None
-        return order
+def shop(h: Harness) -> Shop:
+    """The helpdesk's own service, as its tools get it (``ctx.services``)."""
+    assert isinstance(h.app.services, Shop)
+    return h.app.services
 
 
-@asynccontextmanager
-async def desk(database_url: str) -> AsyncIterator[Desk]:
-    tenant = "hd-" + secrets.token_hex(4)
-    settings = Settings(
-        database_url=database_url,
-        worker_id="hd-" + secrets.token_hex(3),
-        tenant=tenant,
-        poll_seconds=1.0,
-        sweep_seconds=0.5,
-    )
-    store = await PostgresStore.connect(database_url, max_size=10)
-    bus = MemoryBus()
-    app = helpdesk_app()
-    assert app.setup is not None and app.offline_model is not None
-    shop = await app.setup(database_url)
-    app.services = shop
-    worker = Worker(settings=settings, store=store, bus=bus, app=app, model=app.offline_model)
-    decisions = Decisions(
-        store=store, bus=bus, tools=app.tools, policy=app.policy, keys=Keys(), services=shop
-    )
-    await worker.start()
-    try:
-        yield Desk(app, shop, store, worker, decisions, tenant)
-    finally:
-        await worker.stop()
-        await store._pool.execute(
-            "UPDATE runs SET status = 'superseded' WHERE tenant = $1"
-            " AND status IN ('running', 'waiting')",
-            tenant,
-        )
-        await bus.close()
-        if app.teardown is not None:
-            await app.teardown()
-        await store.close()
+async def ask(h: Harness, user: str, message: str) -> str:
+    """``user`` says ``message`` in a new thread; the turn runs to its end or its card."""
+    thread = await h.thread(user)
+    await h.say(thread, message, user)
+    return thread
+
+
+async def order(h: Harness, user: str, order_id: str) -> dict[str, Any]:
+    found = await shop(h).order(h.tenant, user, order_id)
+    assert found is not None
+    return found
+
+
+# -- without a database ----------------------------------------------------------------
 
 
 def test_the_offline_model_understands_the_four_requests() -> None:
@@ -140,10 +87,13 @@ def test_amounts_and_the_refund_limit() -> None:
     assert app.policy.unruled_writes(app.tools) == []
 
 
-async def test_a_refund_is_confirmed_on_a_card_then_executed_once(database_url: str) -> None:
-    async with desk(database_url) as d:
-        thread = await d.say("ana", "refund order A100, it arrived broken")
-        card = await d.card(thread)
+# -- the app, driven by its own offline model -------------------------------------------
+
+
+async def test_a_refund_is_confirmed_on_a_card_then_executed_once() -> None:
+    async with Harness(helpdesk_app, offline=True) as h:
+        thread = await ask(h, "ana", "refund order A100, it arrived broken")
+        (card,) = await h.pending(thread)
         assert card.tool == "refund_order" and card.risk is Risk.CRITICAL
         assert card.summary == (
             "Refund $25.00 for order A100 (Wireless mouse) to the original payment method"
@@ -151,94 +101,146 @@ async def test_a_refund_is_confirmed_on_a_card_then_executed_once(database_url: 
         assert card.impact["fields"] == [{"label": "Reason", "value": "it arrived broken"}]
         # critical cards wait five minutes at most (the helpdesk's policy)
         assert (card.expires_at - card.created_at).total_seconds() == pytest.approx(300, abs=2)
-        assert (await d.order("ana", "A100"))["refunded_cents"] == 0
+        assert (await order(h, "ana", "A100"))["refunded_cents"] == 0
 
-        await d.decide(card, Decision.APPROVE)
-        done = await d.settled(card)
-        assert done.status is Status.EXECUTED
+        done = await h.approve(card)
+        assert done.status == "executed"
         assert done.result == {
             "refunded": "$25.00",
             "order_id": "A100",
             "operation_id": card.operation_id,
         }
-        assert (await d.order("ana", "A100"))["refunded_cents"] == 2500
-        assert await d.shop.operations(d.tenant, "ana") == 1
-        assert "Done." in await d.reply(thread)
+        assert await h.trail(card) == ["pending", "approved", "executing", "executed"]
+        assert (await order(h, "ana", "A100"))["refunded_cents"] == 2500
+        assert await shop(h).operations(h.tenant, "ana") == 1
+        assert "Done." in await h.last_reply(thread)
 
         # nothing left to refund: prepare refuses, no card, the model is told why
-        again = await d.say("ana", "refund order A100 please")
-        assert await d.store.pending_cards(again) == []
-        assert "already refunded in full" in await d.reply(again)
+        again = await ask(h, "ana", "refund order A100 please")
+        assert await h.pending(again) == []
+        assert "already refunded in full" in await h.last_reply(again)
+        assert await shop(h).operations(h.tenant, "ana") == 1
 
 
-async def test_an_address_change_can_be_edited_and_a_shipped_order_refuses_it(
-    database_url: str,
-) -> None:
-    async with desk(database_url) as d:
-        thread = await d.say("bo", "change the address of A101 to 12 Oak Street, Leeds")
-        card = await d.card(thread)
+async def test_an_address_change_can_be_edited_and_a_shipped_order_refuses_it() -> None:
+    async with Harness(helpdesk_app, offline=True) as h:
+        thread = await ask(h, "bo", "change the address of A101 to 12 Oak Street, Leeds")
+        (card,) = await h.pending(thread)
         assert card.summary == "Change the delivery address of order A101 (Mechanical keyboard)"
         assert [f["label"] for f in card.impact["fields"]] == ["From", "To"]
         assert card.editable == ["address"]
-        out = await d.decide(card, Decision.EDIT, edits={"address": "14 Oak Street, Leeds"})
-        edited = await d.store.get_card(out.new_card["id"])
+        edited = await h.edit(card, {"address": "14 Oak Street, Leeds"})
+        assert (await h.card(card)).status == "modified"
         assert edited.args_snapshot["address"] == "14 Oak Street, Leeds"
-        await d.decide(edited, Decision.APPROVE)
-        assert (await d.settled(edited)).status is Status.EXECUTED
-        assert (await d.order("bo", "A101"))["address"] == "14 Oak Street, Leeds"
+        assert (await h.approve(edited)).status == "executed"
+        assert (await order(h, "bo", "A101"))["address"] == "14 Oak Street, Leeds"
 
-        shipped = await d.say("bo", "ship A102 to 1 Elm Road, York")
-        assert await d.store.pending_cards(shipped) == []
-        assert "already shipped" in await d.reply(shipped)
+        shipped = await ask(h, "bo", "ship A102 to 1 Elm Road, York")
+        assert await h.pending(shipped) == []
+        assert "already shipped" in await h.last_reply(shipped)
 
 
-async def test_an_approved_refund_is_checked_again_before_it_runs(database_url: str) -> None:
-    async with desk(database_url) as d:
-        thread = await d.say("cy", "refund $20 of order A102, wrong colour")
-        card = await d.card(thread)
+async def test_an_approved_refund_is_checked_again_before_it_runs() -> None:
+    async with Harness(helpdesk_app, offline=True) as h:
+        thread = await ask(h, "cy", "refund $20 of order A102, wrong colour")
+        (card,) = await h.pending(thread)
         assert card.args_snapshot == {
             "order_id": "A102",
             "amount_cents": 2000,
             "reason": "wrong colour",
         }
         # meanwhile, a colleague refunded most of the order
-        await d.shop.pool.execute(
+        await shop(h).pool.execute(
             "UPDATE helpdesk_orders SET refunded_cents = 14000"
             " WHERE tenant = $1 AND customer = 'cy' AND id = 'A102'",
-            d.tenant,
+            h.tenant,
         )
-        await d.decide(card, Decision.APPROVE)
-        done = await d.settled(card)
-        assert done.status is Status.INVALIDATED
+        done = await h.approve(card)
+        assert done.status == "invalidated"
         assert (
             done.result is not None and done.result["reason"] == "the order was refunded meanwhile"
         )
-        assert await d.shop.operations(d.tenant, "cy") == 0
+        assert await h.trail(card) == ["pending", "approved", "invalidated"]
+        told = await h.tool_result(card)
+        assert told.is_error and "refunded meanwhile" in told.content
+        assert await shop(h).operations(h.tenant, "cy") == 0
 
 
-async def test_closing_the_account_rejected_then_approved(database_url: str) -> None:
-    async with desk(database_url) as d:
-        thread = await d.say("di", "close my account, I'm moving away")
-        card = await d.card(thread)
+async def test_closing_the_account_rejected_then_approved() -> None:
+    async with Harness(helpdesk_app, offline=True) as h:
+        thread = await ask(h, "di", "close my account, I'm moving away")
+        (card,) = await h.pending(thread)
         assert card.summary == "Close the account of di (di@example.com) for good"
-        await d.decide(card, Decision.REJECT, reason="changed my mind")
-        assert (await d.settled(card)).status is Status.REJECTED
-        assert (await d.shop.account(d.tenant, "di"))["status"] == "open"
+        assert (await h.reject(card, reason="changed my mind")).status == "rejected"
+        assert "changed my mind" in (await h.tool_result(card)).content
+        assert (await shop(h).account(h.tenant, "di"))["status"] == "open"
 
-        thread = await d.say("di", "close my account")
-        card = await d.card(thread)
-        await d.decide(card, Decision.APPROVE)
-        assert (await d.settled(card)).status is Status.EXECUTED
-        assert (await d.shop.account(d.tenant, "di"))["status"] == "closed"
+        thread = await ask(h, "di", "close my account")
+        (card,) = await h.pending(thread)
+        assert (await h.approve(card)).status == "executed"
+        assert (await shop(h).account(h.tenant, "di"))["status"] == "closed"
 
 
-async def test_a_look_up_runs_at_once_and_shows_only_the_users_own_orders(
-    database_url: str,
-) -> None:
-    async with desk(database_url) as d:
-        thread = await d.say("ed", "where is order A101?")
-        assert await d.store.pending_cards(thread) == []
-        reply = await d.reply(thread)
+async def test_a_look_up_runs_at_once_and_shows_only_the_users_own_orders() -> None:
+    async with Harness(helpdesk_app, offline=True) as h:
+        thread = await ask(h, "ed", "where is order A101?")
+        assert await h.pending(thread) == []
+        reply = await h.last_reply(thread)
         assert "A101 (Mechanical keyboard, $89.00) is processing" in reply
-        missing = await d.say("ed", "where is order Z999?")
-        assert "there is no order Z999 for ed" in await d.reply(missing)
+        missing = await ask(h, "ed", "where is order Z999?")
+        assert "there is no order Z999 for ed" in await h.last_reply(missing)
+
+
+# -- the app, driven by a scripted model (as Claude would call its tools) ---------------
+
+
+async def test_scripted_calls_reach_the_same_tools() -> None:
+    async with Harness(helpdesk_app) as h:
+        found = await h.call("look_up_order", {"order_id": "a102"}, user="fay")
+        assert found.json()["status"] == "shipped"
+        assert found.json()["delivery_address"] == "221B Baker Street, London"
+        early = await h.call("refund_order", {"order_id": "A101", "reason": "x"}, user="fay")
+        assert early.is_error and "has not shipped yet" in early.content
+        card = await h.propose(
+            "refund_order", {"order_id": "A102", "reason": "late", "amount": "5"}, user="fay"
+        )
+        assert card.args_snapshot["amount_cents"] == 500
+        assert (await h.approve(card)).status == "executed"
+        assert (await order(h, "fay", "A102"))["refunded_cents"] == 500
+
+
+# -- this file stays a user's suite ------------------------------------------------------
+
+
+def test_this_suite_imports_only_the_public_api_and_the_app() -> None:
+    """Only ``signoff`` and ``signoff.testing`` (names from their ``__all__``), the
+    helpdesk, the standard library and third-party packages: no signoff internals, no
+    helpers of this repository's own test suite."""
+    third_party = {
+        root
+        for root, dists in importlib.metadata.packages_distributions().items()
+        if "signoff" not in dists
+    }
+    public = {"signoff": set(signoff.__all__), "signoff.testing": set(signoff.testing.__all__)}
+
+    def allowed(module: str) -> bool:
+        root = module.partition(".")[0]
+        return (
+            module in public
+            or module == "examples.helpdesk"
+            or module.startswith("examples.helpdesk.")
+            or root in sys.stdlib_module_names
+            or root in third_party
+        )
+
+    wrong: list[str] = []
+    for node in ast.walk(ast.parse(Path(__file__).read_text())):
+        if isinstance(node, ast.Import):
+            wrong += [a.name for a in node.names if not allowed(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level or not allowed(module):
+                wrong.append("." * node.level + module)
+            elif module in public:
+                wrong += [f"{module}.{a.name}" for a in node.names if a.name not in public[module]]
+    assert wrong == [], f"imports beyond the public API: {wrong}"

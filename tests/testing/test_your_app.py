@@ -330,3 +330,17 @@ async def test_the_gateway_takes_the_decision_over_http() -> None:
         assert (await h.card(card)).status == "executed"
         events = await h.events(card)
         assert events[1].actor == "bob" and events[1].channel == "http"
+
+
+async def test_offline_the_generic_command_model_takes_slash_commands() -> None:
+    # make_app has no offline model of its own: offline=True runs signoff's generic one.
+    async with Harness(make_app, offline=True) as h:
+        await shop(h.app).add_order(h.tenant, "O-1", 600)
+        thread = await h.thread()
+        await h.say(thread, "/refund_order order_id=O-1 amount_cents=250")
+        (card,) = await h.pending(thread)
+        assert card.summary == "Refund 2.50 EUR on order O-1"
+        assert (await h.approve(card)).status == "executed"
+        assert '"refunded_cents": 250' in await h.last_reply(thread)
+        with pytest.raises(RuntimeError):
+            h.script(reply(text("no fake server offline")))
