@@ -18,7 +18,7 @@ from typing import Any
 
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
-from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.config import Settings, data_path
 from signoff.runtime.decisions import Decisions
 from signoff.runtime.errors import ConfigError
@@ -101,7 +101,7 @@ def database_url(settings: Settings) -> str | None:
 
 def make_bus(settings: Settings) -> Bus:
     if settings.redis_url:
-        from signoff.runtime.bus_redis import RedisBus
+        from signoff.runtime.bus.redis import RedisBus
 
         bus: Bus = RedisBus.from_url(
             settings.redis_url, Keys(settings.key_prefix), claim_idle_ms=settings.claim_idle_ms

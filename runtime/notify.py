@@ -94,7 +94,7 @@ async def _signal_holder(
     if early_owner:
         heard = await bus.publish(keys.worker_channel(early_owner), signal)
     if not heard:
-        owner = await bus.wait_owner(card.id)
+        owner = await bus.wait_holder(card.id)
         if owner is None:
             try:
                 owner = (await store.get_run(card.run_id)).worker_id

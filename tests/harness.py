@@ -18,7 +18,7 @@ from signoff.demo.app import build
 from signoff.demo.provider import Provider
 from signoff.gateway.auth import Tokens
 from signoff.runtime.bus import Bus
-from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions, Resolution
