@@ -13,7 +13,6 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from signoff.runtime.app import App
@@ -204,7 +203,3 @@ async def serve_gateway(
     if started is not None:
         started.set()
     await task
-
-
-def data_dir_of(settings: Settings) -> Path:
-    return data_path(settings)
