@@ -9,6 +9,8 @@ concept each and are split past ~500 lines (STYLE.md 1).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,3 +155,15 @@ def test_no_source_module_is_over_500_lines() -> None:
     assert unexpected == {}, f"split these below {MAX_LINES} lines"
     cleaned = sorted(TOO_LONG_ALLOWED - set(too_long))
     assert cleaned == [], "now short enough: take it off TOO_LONG_ALLOWED"
+
+
+def test_the_bus_protocol_loads_no_redis_code() -> None:
+    """Gateways, workers and tests on the in-process bus need no Redis client loaded."""
+    probe = (
+        "import sys; import signoff.runtime.bus, signoff.runtime.bus.memory; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('redis', 'hiredis')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
