@@ -47,7 +47,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from signoff.gateway.auth import Principal, Tokens
 from signoff.gateway.errors import error_body, status_of
 from signoff.runtime.bus import Bus
-from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.canonical import run_id_of
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import RateLimited, SignoffError, Unauthenticated

@@ -4,8 +4,9 @@ Origin is checked against an allow-list before ``accept()`` (Starlette's CORS
 middleware does not cover WebSockets). The first frame must authenticate, and
 every later frame is authorised again with the same token; when the token expires the
 socket closes with 4401 (a timer), and another ``auth`` frame re-checks every subscription.
-Events are read from Postgres after the client's last ``seq``; bus hints only
-say when to look.
+A thread hint carries the log entries just committed (design note 2): a socket is sent
+those that follow the last ``seq`` it got; on a gap, or for a hint without entries, the
+log is re-read from Postgres after that ``seq``. Postgres stays the truth.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 ``start`` runs a new user message; ``continue_run`` resumes a parked run from
 the store. The live path (a decision arrives on the bus) and the recovery
 path (another process adopts the run) both call ``continue_run``, which
-re-reads Postgres and never trusts the message that woke it.
+re-reads Postgres and never trusts the message that woke it. Approved cards are
+executed by :mod:`signoff.runtime.execution`; every hint goes through the worker's
+:class:`~signoff.runtime.notify.Notifier`.
 """
 
 from __future__ import annotations
@@ -12,24 +14,25 @@ import asyncio
 import logging
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from signoff.runtime import hints, outcomes
+from signoff.runtime import outcomes
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.conversation import build_messages
 from signoff.runtime.errors import SignoffError, ToolValidationError, Unavailable, UnknownTool
+from signoff.runtime.execution import Executor
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.base import Model
-from signoff.runtime.notify import notify_card, quietly
+from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
-from signoff.runtime.records import Entry, Moved, Run, RunStatus
+from signoff.runtime.records import Entry, Run, RunStatus
 from signoff.runtime.tools import Registry, ToolContext
 from signoff.store.postgres import PostgresStore, RunInactive
 
@@ -43,12 +46,6 @@ SYSTEM_PROMPT = (
 )
 
 MAX_MODEL_CALLS = 12
-# An execution that got no answer (timeout, dropped connection) is asked again with the
-# same operation_id after these waits; the provider deduplicates by that key (I4).
-UNKNOWN_OUTCOME = (TimeoutError, ConnectionError)
-UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
-# Waits between attempts to record a known outcome when the store does not answer.
-RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The log kinds the model sees (runtime.conversation.build_messages).
 CONVERSATION = frozenset({"user", "assistant", "tool_results"})
@@ -88,6 +85,15 @@ class Agent:
         self.faults = faults or Faults()
         self._park = park
         self._unpark = unpark
+        # The one publisher of this worker's hints (thread, deltas, signals, wait tokens).
+        self.notify = Notifier(bus, keys, store)
+        self.executor = Executor(
+            store=store,
+            tools=tools,
+            notify=self.notify,
+            actor=f"worker:{worker_id}",
+            faults=self.faults,
+        )
         # One lock per thread while anyone holds or waits on it; weak values let locks of
         # idle threads go (a held lock is referenced by the coroutine using it).
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -102,22 +108,6 @@ class Agent:
         if lock is None:
             lock = self._locks[thread_id] = asyncio.Lock()
         return lock
-
-    async def hint(self, thread_id: str, entries: Sequence[Entry] = ()) -> None:
-        """Tell the thread's gateways the log grew by these entries (none: re-read it).
-        Never raises: the entries are committed, and a gateway that missed the hint
-        re-reads the log on its next one or when it re-subscribes (I6)."""
-        await quietly(
-            self.bus.publish(self.keys.thread_channel(thread_id), hints.of_entries(entries)),
-            f"thread hint for {thread_id}",
-        )
-
-    async def moved(self, moved: Moved | None) -> Card | None:
-        """Hint a committed card change; the card it left."""
-        if moved is None:
-            return None
-        await self.hint(moved.card.thread_id, [moved.entry])
-        return moved.card
 
     def _ctx(self, run: Run) -> ToolContext:
         return ToolContext(
@@ -167,8 +157,8 @@ class Agent:
                     self._unpark(old.id)
             for card in superseded:
                 # The holder of the superseded run may be another worker: tell it to let go.
-                await notify_card(self.store, self.bus, self.keys, card)
-            await self.hint(thread_id)
+                await self.notify.card(card)
+            await self.notify.thread(thread_id)
             return await self._step(run)
 
     # -- the loop ----------------------------------------------------------------
@@ -214,13 +204,7 @@ class Agent:
                 messages = build_messages(shown)
 
                 async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
-                    await quietly(
-                        self.bus.publish(
-                            self.keys.thread_channel(_run.thread_id),
-                            hints.of_delta(_pos, delta, _run.id),
-                        ),
-                        "text delta",
-                    )
+                    await self.notify.delta(_run.thread_id, _pos, delta, _run.id)
 
                 reply = await self.model.respond(
                     system=self.system, messages=messages, tools=self.tools.specs(), on_text=on_text
@@ -238,7 +222,7 @@ class Agent:
                         {},
                         holder=self.worker_id,
                     )
-                    await self.hint(run.thread_id, written)
+                    await self.notify.thread(run.thread_id, written)
                     return run
                 if todo:
                     written, run = await self.store.run_step(
@@ -256,7 +240,7 @@ class Agent:
                             run.thread_id, *assistant, run.id, holder=self.worker_id
                         )
                     ]
-                await self.hint(run.thread_id, written)
+                await self.notify.thread(run.thread_id, written)
                 results: dict[str, dict[str, Any]] = {}
                 waiting: dict[str, str] = {}
                 proposed: dict[str, Card] = {}
@@ -301,7 +285,7 @@ class Agent:
             error,
             holder=self.worker_id,
         )
-        await self.hint(run.thread_id, written)
+        await self.notify.thread(run.thread_id, written)
         return run
 
     async def _handle_tool_use(self, run: Run, use: dict[str, Any]) -> Card | dict[str, Any]:
@@ -358,7 +342,7 @@ class Agent:
             )
         )
         if entry is not None:
-            await self.hint(run.thread_id, [entry])
+            await self.notify.thread(run.thread_id, [entry])
         elif card.status is Status.REJECTED:
             return outcomes.refused_again(use_id, card)
         return card
@@ -420,7 +404,7 @@ class Agent:
         out = []
         for card in cards:
             if card.status is Status.PENDING and card.expires_at <= now:
-                card = await self.moved(await self.store.expire(card.id)) or card
+                card = await self.notify.moved(await self.store.expire(card.id)) or card
             out.append(card)
         return out
 
@@ -477,9 +461,9 @@ class Agent:
                 continue
             card = cards[waiting[use_id]]
             if card.status is Status.APPROVED:
-                card = await self.execute(run, card)
+                card = await self.executor.execute(card, self._ctx(run))
             results[use_id] = outcomes.card_outcome(use_id, card)
-            await quietly(self.bus.clear_wait(card.id), f"wait token delete for {card.id}")
+            await self.notify.clear_wait(card.id)
         blocks = [results[i] for i in run.state.get("order", [])]
         # The results are written with the step's next write (see _step).
         return await self._step(run, conversation, [("tool_results", {"content": blocks})])
@@ -492,64 +476,3 @@ class Agent:
             card_id=card.id,
             run_id=card.run_id,
         )
-
-    async def execute(self, run: Run, card: Card) -> Card:
-        """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id)."""
-        actor = f"worker:{self.worker_id}"
-        tool = self.tools.get(card.tool)
-        ctx = self._ctx(run)
-        if tool is None:
-            raise self._unknown(card)  # left approved: not invalidated for a version skew
-        try:
-            check = await tool.revalidate(card.args_snapshot, ctx)
-        except Exception as exc:  # a tool's own failure must not wedge the run
-            log.exception("revalidate failed for card %s", card.id)
-            check_ok, reason, changes = False, f"revalidation error: {exc}", []
-        else:
-            check_ok, reason, changes = check.ok, check.reason, check.changes
-        if not check_ok:
-            moved = await self.store.move(
-                card.id,
-                Status.APPROVED,
-                Status.INVALIDATED,
-                actor=actor,
-                result={"reason": reason, "changes": changes},
-                detail={"reason": reason, "changes": changes},
-            )
-            return await self.moved(moved) or await self.store.get_card(card.id)
-        started = await self.moved(await self.store.begin_execution(card.id, actor))
-        if started is None:
-            return await self.store.get_card(card.id)
-        for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
-            try:
-                # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
-                result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
-                ok = True
-                self.faults.hit("execute.after_provider")
-            except UNKNOWN_OUTCOME as exc:
-                # No answer is not a failure: the provider may have acted. Ask again with the
-                # same idempotency key; if it stays unknown, leave the card `executing` for
-                # the sweeper to flag (I4) rather than record a failure that may be false.
-                if wait is None:
-                    log.error("card %s: outcome still unknown (%s); left executing", card.id, exc)
-                    return await self.store.get_card(card.id)
-                log.warning("card %s: no answer (%s); asking again, same key", card.id, exc)
-                await asyncio.sleep(wait)
-                continue
-            except Exception as exc:
-                log.warning("card %s failed: %s", card.id, exc)
-                result, ok = {"error": str(exc)}, False
-            break
-        # The outcome is known now: recording it must not be lost to a passing store
-        # timeout (the move is conditional, so a repeat is harmless).
-        for wait in (*RECORD_RETRIES, None):
-            try:
-                finished = await self.store.finish_execution(
-                    card.id, ok=ok, result=result, actor=actor
-                )
-                break
-            except Unavailable:
-                if wait is None:
-                    raise
-                await asyncio.sleep(wait)
-        return await self.moved(finished) or await self.store.get_card(card.id)

@@ -66,12 +66,6 @@ TERMINAL: frozenset[Status] = frozenset(
 # A run waiting on a card may continue once the card left `pending`.
 DECIDED: frozenset[Status] = frozenset(set(Status) - {Status.PENDING})
 
-DECISION_TARGET: dict[Decision, Status] = {
-    Decision.APPROVE: Status.APPROVED,
-    Decision.REJECT: Status.REJECTED,
-    Decision.EDIT: Status.MODIFIED,
-}
-
 
 def can_move(src: Status, dst: Status) -> bool:
     return dst in MOVES.get(src, frozenset())

@@ -26,7 +26,7 @@ from signoff.runtime.errors import (
 )
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
-from signoff.runtime.notify import notify_card
+from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry
@@ -72,6 +72,7 @@ class Decisions:
         self.keys = keys
         self.services = services
         self.faults = faults or Faults()
+        self.notify = Notifier(bus, keys, store)
 
     async def resolve(
         self,
@@ -95,7 +96,7 @@ class Decisions:
         if res.edits:
             raise InvalidInput("edits are only accepted with decision 'edit'")
         # The decision's statement also names the worker holding the card's run: the
-        # signal goes there first (notify_card falls back to the wait token). An approval
+        # signal goes there first (Notifier.card falls back to the wait token). An approval
         # is refused (UnknownTool) for a card of a tool this app does not serve: another
         # version of the app proposed it. A rejection needs no tool: a person can always
         # say no.
@@ -121,12 +122,10 @@ class Decisions:
         entry: Entry | None = None,
     ) -> None:
         """Tell the worker, after the commit. The decision is taken either way: a publish
-        that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6)."""
+        that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6);
+        the notifier never raises."""
         self.faults.hit("decide.before_publish")
-        try:
-            await notify_card(self.store, self.bus, self.keys, card, received, holder, entry)
-        except SignoffError as exc:
-            log.warning("card %s decided; could not signal its worker: %s", card.id, exc)
+        await self.notify.card(card, at_ns=received, holder=holder, entry=entry)
 
     async def _edit(
         self, card_id: str, res: Resolution, *, principal: str, channel: str, tenant: str | None

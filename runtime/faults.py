@@ -5,7 +5,7 @@ step. The points, and where they are hit:
 
 * ``inbox.before_ack`` (worker, ``Worker._handle``): the message's step is stored
   (e.g. its card created), the inbox entry not yet acknowledged.
-* ``execute.after_provider`` (worker, ``Agent.execute``): the provider accepted
+* ``execute.after_provider`` (worker, ``Executor.execute``): the provider accepted
   the call, ``executed`` not yet recorded.
 * ``decide.before_publish`` (gateway, ``Decisions._notify``): the decision is
   committed with its audit row, not yet published to the worker.

@@ -10,7 +10,8 @@ class Keys:
     prefix: str = "so:"
 
     def wait(self, card_id: str) -> str:
-        """Owning worker of a parked card; PX = time left on the card + grace."""
+        """Wait token: the holder (worker id) of a parked card's run; PX = time left on the
+        card + grace."""
         return f"{self.prefix}wait:{card_id}"
 
     def worker(self, worker_id: str) -> str:

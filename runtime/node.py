@@ -13,13 +13,12 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from signoff.runtime import presence
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
-from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.config import Settings, data_path
 from signoff.runtime.decisions import Decisions
 from signoff.runtime.errors import ConfigError
@@ -106,7 +105,7 @@ def database_url(settings: Settings) -> str | None:
 
 def make_bus(settings: Settings) -> Bus:
     if settings.redis_url:
-        from signoff.runtime.bus_redis import RedisBus
+        from signoff.runtime.bus.redis import RedisBus
 
         bus: Bus = RedisBus.from_url(
             settings.redis_url, Keys(settings.key_prefix), claim_idle_ms=settings.claim_idle_ms
@@ -221,7 +220,3 @@ async def serve_gateway(
     if started is not None:
         started.set()
     await task
-
-
-def data_dir_of(settings: Settings) -> Path:
-    return data_path(settings)

@@ -1,16 +1,22 @@
-"""Tell the owning worker and the thread's gateways that a card changed.
+"""The one publisher of hints: thread hints, text deltas, worker signals, wait tokens.
 
-Called only after the change is committed in Postgres (I6). A publish that
-nobody hears is fine: the worker's re-read on (re)subscribe and slow poll
-finds the decision in Postgres. A publish that fails (Redis down) is fine too,
-for the same reason: nothing here raises. A hint never fails a step after its
-commit (DESIGN.md §9); it is logged and counted (``signoff_hints_failed_total``).
+Everything here is sent after the change it tells about is committed in Postgres
+(I6), and nothing here raises: a publish nobody hears is fine (the worker's re-read
+on (re)subscribe and its slow poll find the decision in Postgres; a gateway re-reads
+the log on a gap), and so is one that fails (Redis down), for the same reason. A
+hint never fails a step after its commit (DESIGN.md §9, design note 18); a failure is
+logged and counted (``signoff_hints_failed_total``).
+
+A thread hint carries the log entries just committed (design note 2), so the
+thread's gateways need not re-read the log; a worker signal only names a card, and
+the worker re-reads its run before doing anything.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -20,14 +26,15 @@ from signoff.runtime.cards import Card
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
-from signoff.runtime.records import Entry
-from signoff.store.postgres import PostgresStore
+from signoff.runtime.records import Entry, Moved, Run
 
 
 class CardSignal(msgspec.Struct, frozen=True):
+    """What the holder of a card's run is sent on its channel (``Keys.worker_channel``)."""
+
     card_id: str
     status: str
-    at_ns: int = 0  # monotonic-free wall time of the decision, for latency measurement
+    at_ns: int = 0  # wall time the gateway received the decision, for latency measurement
 
 
 log = logging.getLogger("signoff.notify")
@@ -35,11 +42,17 @@ _enc = msgspec.json.Encoder()
 signal_decoder = msgspec.json.Decoder(CardSignal)
 
 
-async def quietly(hint: Awaitable[object], what: str) -> bool:
-    """Await a hint (a publish, a wait-token write or delete) sent after a commit; a
+class Runs(Protocol):
+    """What the notifier reads of the store: a run, for its holder."""
+
+    async def get_run(self, run_id: str) -> Run: ...
+
+
+async def quietly(step: Awaitable[object], what: str) -> bool:
+    """Await something sent after a commit (a publish, a wait-token write or delete); a
     failure is logged and counted, never raised. True if it went through."""
     try:
-        await hint
+        await step
     except Exception as exc:  # whatever Redis or the network did, the commit stands
         COUNTERS.inc("signoff_hints_failed_total")
         log.warning("%s failed after its commit (%s); going on", what, exc)
@@ -47,59 +60,84 @@ async def quietly(hint: Awaitable[object], what: str) -> bool:
     return True
 
 
-async def notify_card(
-    store: PostgresStore,
-    bus: Bus,
-    keys: Keys,
-    card: Card,
-    at_ns: int = 0,
-    early_owner: str | None = None,
-    entry: Entry | None = None,
-) -> int:
-    """Publish the change to the worker holding the run; returns how many heard it.
+class Notifier:
+    """Publishes every hint of one process (agent, worker, sweeper, decisions)."""
 
-    ``early_owner``: the worker holding the card's run as the deciding statement saw
-    it (no Redis read on the decision path). If nobody hears the signal there, the
-    wait token is read, then the run's holder again, as without it. ``entry``: the log entry the change
-    wrote, carried to the thread's gateways (without it they re-read the log).
-    """
-    heard = 0
-    try:
-        heard = await _signal_holder(store, bus, keys, card, at_ns, early_owner)
-    except Exception as exc:  # never fail the caller after its commit (I6)
-        COUNTERS.inc("signoff_hints_failed_total")
-        log.warning(
-            "card %s changed; could not signal its worker (%s): Postgres has it", card.id, exc
+    def __init__(self, bus: Bus, keys: Keys, runs: Runs) -> None:
+        self.bus = bus
+        self.keys = keys
+        self.runs = runs
+
+    async def thread(self, thread_id: str, entries: Sequence[Entry] = ()) -> bool:
+        """Tell the thread's gateways the log grew by these entries (none: re-read it)."""
+        return await quietly(
+            self.bus.publish(self.keys.thread_channel(thread_id), hints.of_entries(entries)),
+            f"thread hint for {thread_id}",
         )
-    await quietly(
-        bus.publish(
-            keys.thread_channel(card.thread_id),
-            hints.of_entries([entry]) if entry is not None else hints.RELOAD,
-        ),
-        f"thread hint for card {card.id}",
-    )
-    return heard
 
+    async def delta(self, thread_id: str, seq: int, delta: str, run_id: str) -> bool:
+        """A piece of the model's text as it streams (after log ``seq``; never stored)."""
+        return await quietly(
+            self.bus.publish(
+                self.keys.thread_channel(thread_id), hints.of_delta(seq, delta, run_id)
+            ),
+            "text delta",
+        )
 
-async def _signal_holder(
-    store: PostgresStore,
-    bus: Bus,
-    keys: Keys,
-    card: Card,
-    at_ns: int,
-    early_owner: str | None,
-) -> int:
-    signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns))
-    heard = 0
-    if early_owner:
-        heard = await bus.publish(keys.worker_channel(early_owner), signal)
-    if not heard:
-        owner = await bus.wait_owner(card.id)
-        if owner is None:
-            try:
-                owner = (await store.get_run(card.run_id)).worker_id
-            except SignoffError:
-                owner = None
-        if owner and owner != early_owner:
-            heard = await bus.publish(keys.worker_channel(owner), signal)
-    return heard
+    async def moved(self, moved: Moved | None) -> Card | None:
+        """Hint a committed card change to its thread; the card as it left it (None: no
+        change was made)."""
+        if moved is None:
+            return None
+        await self.thread(moved.card.thread_id, [moved.entry])
+        return moved.card
+
+    async def card(
+        self,
+        card: Card,
+        *,
+        at_ns: int = 0,
+        holder: str | None = None,
+        entry: Entry | None = None,
+    ) -> int:
+        """Signal the worker holding the card's run, then hint the thread; how many
+        workers heard the signal.
+
+        ``holder``: the run's holder as the deciding statement saw it (no Redis read on
+        the decision path). If nobody hears the signal there, the card's wait token is
+        read, then the run's holder in Postgres. ``entry``: the log entry the change
+        wrote, carried to the thread's gateways (without it they re-read the log).
+        """
+        heard = 0
+        try:
+            heard = await self._signal_holder(card, at_ns, holder)
+        except Exception as exc:  # never fail the caller after its commit (I6)
+            COUNTERS.inc("signoff_hints_failed_total")
+            log.warning(
+                "card %s changed; could not signal its worker (%s): Postgres has it", card.id, exc
+            )
+        await self.thread(card.thread_id, [entry] if entry is not None else ())
+        return heard
+
+    async def set_wait(self, card_id: str, holder: str, ttl_ms: int) -> bool:
+        """The wait token naming ``holder`` for the card: ``card``'s fallback."""
+        return await quietly(self.bus.set_wait(card_id, holder, ttl_ms), "wait token")
+
+    async def clear_wait(self, card_id: str) -> bool:
+        return await quietly(self.bus.clear_wait(card_id), f"wait token delete for {card_id}")
+
+    async def _signal_holder(self, card: Card, at_ns: int, holder: str | None) -> int:
+        signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns))
+        heard = 0
+        if holder:
+            heard = await self.bus.publish(self.keys.worker_channel(holder), signal)
+        if not heard:
+            other = await self.bus.wait_holder(card.id)
+            if other is None:
+                try:
+                    other = (await self.runs.get_run(card.run_id)).worker_id
+                except SignoffError:
+                    other = None
+            if other and other != holder:
+                heard = await self.bus.publish(self.keys.worker_channel(other), signal)
+        return heard

@@ -11,7 +11,7 @@ most of it is stale). ~0.6 KB per parked run at 100k (tracemalloc), its two ids 
 
 When a card's future resolves (a decision arrived on the fast path, the slow
 poll found it decided) or its run's deadline passes, ``on_ready(run_id)`` is
-called and the owner re-reads Postgres to decide what happens next: the registry
+called and the worker re-reads Postgres to decide what happens next: the registry
 is only a trigger, never the truth.
 """
 

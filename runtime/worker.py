@@ -28,7 +28,7 @@ from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.models.base import Model
-from signoff.runtime.notify import notify_card, quietly, signal_decoder
+from signoff.runtime.notify import quietly, signal_decoder
 from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
 from signoff.runtime.waits import WaitRegistry
 from signoff.store.postgres import PostgresStore, RunInactive
@@ -89,6 +89,7 @@ class Worker:
             faults=self.faults,
             **kwargs,
         )
+        self.notify = self.agent.notify
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._subscribed = asyncio.Event()
@@ -276,11 +277,11 @@ class Worker:
         left = min((c.expires_at - now).total_seconds() for c in pending)
         self.waits.park(run.id, [c.id for c in pending], loop.time() + max(left, 0.25) + 0.05)
         for card in pending:
-            # A hint for notify_card's fallback (the decision names our run's holder
-            # itself): a Redis blip must not fail the step that parked.
+            # The fallback of Notifier.card (the decision names our run's holder itself):
+            # a Redis blip must not fail the step that parked.
             ttl_ms = int(max((card.expires_at - now).total_seconds(), 0) * 1000)
             ttl_ms += self.settings.wait_grace_ms
-            await quietly(self.bus.set_wait(card.id, self.worker_id, ttl_ms), "wait token")
+            await self.notify.set_wait(card.id, self.worker_id, ttl_ms)
         # A decision may have landed between the proposal and this registration (if the
         # store does not answer now, the slow poll looks again).
         with contextlib.suppress(SignoffError):
@@ -444,9 +445,9 @@ class Worker:
                 card = moved.card
                 expired.append(card)
                 if not self.waits.resolve(card.id, "expired"):
-                    await notify_card(self.store, self.bus, self.keys, card, entry=moved.entry)
+                    await self.notify.card(card, entry=moved.entry)
                 else:
-                    await self.agent.hint(card.thread_id, [moved.entry])
+                    await self.notify.thread(card.thread_id, [moved.entry])
         await self.sweep_approved()
         stuck = await self.store.flag_stuck(self.settings.stuck_after_seconds)
         await self.store.forget_workers()
@@ -467,7 +468,7 @@ class Worker:
             if run_active:
                 log.warning("card %s approved but not started; signalling its run again", card.id)
                 if not self.waits.resolve(card.id, str(card.status)):
-                    await notify_card(self.store, self.bus, self.keys, card)
+                    await self.notify.card(card)
                 continue
             moved = await self.store.move(
                 card.id,
@@ -480,7 +481,7 @@ class Worker:
             if moved is not None:
                 log.error("card %s was approved after its run ended: invalidated", card.id)
                 invalidated.append(moved.card)
-                await self.agent.hint(card.thread_id, [moved.entry])
+                await self.notify.thread(card.thread_id, [moved.entry])
         return invalidated
 
     async def _sweep_loop(self) -> None:

@@ -267,9 +267,3 @@ class Provider:
             "UPDATE demo_customers SET email = $2 WHERE id = $1", customer_id, email
         )
         return {"customer_id": customer_id, "email": email}
-
-    async def charges_by_key(self) -> dict[str, int]:
-        rows = await self.pool.fetch(
-            "SELECT idempotency_key, count(*) AS n FROM demo_charges GROUP BY idempotency_key"
-        )
-        return {r["idempotency_key"]: r["n"] for r in rows}

@@ -29,7 +29,7 @@ import anthropic
 
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
-from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions, Outcome, Resolution

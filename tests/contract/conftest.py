@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 import pytest
 import redis.asyncio as aioredis
 
-from signoff.runtime.bus_memory import MemoryBus
-from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.bus.memory import MemoryBus
+from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.keys import Keys
 from tests import services
 

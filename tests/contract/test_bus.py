@@ -19,7 +19,10 @@ import redis.asyncio as aioredis
 from redis import exceptions as rx
 
 from signoff.runtime.bus import Delivery, Job
-from signoff.runtime.bus_redis import CLEAR_BATCH, RETRY_DELAYS, BusDisconnected, RedisBus
+from signoff.runtime.bus.client import RETRY_DELAYS
+from signoff.runtime.bus.pubsub import BusDisconnected
+from signoff.runtime.bus.redis import RedisBus
+from signoff.runtime.bus.tokens import CLEAR_BATCH
 from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.keys import Keys
 from signoff.testing import servers
@@ -134,21 +137,21 @@ async def test_cancelled_subscribe_leaves_the_bus_usable(bus: AnyBus, keys: Keys
 
 
 async def test_wait_tokens_set_get_clear(bus: AnyBus) -> None:
-    assert await bus.wait_owner("card-1") is None
+    assert await bus.wait_holder("card-1") is None
     await bus.set_wait("card-1", "w-1", 10_000)
-    assert await bus.wait_owner("card-1") == "w-1"
+    assert await bus.wait_holder("card-1") == "w-1"
     await bus.set_wait("card-1", "w-2", 10_000)  # adopted by another worker
-    assert await bus.wait_owner("card-1") == "w-2"
+    assert await bus.wait_holder("card-1") == "w-2"
     await bus.clear_wait("card-1")
-    assert await bus.wait_owner("card-1") is None
+    assert await bus.wait_holder("card-1") is None
     await bus.clear_wait("card-1")  # clearing twice is fine
 
 
 async def test_wait_tokens_expire_after_their_ttl(bus: AnyBus) -> None:
     await bus.set_wait("card-2", "w-1", 200)
-    assert await bus.wait_owner("card-2") == "w-1"
+    assert await bus.wait_holder("card-2") == "w-1"
     await asyncio.sleep(0.35)
-    assert await bus.wait_owner("card-2") is None
+    assert await bus.wait_holder("card-2") is None
 
 
 async def test_clear_waits_clears_many_tokens_and_only_those(bus: AnyBus) -> None:
@@ -156,12 +159,12 @@ async def test_clear_waits_clears_many_tokens_and_only_those(bus: AnyBus) -> Non
     for card in [*cards, "kept"]:
         await bus.set_wait(card, "w-1", 10_000)
     await bus.clear_waits([])
-    assert await bus.wait_owner(cards[0]) == "w-1"
+    assert await bus.wait_holder(cards[0]) == "w-1"
     # any iterable; unknown ids and repeats are fine
     await bus.clear_waits(card for card in [*cards, "never-set", cards[0]])
-    owners = [await bus.wait_owner(card) for card in cards]
-    assert owners == [None] * len(cards)
-    assert await bus.wait_owner("kept") == "w-1"
+    holders = [await bus.wait_holder(card) for card in cards]
+    assert holders == [None] * len(cards)
+    assert await bus.wait_holder("kept") == "w-1"
 
 
 async def test_heartbeat_marks_a_worker_alive_until_it_lapses(bus: AnyBus) -> None:
@@ -360,7 +363,7 @@ class TestRedisOnly:
         try:
             started = time.monotonic()
             with pytest.raises(Unavailable) as raised:
-                await bus.wait_owner("card-1")
+                await bus.wait_holder("card-1")
             assert time.monotonic() - started >= sum(RETRY_DELAYS) * 0.75
             assert isinstance(raised.value.__cause__, (rx.ConnectionError, ConnectionError))
             assert "after 4 tries" in str(raised.value)
@@ -449,7 +452,7 @@ class TestRedisOnly:
                 assert await bus.publish(channel, b"resp3") == 1
                 assert await receive(aiter(sub)) == b"resp3"
             await bus.set_wait("card-1", "w-1", 10_000)
-            assert await bus.wait_owner("card-1") == "w-1"
+            assert await bus.wait_holder("card-1") == "w-1"
             entry = await bus.enqueue(job(1))
             [first] = await bus.take("w-dead", 1.0)
             assert first.id == entry

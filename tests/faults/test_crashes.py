@@ -27,6 +27,7 @@ from tests.faults.helpers import (
     approve,
     bearer,
     count,
+    inbox_drained,
     pending,
     quiescent,
     runs_done,
@@ -241,6 +242,9 @@ async def test_two_workers_recovering_the_same_runs_at_once(
         try:
             await start_threads(c, gw.url, [f"tw{i}" for i in range(n)])
             cards = await wait_until(lambda: pending(db, c.tenant, n), what="parked cards")
+            # Its entries acked too (the ack follows the park): an entry it still held would
+            # be claimed only after SIGNOFF_CLAIM_IDLE_MS (30 s), past the waits below.
+            await wait_until(lambda: inbox_drained(c), what="the first worker's acks")
             first.signal(signal.SIGKILL)
             await asyncio.to_thread(first.wait)
             assert await approve(c, gw.url, cards) == [200] * n

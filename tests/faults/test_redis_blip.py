@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS

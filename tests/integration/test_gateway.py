@@ -21,8 +21,8 @@ from starlette.routing import Route
 from signoff.gateway.app import build_app
 from signoff.gateway.feed import Feeds
 from signoff.runtime.bus import Job
-from signoff.runtime.bus_memory import MemoryBus
-from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.bus.memory import MemoryBus
+from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Status
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.hints import Hint

@@ -282,7 +282,7 @@ async def test_an_inbox_message_whose_step_raises_is_settled_and_acked(
     import redis.asyncio as aioredis
 
     from signoff.runtime.bus import Job
-    from signoff.runtime.bus_redis import RedisBus
+    from signoff.runtime.bus.redis import RedisBus
     from signoff.runtime.keys import Keys
     from tests import services
 

@@ -22,8 +22,8 @@ from websockets.exceptions import ConnectionClosed
 from signoff.gateway.auth import Principal
 from signoff.gateway.quotas import Quotas
 from signoff.runtime.bus import Job
-from signoff.runtime.bus_memory import MemoryBus
-from signoff.runtime.bus_redis import RedisBus
+from signoff.runtime.bus.memory import MemoryBus
+from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.canonical import run_id_of
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import RateLimited
@@ -343,7 +343,7 @@ async def test_deadlines_leave_kept_alive_connections_and_websockets_alone(h: Ha
 
 async def test_redis_window_adds_each_see_every_add_before_them() -> None:
     bus = RedisBus.from_url(services.redis_url(), Keys(f"so-q-{secrets.token_hex(3)}:"))
-    key = bus._keys.accepted_turns("t", "u")
+    key = bus.keys.accepted_turns("t", "u")
     try:
         now = int(time.time() * 1000)
         seen = await asyncio.gather(*(bus.window_add(key, f"m{i}", now, 60_000) for i in range(50)))

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from signoff.runtime.bus_memory import MemoryBus
+from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions, Resolution
@@ -117,9 +117,9 @@ async def test_a_graceful_stop_clears_the_wait_tokens_and_releases_the_runs(
         assert len(cards) == 3  # (lapsed runs of other tests may be parked here too)
         assert {c.id for c in cards} <= set(a.worker.waits.parked_cards())
         for card in cards:
-            assert await a.bus.wait_owner(card.id) == a.worker.worker_id
+            assert await a.bus.wait_holder(card.id) == a.worker.worker_id
         await a.worker.stop()
         assert len(a.worker.waits) == 0
         for card in cards:
-            assert await a.bus.wait_owner(card.id) is None
+            assert await a.bus.wait_holder(card.id) is None
             assert (await a.store.get_run(card.run_id)).worker_id is None

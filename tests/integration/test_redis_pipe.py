@@ -1,4 +1,4 @@
-"""runtime.redis_pipe: the pipelined connection behind the bus's hot commands (real Redis)."""
+"""runtime.bus.pipe: the pipelined connection behind the bus's hot commands (real Redis)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as rx
 
-from signoff.runtime.redis_pipe import Pipe
+from signoff.runtime.bus.pipe import Pipe
 from tests import services
 
 pytestmark = pytest.mark.anyio

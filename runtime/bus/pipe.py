@@ -6,12 +6,13 @@ written straight to the socket and parsed by hiredis, ~61 µs. Commands are writ
 as they come, without waiting for earlier replies, and one reader matches replies
 to commands in order. Any trouble on the connection (a drop, a protocol error, a
 command unanswered past the timeout: one watchdog per connection, no timer per
-command) fails every command in flight with :class:`ConnectionError`
-or :class:`TimeoutError`, which the bus's retry helper retries on a new connection:
-a reply is never matched to the wrong command.
+command) fails every command in flight with :class:`ConnectionError` or
+:class:`TimeoutError`, which the bus's retry helper (``Client.call``) retries on a new
+connection: a reply is never matched to the wrong command.
 
 Plain TCP and Unix sockets, with AUTH and SELECT from the client's settings; a TLS
-client keeps using redis-py (``RedisBus`` checks :func:`supported`).
+client keeps using redis-py (:class:`~signoff.runtime.bus.client.Client` checks
+:func:`supported`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The Bus protocol: the fast path between gateways and workers.
 
-A bus carries hints, never truth: a lost message costs latency, not a
-decision, because every receiver re-reads Postgres (DESIGN.md I6). Backends:
-``runtime.bus_memory`` (one process) and ``runtime.bus_redis`` (pools).
+A bus carries hints, never truth: a lost message costs latency, not a decision,
+because every receiver can re-read Postgres (DESIGN.md I6). A hint may carry the
+committed entries themselves (design note 2), but Postgres stays what a receiver
+falls back on. Backends: :mod:`signoff.runtime.bus.memory` (one process) and
+:mod:`signoff.runtime.bus.redis` (pools).
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class Bus(Protocol):
         """Subscribe; the subscription is live (confirmed) when the context is entered."""
         ...
 
-    async def set_wait(self, card_id: str, worker_id: str, ttl_ms: int) -> None: ...
+    async def set_wait(self, card_id: str, holder: str, ttl_ms: int) -> None:
+        """Record ``holder`` (the worker holding the card's run) as waiting on the card."""
+        ...
 
     async def clear_wait(self, card_id: str) -> None: ...
 
@@ -56,9 +60,13 @@ class Bus(Protocol):
         """Clear many wait tokens in a few round trips (a stopping worker's parked cards)."""
         ...
 
-    async def wait_owner(self, card_id: str) -> str | None: ...
+    async def wait_holder(self, card_id: str) -> str | None:
+        """The worker whose wait token names the card, if the token has not expired."""
+        ...
 
-    async def heartbeat(self, worker_id: str, ttl_ms: int) -> None: ...
+    async def heartbeat(self, worker_id: str, ttl_ms: int) -> None:
+        """Mark the worker alive for ``ttl_ms`` (its inbox entries are not claimed meanwhile)."""
+        ...
 
     async def enqueue(self, job: Job) -> str: ...
 

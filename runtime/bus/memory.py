@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
-from signoff.runtime.bus import Delivery, Job, Subscription
+from signoff.runtime.bus.protocol import Delivery, Job, Subscription
 
 
 class _Sub:
@@ -53,8 +53,8 @@ class MemoryBus:
                 if not subs:
                     del self._subs[channel]
 
-    async def set_wait(self, card_id: str, worker_id: str, ttl_ms: int) -> None:
-        self._waits[card_id] = (worker_id, time.monotonic() + ttl_ms / 1000)
+    async def set_wait(self, card_id: str, holder: str, ttl_ms: int) -> None:
+        self._waits[card_id] = (holder, time.monotonic() + ttl_ms / 1000)
 
     async def clear_wait(self, card_id: str) -> None:
         self._waits.pop(card_id, None)
@@ -63,7 +63,7 @@ class MemoryBus:
         for card_id in card_ids:
             self._waits.pop(card_id, None)
 
-    async def wait_owner(self, card_id: str) -> str | None:
+    async def wait_holder(self, card_id: str) -> str | None:
         item = self._waits.get(card_id)
         if item is None or item[1] < time.monotonic():
             return None
@@ -97,8 +97,8 @@ class MemoryBus:
         assert self._claim_idle is not None
         now = time.monotonic()
         claimed = []
-        for delivery_id, (owner, taken_at, delivery) in list(self._pending.items()):
-            dead = owner != consumer and self._beats.get(owner, 0.0) <= now
+        for delivery_id, (taker, taken_at, delivery) in list(self._pending.items()):
+            dead = taker != consumer and self._beats.get(taker, 0.0) <= now
             if dead and now - taken_at >= self._claim_idle:
                 self._pending[delivery_id] = (consumer, now, delivery)
                 claimed.append(delivery)

@@ -1,0 +1,151 @@
+"""The Redis client the bus's parts share: every call retried, hot commands pipelined.
+
+Every Redis call of the bus goes through :meth:`Client.call`, which retries
+connection errors and timeouts with backoff, then raises
+:class:`~signoff.runtime.errors.Unavailable`. ``PUBLISH``, ``GET``, ``SET`` and ``DEL``
+(about eight per decision across the processes) go through one pipelined
+connection per process (:mod:`signoff.runtime.bus.pipe`, design note 15); a TLS
+client keeps redis-py for them.
+
+The redis-py client must have ``decode_responses=False``; :func:`redis_from_url`
+builds one on RESP2 with no retries of its own (redis-py 8 defaults to RESP3 and 10
+retries, which would multiply with ours).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis import exceptions as rx
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from signoff.runtime.bus.pipe import Pipe, supported
+from signoff.runtime.errors import ConfigError, InvalidInput, Unavailable
+
+log = logging.getLogger("signoff.bus")
+
+T = TypeVar("T")
+
+# Waits between tries of one command: 4 tries in all, ~0.6 s before giving up.
+RETRY_DELAYS = (0.05, 0.15, 0.4)
+
+RETRYABLE = (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)
+
+
+def text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def socket_timeout(client: aioredis.Redis) -> float | None:
+    """The client's read timeout; redis-py leaves its default (5 s in 8.x) out of the kwargs."""
+    pool = client.connection_pool
+    if "socket_timeout" in pool.connection_kwargs:
+        timeout: float | None = pool.connection_kwargs["socket_timeout"]
+        return timeout
+    for cls in pool.connection_class.__mro__:
+        init = vars(cls).get("__init__")
+        if init is not None:
+            param = inspect.signature(init).parameters.get("socket_timeout")
+            if param is not None and param.default is not inspect.Parameter.empty:
+                default: float | None = param.default
+                return default
+    return None
+
+
+def redis_from_url(url: str) -> aioredis.Redis:
+    """A redis-py client on ``redis://``/``rediss://``/``unix://`` (hiredis parses when
+    installed): RESP2 (redis-py 8 defaults to RESP3) and no retries (ours are in
+    :meth:`Client.call`)."""
+    return aioredis.Redis.from_url(url, protocol=2, retry=Retry(NoBackoff(), 0))
+
+
+class Client:
+    """A redis-py client plus the pipelined connection, with one retry policy for both."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        pool = redis.connection_pool
+        if pool.connection_kwargs.get("decode_responses"):
+            raise ConfigError("the Redis bus needs a client with decode_responses=False")
+        self.redis = redis
+        self.closed = False
+        self.socket_timeout = socket_timeout(redis)
+        # PUBLISH/GET/SET/DEL go through one pipelined connection; a TLS client keeps
+        # redis-py for them.
+        self._pipe_kwargs = pool.connection_kwargs if supported(pool.connection_class) else None
+        self._pipe: Pipe | None = None
+        self._pipe_lock = asyncio.Lock()
+
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run one Redis call; retry connection errors and timeouts, then raise Unavailable."""
+        if self.closed:
+            raise Unavailable("the Redis bus is closed", command=what)
+        for attempt, delay in enumerate((*RETRY_DELAYS, None), start=1):
+            try:
+                return await fn()
+            except RETRYABLE as exc:
+                if delay is None or self.closed:
+                    raise Unavailable(
+                        f"Redis {what} failed after {attempt} tries: {exc}", command=what
+                    ) from exc
+                log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            except rx.RedisError as exc:
+                raise Unavailable(f"Redis {what} failed: {exc}", command=what) from exc
+            except UnicodeEncodeError as exc:  # e.g. a str with a lone surrogate
+                raise InvalidInput(f"Redis {what}: an argument cannot be encoded") from exc
+        raise AssertionError("unreachable")
+
+    async def _fast(self, *args: bytes | str | int) -> Any:
+        """One command on the pipelined connection, (re)opened on demand."""
+        pipe = self._pipe
+        if pipe is None or pipe.closed:
+            async with self._pipe_lock:
+                pipe = self._pipe
+                if pipe is None or pipe.closed:
+                    assert self._pipe_kwargs is not None
+                    pipe = self._pipe = await Pipe.open(self._pipe_kwargs, self.socket_timeout)
+        return await pipe.call(*args)
+
+    # -- the hot commands, retried -------------------------------------------------------
+
+    async def publish(self, channel: str, message: bytes) -> int:
+        """PUBLISH; the number of Redis subscribers (connections, not local listeners)."""
+        if self._pipe_kwargs is None:
+            return await self.call("PUBLISH", lambda: self.redis.publish(channel, message))
+        heard: int = await self.call("PUBLISH", lambda: self._fast(b"PUBLISH", channel, message))
+        return heard
+
+    async def get(self, key: str) -> bytes | str | None:
+        if self._pipe_kwargs is None:
+            return await self.call("GET", lambda: self.redis.get(key))
+        value: bytes | None = await self.call("GET", lambda: self._fast(b"GET", key))
+        return value
+
+    async def set_px(self, key: str, value: str, ttl_ms: int) -> None:
+        """SET with an expiry (at least 1 ms)."""
+        ttl = max(ttl_ms, 1)
+        if self._pipe_kwargs is None:
+            await self.call("SET", lambda: self.redis.set(key, value, px=ttl))
+            return
+        await self.call("SET", lambda: self._fast(b"SET", key, value, b"PX", ttl))
+
+    async def delete(self, key: str) -> None:
+        if self._pipe_kwargs is None:
+            await self.call("DEL", lambda: self.redis.delete(key))
+            return
+        await self.call("DEL", lambda: self._fast(b"DEL", key))
+
+    async def close(self) -> None:
+        """No more calls (retries in flight give up); close both connections and the pool."""
+        self.closed = True
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+        await self.redis.aclose()

@@ -1,0 +1,118 @@
+"""The execution of an approved card: revalidate, one winner, the frozen snapshot, once.
+
+``approved -> executing`` is one conditional update, so of two processes holding the
+same card one starts it (I4); the tool receives ``args_snapshot`` as read back from
+Postgres and the card's ``operation_id`` as the provider's idempotency key (I2). An
+execution that got no answer is asked again with the same key; one whose outcome
+stays unknown is left ``executing`` for the sweeper to flag, never recorded as a
+failure that may be false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from signoff.runtime.cards import Card, Status
+from signoff.runtime.errors import Unavailable, UnknownTool
+from signoff.runtime.faults import Faults
+from signoff.runtime.notify import Notifier
+from signoff.runtime.tools import Registry, ToolContext
+from signoff.store.postgres import PostgresStore
+
+log = logging.getLogger("signoff.agent")
+
+# An execution that got no answer (timeout, dropped connection) is asked again with the
+# same operation_id after these waits; the provider deduplicates by that key (I4).
+UNKNOWN_OUTCOME = (TimeoutError, ConnectionError)
+UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
+# Waits between attempts to record a known outcome when the store does not answer.
+RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0)
+
+
+class Executor:
+    """Executes approved cards for one worker (``actor`` in the audit: ``worker:<id>``)."""
+
+    def __init__(
+        self,
+        *,
+        store: PostgresStore,
+        tools: Registry,
+        notify: Notifier,
+        actor: str,
+        faults: Faults,
+    ) -> None:
+        self.store = store
+        self.tools = tools
+        self.notify = notify
+        self.actor = actor
+        self.faults = faults
+
+    async def execute(self, card: Card, ctx: ToolContext) -> Card:
+        """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
+        the card as it ends up."""
+        actor = self.actor
+        tool = self.tools.get(card.tool)
+        if tool is None:
+            # Another version of the app proposed it: left approved for a worker that
+            # serves the tool, never invalidated for a version skew (design note 21).
+            raise UnknownTool(
+                f"card {card.id} was approved for the tool {card.tool!r}, which this "
+                "worker does not serve",
+                tool=card.tool,
+                card_id=card.id,
+                run_id=card.run_id,
+            )
+        try:
+            check = await tool.revalidate(card.args_snapshot, ctx)
+        except Exception as exc:  # a tool's own failure must not wedge the run
+            log.exception("revalidate failed for card %s", card.id)
+            check_ok, reason, changes = False, f"revalidation error: {exc}", []
+        else:
+            check_ok, reason, changes = check.ok, check.reason, check.changes
+        if not check_ok:
+            moved = await self.store.move(
+                card.id,
+                Status.APPROVED,
+                Status.INVALIDATED,
+                actor=actor,
+                result={"reason": reason, "changes": changes},
+                detail={"reason": reason, "changes": changes},
+            )
+            return await self.notify.moved(moved) or await self.store.get_card(card.id)
+        started = await self.notify.moved(await self.store.begin_execution(card.id, actor))
+        if started is None:
+            return await self.store.get_card(card.id)
+        for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
+            try:
+                # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
+                result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
+                ok = True
+                self.faults.hit("execute.after_provider")
+            except UNKNOWN_OUTCOME as exc:
+                # No answer is not a failure: the provider may have acted. Ask again with the
+                # same idempotency key; if it stays unknown, leave the card `executing` for
+                # the sweeper to flag (I4) rather than record a failure that may be false.
+                if wait is None:
+                    log.error("card %s: outcome still unknown (%s); left executing", card.id, exc)
+                    return await self.store.get_card(card.id)
+                log.warning("card %s: no answer (%s); asking again, same key", card.id, exc)
+                await asyncio.sleep(wait)
+                continue
+            except Exception as exc:
+                log.warning("card %s failed: %s", card.id, exc)
+                result, ok = {"error": str(exc)}, False
+            break
+        # The outcome is known now: recording it must not be lost to a passing store
+        # timeout (the move is conditional, so a repeat is harmless).
+        for wait in (*RECORD_RETRIES, None):
+            try:
+                finished = await self.store.finish_execution(
+                    card.id, ok=ok, result=result, actor=actor
+                )
+                break
+            except Unavailable:
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
+        return await self.notify.moved(finished) or await self.store.get_card(card.id)
