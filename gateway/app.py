@@ -6,6 +6,16 @@ import logging
 from importlib import resources
 from typing import Any
 
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
 from signoff.gateway.auth import Tokens
 from signoff.gateway.errors import Internal
 from signoff.gateway.feed import Feeds
@@ -21,15 +31,6 @@ from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, gauge, process_lines
 from signoff.store.postgres import PostgresStore
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, Response
-from starlette.routing import Mount, Route, WebSocketRoute
-from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from starlette.websockets import WebSocket
 
 log = logging.getLogger("signoff.gateway")
 

@@ -7,6 +7,7 @@ import time
 
 import jwt
 import msgspec
+
 from signoff.runtime.errors import ConfigError, Unauthenticated
 
 ISSUER = "signoff"

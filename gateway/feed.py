@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import msgspec
+
 from signoff.runtime.bus import Bus
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.hints import Hint, decode

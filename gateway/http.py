@@ -8,13 +8,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from signoff.gateway.auth import Principal, Tokens, bearer
 from signoff.gateway.errors import Internal, error_body, retry_after, status_of, typed
 from signoff.gateway.service import BatchIn, GatewayService, MessageIn, ResolveIn, parse
 from signoff.runtime.errors import InvalidInput, RequestTimeout, SignoffError
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 log = logging.getLogger("signoff.http")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
 from signoff.gateway.service import BatchIn, MessageIn, ResolveIn
 
 ERRORS = {

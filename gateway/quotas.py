@@ -41,6 +41,9 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import msgspec
+from starlette.types import Message, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
 from signoff.gateway.auth import Principal, Tokens
 from signoff.gateway.errors import error_body, status_of
 from signoff.runtime.bus import Bus
@@ -51,8 +54,6 @@ from signoff.runtime.errors import RateLimited, SignoffError, Unauthenticated
 from signoff.runtime.keys import Keys
 from signoff.runtime.records import Thread
 from signoff.store.postgres import PostgresStore
-from starlette.types import Message, Receive, Scope, Send
-from starlette.websockets import WebSocket, WebSocketDisconnect
 
 log = logging.getLogger("signoff.quotas")
 

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import msgspec
+
 from signoff.gateway.auth import Principal
 from signoff.gateway.quotas import MemoryLedger, Quotas
 from signoff.runtime.bus import Bus, Job

@@ -23,8 +23,9 @@ import logging
 from typing import Any
 
 import h11
-from signoff.runtime.config import Settings
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from signoff.runtime.config import Settings
 
 log = logging.getLogger("signoff.timeouts")
 

@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 import msgspec
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
+
 from signoff.gateway.auth import Principal, Tokens
 from signoff.gateway.errors import Internal, error_body, status_of, typed
 from signoff.gateway.feed import Feeds, Listener
@@ -29,7 +31,6 @@ from signoff.runtime.errors import (
     Unauthenticated,
 )
 from signoff.runtime.hints import Hint, WireEntry
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 log = logging.getLogger("signoff.ws")
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+
 from signoff.runtime import hints, outcomes
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status

@@ -50,6 +50,7 @@ from redis import exceptions as rx
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+
 from signoff.runtime.bus import Delivery, Job, Subscription
 from signoff.runtime.errors import ConfigError, InvalidInput, Unavailable
 from signoff.runtime.keys import Keys

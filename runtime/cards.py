@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+
 from signoff.runtime.errors import IllegalTransition
 
 

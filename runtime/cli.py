@@ -153,6 +153,7 @@ def _token(args: argparse.Namespace) -> int:
 
 async def _cards(args: argparse.Namespace) -> int:
     import msgspec
+
     from signoff.runtime.node import database_url
     from signoff.store.postgres import PostgresStore
 

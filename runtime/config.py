@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from signoff.runtime.errors import ConfigError
 
 

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import msgspec
+
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.errors import (

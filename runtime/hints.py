@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import msgspec
+
 from signoff.runtime.records import Entry
 
 

@@ -170,6 +170,7 @@ async def serve_gateway(
 ) -> None:
     """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped."""
     import uvicorn
+
     from signoff.gateway.app import build_app
     from signoff.gateway.timeouts import http_protocol
 

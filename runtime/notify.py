@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable
 
 import msgspec
+
 from signoff.runtime import hints
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+
 from signoff.runtime.cards import Card
 
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import msgspec
+
 from signoff.runtime.cards import Risk
 from signoff.runtime.errors import ConfigError, ToolValidationError
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
+
 from signoff.runtime.canonical import operation_id
 from signoff.runtime.cards import Card, Decision, Status, check_move
 from signoff.runtime.errors import (

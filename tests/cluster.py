@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+
 from signoff.gateway.auth import Tokens
 from signoff.store.embedded import free_port
 

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from signoff.store.postgres import PostgresStore
 
+from signoff.store.postgres import PostgresStore
 from tests import services
 
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
+
+from signoff.demo.app import build
+from signoff.demo.provider import Provider
 from signoff.gateway.auth import Tokens
 from signoff.runtime.bus import Bus
 from signoff.runtime.bus_memory import MemoryBus
@@ -27,9 +30,6 @@ from signoff.runtime.records import Run
 from signoff.runtime.worker import Worker
 from signoff.store.embedded import free_port
 from signoff.store.postgres import PostgresStore
-
-from signoff.demo.app import build
-from signoff.demo.provider import Provider
 
 SECRET = "test-secret-" + "x" * 40
 
@@ -164,6 +164,7 @@ async def harness(
             await worker.start()
         if gateway:
             import uvicorn
+
             from signoff.gateway.app import build_app
             from signoff.gateway.timeouts import http_protocol
 

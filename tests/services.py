@@ -30,6 +30,7 @@ from typing import IO
 from urllib.parse import urlsplit
 
 import asyncpg
+
 from signoff.store import embedded
 
 DATABASE_ENV = "SIGNOFF_TEST_DATABASE_URL"

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import anthropic
 from anthropic.types import ContentBlock, MessageParam, ToolUnionParam
+
 from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.models.base import Block, Message, ModelReply, TextSink, ToolSpec
 

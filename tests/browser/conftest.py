@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from signoff.runtime.cards import Card
-from signoff.runtime.models.fake_server import FakeMessagesServer
 
 from signoff.demo.offline_model import OfflineDemoModel
+from signoff.runtime.cards import Card
+from signoff.runtime.models.fake_server import FakeMessagesServer
 from tests.harness import Harness, harness
 
 CHROMIUM = os.environ.get("SIGNOFF_CHROMIUM", "/usr/bin/chromium")

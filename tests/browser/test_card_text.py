@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
 
+from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
 from tests.browser.conftest import Chat, expect, needs_browser
 
 pytestmark = [pytest.mark.anyio, needs_browser]

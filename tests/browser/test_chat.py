@@ -13,9 +13,9 @@ import re
 from typing import Any
 
 import pytest
+
 from signoff.runtime.cards import Decision
 from signoff.runtime.decisions import Resolution
-
 from tests.browser.conftest import Chat, expect, needs_browser
 
 pytestmark = [pytest.mark.anyio, needs_browser]

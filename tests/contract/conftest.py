@@ -12,10 +12,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 import redis.asyncio as aioredis
+
 from signoff.runtime.bus_memory import MemoryBus
 from signoff.runtime.bus_redis import RedisBus
 from signoff.runtime.keys import Keys
-
 from tests import services
 
 # Short enough for tests to wait out; the contract says nothing about the exact value.

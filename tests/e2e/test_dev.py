@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+
 from signoff.store.embedded import free_port, remove_data
 
 pytestmark = pytest.mark.timeout(120)

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from signoff.runtime.config import Settings
 from signoff.store.embedded import EmbeddedServer, start_postgres, start_valkey
 from signoff.store.postgres import PostgresStore
-
 from tests import services
 from tests.cluster import Cluster
 from tests.conftest import with_database

@@ -36,6 +36,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 import redis.exceptions as rx
+
 from signoff.runtime.cards import MOVES, Status
 from signoff.runtime.keys import Keys
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from signoff.store.embedded import EmbeddedServer
 
+from signoff.store.embedded import EmbeddedServer
 from tests.cluster import cluster
 from tests.faults.conftest import Invariants
 from tests.faults.helpers import approve, count, pending, runs_done, start_threads, wait_until

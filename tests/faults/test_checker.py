@@ -11,8 +11,8 @@ import uuid
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from signoff.runtime.keys import Keys
 
+from signoff.runtime.keys import Keys
 from tests.faults.conftest import Invariants
 from tests.faults.invariants import Scope, check
 

@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from signoff.demo.offline_model import OfflineDemoModel
 from signoff.gateway.service import message_text
 from signoff.runtime.errors import InvalidInput
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import RunStatus
-
-from signoff.demo.offline_model import OfflineDemoModel
 from tests.faults.conftest import Invariants
 from tests.faults.strategies import nasty_text
 from tests.harness import harness

@@ -25,9 +25,9 @@ import redis.asyncio as aioredis
 import websockets
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from signoff.runtime.keys import Keys
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from signoff.runtime.keys import Keys
 from tests import services
 from tests.cluster import SECRET, Cluster, cluster
 from tests.faults.conftest import Invariants, Profile

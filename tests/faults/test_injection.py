@@ -11,9 +11,9 @@ import json
 from collections.abc import Iterator
 
 import pytest
+
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
-
 from tests.faults.conftest import Invariants
 from tests.harness import harness
 

@@ -17,8 +17,8 @@ import asyncpg
 import httpx
 import pytest
 import websockets
-from signoff.runtime.cards import Decision, Status
 
+from signoff.runtime.cards import Decision, Status
 from tests.cluster import Cluster, cluster
 from tests.faults.conftest import Invariants, PrivatePostgres, Profile, fresh_migrated_db
 from tests.faults.helpers import (

@@ -6,9 +6,9 @@ import json
 from collections.abc import Iterator
 
 import pytest
+
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
-
 from tests.harness import harness
 
 pytestmark = pytest.mark.anyio

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from signoff.demo.offline_model import OfflineDemoModel
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.errors import InvalidInput
 from signoff.runtime.models.fake_server import FakeMessagesServer, ScriptedReply, text, tool_use
-
-from signoff.demo.offline_model import OfflineDemoModel
 from tests.harness import harness
 
 pytestmark = pytest.mark.anyio

@@ -6,6 +6,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
+
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.errors import (
     AlreadyDecided,
@@ -18,7 +19,6 @@ from signoff.runtime.errors import (
     StaleCard,
 )
 from signoff.runtime.models.base import ModelReply
-
 from tests.harness import Harness, harness
 
 pytestmark = pytest.mark.anyio
@@ -283,9 +283,8 @@ async def test_known_outcome_is_recorded_despite_a_passing_store_timeout(
 
 
 def test_tool_specs_are_built_once() -> None:
-    from signoff.runtime.tools import Registry
-
     from signoff.demo.tools import ALL_TOOLS
+    from signoff.runtime.tools import Registry
 
     reg = Registry(ALL_TOOLS)
     assert reg.specs() is reg.specs()
@@ -326,6 +325,7 @@ async def test_log_entries_show_the_card_as_the_api_does(database_url: str) -> N
 async def test_sql_timestamps_match_msgspec(database_url: str, micro: int) -> None:
     import asyncpg
     import msgspec
+
     from signoff.store.queries import _ts
 
     at = datetime(2026, 11, 30, 23, 59, 59, micro, tzinfo=UTC)

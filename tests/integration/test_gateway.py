@@ -13,6 +13,11 @@ import httpx
 import pytest
 import uvicorn
 import websockets
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from signoff.gateway.app import build_app
 from signoff.gateway.feed import Feeds
 from signoff.runtime.bus import Job
@@ -23,11 +28,6 @@ from signoff.runtime.errors import Unavailable
 from signoff.runtime.hints import Hint
 from signoff.runtime.keys import Keys
 from signoff.store.embedded import free_port
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
 from tests import services
 from tests.faults.proxy import Proxy
 from tests.harness import Harness, harness

@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+
 from signoff.gateway.feed import Feeds
 from signoff.gateway.service import GatewayService
 from signoff.gateway.ws import Connection
 from signoff.runtime.hints import Hint, wire
 from signoff.runtime.keys import Keys
 from signoff.runtime.records import Entry
-
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted
 

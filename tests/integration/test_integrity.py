@@ -10,12 +10,12 @@ from typing import Any
 
 import asyncpg
 import pytest
+
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.models.base import ModelReply
 from signoff.runtime.records import RunStatus
-
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, one_card, pix
 
@@ -280,10 +280,10 @@ async def test_an_inbox_message_whose_step_raises_is_settled_and_acked(
     import secrets
 
     import redis.asyncio as aioredis
+
     from signoff.runtime.bus import Job
     from signoff.runtime.bus_redis import RedisBus
     from signoff.runtime.keys import Keys
-
     from tests import services
 
     keys = Keys(f"so-int-{secrets.token_hex(4)}:")

@@ -7,6 +7,7 @@ import asyncio
 import secrets
 
 import pytest
+
 from signoff.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio

@@ -7,8 +7,8 @@ from importlib import resources
 
 import asyncpg
 import pytest
-from signoff.store.postgres import PostgresStore
 
+from signoff.store.postgres import PostgresStore
 from tests.conftest import drop_database, fresh_database
 
 CATALOG = """

@@ -6,6 +6,7 @@ import asyncio
 
 import asyncpg
 import pytest
+
 from signoff.store.pool import Pool
 from signoff.store.postgres import _init_connection
 

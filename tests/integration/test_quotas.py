@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import websockets
+from websockets.exceptions import ConnectionClosed
+
 from signoff.gateway.auth import Principal
 from signoff.gateway.quotas import Quotas
 from signoff.runtime.bus import Job
@@ -28,8 +30,6 @@ from signoff.runtime.errors import RateLimited
 from signoff.runtime.keys import Keys
 from signoff.store.embedded import free_port
 from signoff.store.postgres import PostgresStore
-from websockets.exceptions import ConnectionClosed
-
 from tests import services
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from signoff.runtime.bus_memory import MemoryBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
@@ -13,7 +14,6 @@ from signoff.runtime.decisions import Decisions, Resolution
 from signoff.runtime.keys import Keys
 from signoff.runtime.policy import Policy
 from signoff.runtime.tools import Registry
-
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as rx
-from signoff.runtime.redis_pipe import Pipe
 
+from signoff.runtime.redis_pipe import Pipe
 from tests import services
 
 pytestmark = pytest.mark.anyio

@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+
 from signoff.runtime.errors import ConfigError
 from signoff.store import embedded
 

@@ -12,6 +12,7 @@ import anthropic
 import anyio
 import httpx
 import pytest
+
 from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.models.anthropic_model import AnthropicModel
 from signoff.runtime.models.base import ModelReply

@@ -8,6 +8,10 @@ from typing import Any
 
 import msgspec
 import pytest
+
+from signoff.demo.app import demo_policy
+from signoff.demo.money import brl, mask_cpf, parse_amount
+from signoff.demo.tools import ALL_TOOLS, CreatePixCharge, GetBalance
 from signoff.runtime.canonical import args_fingerprint, canonical_json, request_key, snapshot_hash
 from signoff.runtime.cards import MOVES, TERMINAL, Status, can_move, check_move
 from signoff.runtime.conversation import build_messages
@@ -16,10 +20,6 @@ from signoff.runtime.policy import Policy, Rule, Verdict
 from signoff.runtime.records import Entry
 from signoff.runtime.tools import Registry
 from signoff.runtime.waits import WaitRegistry
-
-from signoff.demo.app import demo_policy
-from signoff.demo.money import brl, mask_cpf, parse_amount
-from signoff.demo.tools import ALL_TOOLS, CreatePixCharge, GetBalance
 
 
 def test_canonical_json_is_order_insensitive_for_keys() -> None:

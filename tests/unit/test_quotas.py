@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+
 from signoff.gateway.auth import Principal, Tokens
 from signoff.gateway.quotas import MemoryLedger, SocketGate, SocketSlots
 from signoff.runtime import agent

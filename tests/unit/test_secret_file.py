@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from signoff.runtime.errors import ConfigError
 from signoff.runtime.secret_file import read_or_create, read_secret
 

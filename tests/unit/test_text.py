@@ -9,6 +9,7 @@ import msgspec
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from signoff.runtime.canonical import snapshot_hash
 from signoff.runtime.cards import Risk
 from signoff.runtime.proposal import new_card
