@@ -22,7 +22,7 @@ from signoff.runtime import hints, outcomes
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.conversation import build_messages
-from signoff.runtime.errors import SignoffError, ToolValidationError, Unavailable
+from signoff.runtime.errors import RunInactive, SignoffError, ToolValidationError, Unavailable
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.base import Model
@@ -30,8 +30,8 @@ from signoff.runtime.notify import notify_card, quietly
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry, Moved, Run, RunStatus
+from signoff.runtime.store import Store
 from signoff.runtime.tools import Registry, ToolContext
-from signoff.store.postgres import PostgresStore, RunInactive
 
 log = logging.getLogger("signoff.agent")
 
@@ -59,7 +59,7 @@ class Agent:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         bus: Bus,
         tools: Registry,
         policy: Policy,
@@ -152,7 +152,7 @@ class Agent:
                 thread_id,
                 owner=user,
                 role=role,
-                worker_id=self.worker_id,
+                holder=self.worker_id,
                 lease_seconds=self.lease_seconds,
                 content=[{"type": "text", "text": text}],
                 actor=user,
@@ -403,7 +403,7 @@ class Agent:
         """
         async with self.lock(run_id):
             run, cards, conversation = await self.store.run_with_cards(run_id)
-            if run.status is RunStatus.RUNNING and run.worker_id == self.worker_id:
+            if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
                 return await self._recover_running(run)
             if run.status is not RunStatus.WAITING:
                 return run

@@ -29,8 +29,8 @@ from signoff.runtime.notify import notify_card
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry
+from signoff.runtime.store import Store
 from signoff.runtime.tools import Registry, ToolContext
-from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.decisions")
 
@@ -56,7 +56,7 @@ class Decisions:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         bus: Bus,
         tools: Registry,
         policy: Policy,

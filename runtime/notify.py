@@ -21,7 +21,7 @@ from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import Entry
-from signoff.store.postgres import PostgresStore
+from signoff.runtime.store import Store
 
 
 class CardSignal(msgspec.Struct, frozen=True):
@@ -48,7 +48,7 @@ async def quietly(hint: Awaitable[object], what: str) -> bool:
 
 
 async def notify_card(
-    store: PostgresStore,
+    store: Store,
     bus: Bus,
     keys: Keys,
     card: Card,
@@ -82,7 +82,7 @@ async def notify_card(
 
 
 async def _signal_holder(
-    store: PostgresStore,
+    store: Store,
     bus: Bus,
     keys: Keys,
     card: Card,
@@ -97,7 +97,7 @@ async def _signal_holder(
         owner = await bus.wait_owner(card.id)
         if owner is None:
             try:
-                owner = (await store.get_run(card.run_id)).worker_id
+                owner = (await store.get_run(card.run_id)).holder
             except SignoffError:
                 owner = None
         if owner and owner != early_owner:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from signoff.runtime.canonical import request_key, snapshot_hash
+from signoff.runtime.records import NewCard
 from signoff.runtime.text import one_line
 from signoff.runtime.tools import Prepared, Tool
-from signoff.store.postgres import NewCard
 
 SUMMARY_LIMIT = 500
 LABEL_LIMIT = 60

@@ -32,11 +32,12 @@ from signoff.runtime.errors import (
     InvalidInput,
     NotFound,
     NotOwner,
+    RunInactive,
     StaleCard,
     Unavailable,
 )
 from signoff.runtime.metrics import COUNTERS
-from signoff.runtime.records import CardEvent, Entry, Moved, Run, Thread
+from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread
 from signoff.store import queries as q
 from signoff.store.pool import Pool
 
@@ -59,34 +60,6 @@ async def _init_connection(conn: Conn) -> None:
         await conn.set_type_codec(
             typ, encoder=_encode, decoder=msgspec.json.decode, schema="pg_catalog"
         )
-
-
-class RunInactive(Conflict):
-    """The run was superseded or finished while this step was in flight."""
-
-    code = "run_inactive"
-
-
-class NewCard(msgspec.Struct, frozen=True, kw_only=True):
-    """What a proposal writes: everything but the status and the timestamps."""
-
-    thread_id: str
-    run_id: str
-    tenant: str
-    owner: str
-    tool: str
-    tool_use_id: str
-    risk: str
-    input: dict[str, Any]
-    args_snapshot: dict[str, Any]
-    summary: str
-    impact: dict[str, Any]
-    snapshot_hash: str
-    request_key: str
-    editable: list[str]
-    ttl_seconds: float
-    id: str = ""
-    operation_id: str = ""
 
 
 def _some(row: asyncpg.Record | None) -> asyncpg.Record:
@@ -352,7 +325,7 @@ class PostgresStore:
         *,
         owner: str,
         role: str,
-        worker_id: str,
+        holder: str,
         lease_seconds: float,
         content: list[dict[str, Any]],
         actor: str,
@@ -420,7 +393,7 @@ class PostgresStore:
                 thread["tenant"],
                 owner,
                 role,
-                worker_id,
+                holder,
                 lease_seconds,
             )
             run = _run(_some(run_row))
@@ -508,13 +481,13 @@ class PostgresStore:
         conversation = msgspec.convert(data.pop("conversation"), list[Entry])
         return msgspec.convert(data, Run), cards, conversation
 
-    async def renew_leases(self, worker_id: str, lease_seconds: float) -> None:
+    async def renew_leases(self, holder: str, lease_seconds: float) -> None:
         """Renew this worker's lease: every run it holds stays held (one row)."""
-        await self._read(lambda c: c.execute(q.WORKER_RENEW, worker_id, lease_seconds))
+        await self._read(lambda c: c.execute(q.WORKER_RENEW, holder, lease_seconds))
 
-    async def release_runs(self, worker_id: str) -> None:
+    async def release_runs(self, holder: str) -> None:
         """Hand every run back at once and drop the worker's lease (graceful stop)."""
-        await self._read(lambda c: c.execute(q.RUN_RELEASE, worker_id))
+        await self._read(lambda c: c.execute(q.RUN_RELEASE, holder))
 
     async def forget_workers(self, idle_seconds: float = 3600.0) -> int:
         """Drop the lease rows of workers lapsed for ``idle_seconds`` that hold no run."""
@@ -522,13 +495,11 @@ class PostgresStore:
         return int(status.split()[-1])
 
     async def adopt_runs(
-        self, worker_id: str, lease_seconds: float, limit: int = 1000, *, own: bool = False
+        self, holder: str, lease_seconds: float, limit: int = 1000, *, own: bool = False
     ) -> list[Run]:
         """Take over active runs nobody holds: released ones and those of workers whose
         lease lapsed (``own``: also those already ours). Renews our lease too."""
-        rows = await self._read(
-            lambda c: c.fetch(q.RUN_ADOPT, worker_id, lease_seconds, limit, own)
-        )
+        rows = await self._read(lambda c: c.fetch(q.RUN_ADOPT, holder, lease_seconds, limit, own))
         return [_run(r) for r in rows]
 
     # -- cards ----------------------------------------------------------------

@@ -10,7 +10,7 @@ CARD_COLUMNS = """
 """
 
 RUN_COLUMNS = """
-    id::text, thread_id::text, tenant, owner, role, status, worker_id, state, error
+    id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state, error
 """
 
 
