@@ -195,7 +195,7 @@ async def harness(
             await asgi.state.feeds.close()
         await worker.stop()
         if not leave_runs:
-            await store._pool.execute(
+            await store.pool.execute(
                 "UPDATE runs SET status = 'superseded' WHERE tenant = $1"
                 " AND status IN ('running', 'waiting')",
                 tenant,

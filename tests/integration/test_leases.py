@@ -40,7 +40,7 @@ async def test_renewing_touches_one_row_not_the_runs(store: PostgresStore) -> No
     runs = await start_runs(store, a, 5)
 
     async def versions() -> list[str]:
-        async with store._pool.connection() as c:
+        async with store.pool.connection() as c:
             rows = await c.fetch("SELECT xmin::text FROM runs WHERE id = ANY($1::uuid[])", runs)
         return sorted(r[0] for r in rows)
 
@@ -73,7 +73,7 @@ async def test_lapsed_worker_runs_are_adopted_once_by_racing_adopters(
     assert all(now[r] == (b if r in got_b else c) for r in runs)
     # the dead worker's row holds nothing now: it can be forgotten; a live one is kept
     assert await store.forget_workers(0) >= 1
-    async with store._pool.connection() as conn:
+    async with store.pool.connection() as conn:
         left = await conn.fetch("SELECT id FROM workers WHERE id = ANY($1::text[])", [dead, b, c])
     assert {r["id"] for r in left} == {b, c}
 

@@ -59,7 +59,7 @@ def auth(h: Harness, user: str) -> dict[str, str]:
 
 
 async def threads_of(h: Harness, user: str) -> int:
-    n = await h.store._pool.fetchval(
+    n = await h.store.pool.fetchval(
         "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = $2", h.tenant, user
     )
     return int(n)
