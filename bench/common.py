@@ -39,8 +39,8 @@ import asyncpg  # noqa: E402
 import httpx  # noqa: E402
 import msgspec  # noqa: E402
 
+from signoff.embedded import EmbeddedServer, free_port, start_postgres, start_valkey  # noqa: E402
 from signoff.gateway.auth import Tokens  # noqa: E402
-from signoff.store.embedded import EmbeddedServer, free_port, start_postgres, start_valkey  # noqa: E402
 from signoff.store.postgres import PostgresStore  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -18,8 +18,8 @@ from typing import IO
 
 import httpx
 
+from signoff.embedded import free_port
 from signoff.gateway.auth import Tokens
-from signoff.store.embedded import free_port
 
 SECRET = "cluster-secret-" + "y" * 40
 

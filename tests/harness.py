@@ -16,6 +16,7 @@ import anthropic
 
 from signoff.demo.app import build
 from signoff.demo.provider import Provider
+from signoff.embedded import free_port
 from signoff.gateway.auth import Tokens
 from signoff.runtime.bus import Bus
 from signoff.runtime.bus_memory import MemoryBus
@@ -28,7 +29,6 @@ from signoff.runtime.models.base import Model
 from signoff.runtime.models.fake_server import FakeMessagesServer
 from signoff.runtime.records import Run
 from signoff.runtime.worker import Worker
-from signoff.store.embedded import free_port
 from signoff.store.postgres import PostgresStore
 
 SECRET = "test-secret-" + "x" * 40

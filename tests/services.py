@@ -5,7 +5,7 @@
 1. ``SIGNOFF_TEST_DATABASE_URL`` / ``SIGNOFF_TEST_REDIS_URL`` when set (used as given);
 2. the machine's services — ``postgresql://postgres@127.0.0.1:5432/test`` (then user
    ``root``) and ``redis://127.0.0.1:6379/0`` — when they answer within 1 s;
-3. private embedded servers (:mod:`store.embedded`) on free ports, kept under
+3. private embedded servers (:mod:`signoff.embedded`) on free ports, kept under
    ``/tmp/signoff-test-<uid>/slot-<n>``. A slot is held with an exclusive ``flock`` for
    the life of the process, so parallel test processes never share a cluster while a
    later run reuses a warm one. The servers stop at exit (and die with the process if
@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from signoff.store import embedded
+from signoff import embedded
 
 DATABASE_ENV = "SIGNOFF_TEST_DATABASE_URL"
 REDIS_ENV = "SIGNOFF_TEST_REDIS_URL"

@@ -18,11 +18,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as rx
 
+from signoff import embedded
 from signoff.runtime.bus import Delivery, Job
 from signoff.runtime.bus_redis import CLEAR_BATCH, RETRY_DELAYS, BusDisconnected, RedisBus
 from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.keys import Keys
-from signoff.store import embedded
 from tests import services
 from tests.contract.conftest import CLAIM_IDLE_MS, AnyBus, drop_keys_of, open_redis_bus
 

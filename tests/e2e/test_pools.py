@@ -326,7 +326,7 @@ async def _dead(proc: Any) -> bool:
 
 
 async def test_redis_restart_with_100_parked_runs(database_url: str, tmp_path: Path) -> None:
-    from signoff.store.embedded import start_valkey
+    from signoff.embedded import start_valkey
 
     valkey = start_valkey(tmp_path / "valkey")
     try:

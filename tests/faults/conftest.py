@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from signoff.embedded import EmbeddedServer, start_postgres, start_valkey
 from signoff.runtime.config import Settings
-from signoff.store.embedded import EmbeddedServer, start_postgres, start_valkey
 from signoff.store.postgres import PostgresStore
 from tests import services
 from tests.cluster import Cluster

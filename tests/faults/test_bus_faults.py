@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from signoff.store.embedded import EmbeddedServer
+from signoff.embedded import EmbeddedServer
 from tests.cluster import cluster
 from tests.faults.conftest import Invariants
 from tests.faults.helpers import approve, count, pending, runs_done, start_threads, wait_until

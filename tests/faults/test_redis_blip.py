@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from signoff.embedded import EmbeddedServer
 from signoff.runtime.bus_redis import RedisBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
-from signoff.store.embedded import EmbeddedServer
 from tests.faults.conftest import Invariants
 from tests.faults.proxy import Proxy
 from tests.harness import harness

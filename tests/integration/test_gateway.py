@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from signoff.embedded import free_port
 from signoff.gateway.app import build_app
 from signoff.gateway.feed import Feeds
 from signoff.runtime.bus import Job
@@ -27,7 +28,6 @@ from signoff.runtime.cards import Status
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.hints import Hint
 from signoff.runtime.keys import Keys
-from signoff.store.embedded import free_port
 from tests import services
 from tests.faults.proxy import Proxy
 from tests.harness import Harness, harness

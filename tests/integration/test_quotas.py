@@ -19,6 +19,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
+from signoff.embedded import free_port
 from signoff.gateway.auth import Principal
 from signoff.gateway.quotas import Quotas
 from signoff.runtime.bus import Job
@@ -28,7 +29,6 @@ from signoff.runtime.canonical import run_id_of
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import RateLimited
 from signoff.runtime.keys import Keys
-from signoff.store.embedded import free_port
 from signoff.store.postgres import PostgresStore
 from tests import services
 from tests.harness import Harness, harness
