@@ -30,7 +30,7 @@ from signoff.runtime.decisions import Decisions
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, gauge, process_lines
-from signoff.store.postgres import PostgresStore
+from signoff.runtime.store import Store
 
 log = logging.getLogger("signoff.gateway")
 
@@ -84,7 +84,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 def build_app(
     *,
     settings: Settings,
-    store: PostgresStore,
+    store: Store,
     bus: Bus,
     decisions: Decisions,
     tokens: Tokens,

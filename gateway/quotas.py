@@ -53,7 +53,7 @@ from signoff.runtime.config import Settings
 from signoff.runtime.errors import RateLimited, SignoffError, Unauthenticated
 from signoff.runtime.keys import Keys
 from signoff.runtime.records import Thread
-from signoff.store.postgres import PostgresStore
+from signoff.runtime.store import Store
 
 log = logging.getLogger("signoff.quotas")
 
@@ -113,7 +113,7 @@ class Quotas:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         ledger: Ledger,
         keys: Keys,
         threads_per_minute: int = 0,
@@ -128,7 +128,7 @@ class Quotas:
         self.queued_ms = max(int(queued_seconds * 1000), 1)
 
     @classmethod
-    def from_settings(cls, settings: Settings, store: PostgresStore, bus: Bus) -> Quotas:
+    def from_settings(cls, settings: Settings, store: Store, bus: Bus) -> Quotas:
         ledger: Ledger = bus if isinstance(bus, RedisBus) else MemoryLedger()
         return cls(
             store=store,

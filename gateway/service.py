@@ -16,7 +16,7 @@ from signoff.runtime.decisions import Decisions, Outcome, Resolution
 from signoff.runtime.errors import Forbidden, InvalidInput, NotOwner, SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.records import Entry, Thread
-from signoff.store.postgres import PostgresStore
+from signoff.runtime.store import Store
 
 log = logging.getLogger("signoff.gateway")
 
@@ -91,7 +91,7 @@ class GatewayService:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         bus: Bus,
         decisions: Decisions,
         quotas: Quotas | None = None,

@@ -24,7 +24,13 @@ from signoff.runtime import outcomes
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.conversation import build_messages
-from signoff.runtime.errors import SignoffError, ToolValidationError, Unavailable, UnknownTool
+from signoff.runtime.errors import (
+    RunInactive,
+    SignoffError,
+    ToolValidationError,
+    Unavailable,
+    UnknownTool,
+)
 from signoff.runtime.execution import Executor
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
@@ -33,8 +39,8 @@ from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry, Run, RunStatus
+from signoff.runtime.store import Store
 from signoff.runtime.tools import Registry, ToolContext
-from signoff.store.postgres import PostgresStore, RunInactive
 
 log = logging.getLogger("signoff.agent")
 
@@ -56,7 +62,7 @@ class Agent:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         bus: Bus,
         tools: Registry,
         policy: Policy,
@@ -142,7 +148,7 @@ class Agent:
                 thread_id,
                 owner=user,
                 role=role,
-                worker_id=self.worker_id,
+                holder=self.worker_id,
                 lease_seconds=self.lease_seconds,
                 content=[{"type": "text", "text": text}],
                 actor=user,
@@ -388,7 +394,7 @@ class Agent:
         """
         async with self.lock(run_id):
             run, cards, conversation = await self.store.run_with_cards(run_id)
-            if run.status is RunStatus.RUNNING and run.worker_id == self.worker_id:
+            if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
                 return await self._recover_running(run)
             if run.status is not RunStatus.WAITING:
                 return run

@@ -64,9 +64,9 @@ def _settings(args: argparse.Namespace) -> cfg.Settings:
 
 
 async def _dev(args: argparse.Namespace) -> int:
+    from signoff.embedded import redacted
     from signoff.gateway.auth import Tokens
     from signoff.runtime.node import dev_secret, embedded_urls, running, serve_gateway
-    from signoff.store.embedded import redacted
 
     t0 = time.monotonic()
     settings = _settings(args)

@@ -30,8 +30,8 @@ from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry
+from signoff.runtime.store import Store
 from signoff.runtime.tools import Registry, ToolContext
-from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.decisions")
 
@@ -57,7 +57,7 @@ class Decisions:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         bus: Bus,
         tools: Registry,
         policy: Policy,
@@ -101,7 +101,7 @@ class Decisions:
         # version of the app proposed it. A rejection needs no tool: a person can always
         # say no.
         known = [t.name for t in self.tools] if res.decision is Decision.APPROVE else None
-        moved = await self.store.decide_known(
+        moved = await self.store.decide(
             card_id,
             tools=known,
             principal=principal,

@@ -89,6 +89,13 @@ class StaleCard(Conflict):
     code = "stale_hash"
 
 
+class RunInactive(Conflict):
+    """The run was superseded or finished (or, for a fenced write, is no longer held by the
+    writing worker) while this step was in flight; nothing was written."""
+
+    code = "run_inactive"
+
+
 class IllegalTransition(Conflict):
     """A move the card state machine does not allow."""
 

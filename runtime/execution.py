@@ -17,8 +17,8 @@ from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.notify import Notifier
+from signoff.runtime.store import Store
 from signoff.runtime.tools import Registry, ToolContext
-from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff.agent")
 
@@ -36,7 +36,7 @@ class Executor:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         tools: Registry,
         notify: Notifier,
         actor: str,

@@ -79,7 +79,7 @@ def embedded_urls(settings: Settings) -> tuple[Settings, list[Any]]:
     production path; both servers are child processes that die with this one. Both
     demand the passwords kept in the data folder; the returned URLs carry them.
     """
-    from signoff.store.embedded import start_postgres, start_valkey
+    from signoff.embedded import start_postgres, start_valkey
 
     root = data_path(settings) / EMBEDDED_DIR
     closers: list[Any] = []
@@ -98,7 +98,7 @@ def database_url(settings: Settings) -> str | None:
     """The configured Postgres URL, else that of a running ``signoff dev`` on this data folder."""
     if settings.database_url is not None:
         return settings.database_url
-    from signoff.store.embedded import running_postgres_url
+    from signoff.embedded import running_postgres_url
 
     return running_postgres_url(data_path(settings) / EMBEDDED_DIR)
 

@@ -135,7 +135,7 @@ class Notifier:
             other = await self.bus.wait_holder(card.id)
             if other is None:
                 try:
-                    other = (await self.runs.get_run(card.run_id)).worker_id
+                    other = (await self.runs.get_run(card.run_id)).holder
                 except SignoffError:
                     other = None
             if other and other != holder:

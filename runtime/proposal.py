@@ -6,9 +6,9 @@ from datetime import timedelta
 from typing import Any
 
 from signoff.runtime.canonical import request_key, snapshot_hash
+from signoff.runtime.records import NewCard
 from signoff.runtime.text import one_line
 from signoff.runtime.tools import Prepared, Tool
-from signoff.store.postgres import NewCard
 
 SUMMARY_LIMIT = 500
 LABEL_LIMIT = 60

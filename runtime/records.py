@@ -1,4 +1,4 @@
-"""Plain records read from the store (threads, log entries, runs, audit rows)."""
+"""Plain records the store reads and writes (threads, log entries, runs, new cards, audit rows)."""
 
 from __future__ import annotations
 
@@ -55,9 +55,31 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     owner: str
     role: str
     status: RunStatus
-    worker_id: str | None
+    holder: str | None  # the worker holding the run (its lease), None when released
     state: dict[str, Any]
     error: str | None
+
+
+class NewCard(msgspec.Struct, frozen=True, kw_only=True):
+    """What a proposal writes: everything but the status and the timestamps."""
+
+    thread_id: str
+    run_id: str
+    tenant: str
+    owner: str
+    tool: str
+    tool_use_id: str
+    risk: str
+    input: dict[str, Any]
+    args_snapshot: dict[str, Any]
+    summary: str
+    impact: dict[str, Any]
+    snapshot_hash: str
+    request_key: str
+    editable: list[str]
+    ttl_seconds: float
+    id: str = ""
+    operation_id: str = ""
 
 
 class CardEvent(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,15 +23,15 @@ from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import NotFound, SignoffError, Unavailable, UnknownTool
+from signoff.runtime.errors import NotFound, RunInactive, SignoffError, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.models.base import Model
 from signoff.runtime.notify import quietly, signal_decoder
 from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
+from signoff.runtime.store import Store
 from signoff.runtime.waits import WaitRegistry
-from signoff.store.postgres import PostgresStore, RunInactive
 
 log = logging.getLogger("signoff.worker")
 
@@ -60,7 +60,7 @@ def error_text(exc: BaseException) -> str:
 
 class Worker:
     def __init__(
-        self, *, settings: Settings, store: PostgresStore, bus: Bus, app: App, model: Model
+        self, *, settings: Settings, store: Store, bus: Bus, app: App, model: Model
     ) -> None:
         self.settings = settings
         self.store = store
@@ -199,7 +199,7 @@ class Worker:
             body = {"error": error_text(exc), "message": "the message could not be run"}
             await quietly(self.store.append(thread_id, "error", body), "error entry")
             return None
-        if run.status in ACTIVE_RUN and run.worker_id == self.worker_id:
+        if run.status in ACTIVE_RUN and run.holder == self.worker_id:
             if transient:
                 self._retry_wake(run.id, 0, 0.5)  # the step goes on once the store answers
             else:
@@ -213,7 +213,7 @@ class Worker:
         self.waits.drop_run(run_id)
         try:
             run = await self.store.get_run(run_id)
-            if run.status in ACTIVE_RUN and run.worker_id == self.worker_id:
+            if run.status in ACTIVE_RUN and run.holder == self.worker_id:
                 await self.agent._finish(run, RunStatus.FAILED, error_text(exc))
                 COUNTERS.inc("signoff_runs_failed_by_error_total")
         except RunInactive:

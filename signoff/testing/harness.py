@@ -247,7 +247,7 @@ class Harness:
         # On a shared database a later harness's worker would adopt this tenant's runs
         # still active and continue them with its own model: end them.
         if self._given_database is not None and not self._leave_runs:
-            await self.store._pool.execute(
+            await self.store.pool.execute(
                 "UPDATE runs SET status = 'superseded' WHERE tenant = $1"
                 " AND status IN ('running', 'waiting')",
                 self.tenant,

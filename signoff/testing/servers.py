@@ -34,7 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from signoff.store.embedded import (
+from signoff.embedded import (
     EmbeddedServer,
     free_port,
     popen_with_parent,

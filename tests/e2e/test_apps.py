@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from signoff.store.embedded import free_port, remove_data
+from signoff.embedded import free_port, remove_data
 from tests.e2e.test_dev import Dev, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

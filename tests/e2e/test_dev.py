@@ -18,7 +18,7 @@ import asyncpg
 import httpx
 import pytest
 
-from signoff.store.embedded import free_port, remove_data
+from signoff.embedded import free_port, remove_data
 
 pytestmark = pytest.mark.timeout(120)
 

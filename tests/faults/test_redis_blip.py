@@ -42,7 +42,7 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
                 proxy.reset()
                 return moved
 
-            h.store.begin_execution = begin_then_cut  # type: ignore[method-assign]
+            h.store.begin_execution = begin_then_cut
             failed_before = COUNTERS.values["signoff_hints_failed_total"]
             await h.decide(card, Decision.APPROVE)
             loop = asyncio.get_running_loop()

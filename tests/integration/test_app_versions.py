@@ -67,7 +67,7 @@ async def test_a_process_refuses_to_start_beside_another_version_of_its_app(
         assert "refund_sale only there" in caplog.text and "allowed" in caplog.text
     # the row of a process that stopped renewing it (killed) no longer counts
     await store.join_app(presence.describe(v1, f"dead-{name}", ["worker"]), 60, lambda _: None)
-    await store._pool.execute(
+    await store.pool.execute(
         "UPDATE app_processes SET seen_at = now() - interval '1 minute' WHERE id = $1",
         f"dead-{name}",
     )
@@ -131,12 +131,12 @@ async def test_a_worker_leaves_an_approved_card_of_an_unknown_tool_to_a_worker_t
         new: Worker | None = None
         try:
             await old.start()  # adopts the run, parks on the pending card
-            assert (await h.store.get_run(card.run_id)).worker_id == old.worker_id
+            assert (await h.store.get_run(card.run_id)).holder == old.worker_id
             await h.decide(card, Decision.APPROVE)
             await asyncio.sleep(1.0)  # several looks by `old`: nobody else serves the tool
             run = await h.store.get_run(card.run_id)
             assert (await h.store.get_card(card.id)).status is Status.APPROVED  # not invalidated
-            assert run.worker_id == old.worker_id and run.status == "waiting"
+            assert run.holder == old.worker_id and run.status == "waiting"
             assert await h.charges() == 0
 
             # a worker of the version that proposed the card starts: the run goes there
@@ -177,14 +177,14 @@ async def test_a_rule_sets_the_lifetime_of_the_cards_it_matches(database_url: st
             ]
         )
         card = await one_card(h)
-        lifetime = (card.expires_at - await h.store.now()).total_seconds()
+        lifetime = (card.expires_at - await h.store.pool.fetchval("SELECT now()")).total_seconds()
         assert 80 < lifetime <= 90
         # another tenant's cards keep the tool's own lifetime (10 minutes)
         h.worker.agent.policy = Policy(
             [Rule(Verdict.ASK, risk=Risk.CRITICAL, tenant="other", ttl=timedelta(seconds=90))]
         )
         card = await one_card(h, "bob")
-        assert (card.expires_at - await h.store.now()).total_seconds() > 590
+        assert (card.expires_at - await h.store.pool.fetchval("SELECT now()")).total_seconds() > 590
 
 
 async def test_a_card_with_a_short_policy_ttl_expires_and_the_model_is_told(

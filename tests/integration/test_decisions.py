@@ -88,7 +88,7 @@ async def test_200_concurrent_approvals_one_winner(database_url: str) -> None:
         ]
         assert events[1].actor == "alice" and events[1].hash_seen == card.snapshot_hash
         assert await h.charges() == 1
-        ops = await h.store._pool.fetchval(
+        ops = await h.store.pool.fetchval(
             "SELECT count(*) FROM operations WHERE card_id = $1", card.id
         )
         assert ops == 1
@@ -128,7 +128,7 @@ async def test_refusals_are_typed_and_change_nothing(database_url: str) -> None:
         assert (await h.store.get_card(card.id)).status is Status.PENDING
         assert await h.store.card_events(card.id) == before
         # expiry is the database's clock
-        await h.store._pool.execute(
+        await h.store.pool.execute(
             "UPDATE cards SET expires_at = now() - interval '1 millisecond' WHERE id = $1", card.id
         )
         with pytest.raises(Expired):
@@ -275,7 +275,7 @@ async def test_known_outcome_is_recorded_despite_a_passing_store_timeout(
                 raise Unavailable("statement timeout")
             return await real(*args, **kwargs)
 
-        h.store.finish_execution = flaky  # type: ignore[method-assign]
+        h.store.finish_execution = flaky
         await h.decide(card, Decision.APPROVE)
         await h.settle()
         assert failures == 0
@@ -292,8 +292,9 @@ def test_tool_specs_are_built_once() -> None:
 
 
 async def test_log_entries_show_the_card_as_the_api_does(database_url: str) -> None:
-    """Card entries are built in SQL (store/queries.card_json) in the same statement as the
-    move: they must equal Card.public() field for field, timestamps included."""
+    """Card entries are built in SQL (card_json in scripts/generate_queries.py) in the same
+    statement as the move: they must equal Card.public() field for field, timestamps
+    included."""
     async with harness(database_url, model=Scripted(pix("7"))) as h:
         card = await one_card(h)
         (proposed,) = [
@@ -327,13 +328,13 @@ async def test_sql_timestamps_match_msgspec(database_url: str, micro: int) -> No
     import asyncpg
     import msgspec
 
-    from signoff.store.queries import _ts
+    from scripts.generate_queries import ts
 
     at = datetime(2026, 11, 30, 23, 59, 59, micro, tzinfo=UTC)
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute("SET TIME ZONE 'America/Sao_Paulo'")  # the session zone must not matter
-        text = await conn.fetchval(f"SELECT {_ts('$1::timestamptz')}", at)
+        text = await conn.fetchval(f"SELECT {ts('$1::timestamptz')}", at)
     finally:
         await conn.close()
     assert text == msgspec.to_builtins(at)

@@ -99,7 +99,7 @@ async def test_http_refusals(h: Harness) -> None:
         assert r.status_code == 422
         await unchanged(h, card)
 
-        await h.store._pool.execute(
+        await h.store.pool.execute(
             "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1", card["id"]
         )
         r = await c.post(url, json=ok, headers=auth(h, "alice"))
@@ -199,7 +199,7 @@ async def test_ws_refusals(h: Harness) -> None:
     r = json.loads(await ws.recv())
     assert r["type"] == "error" and r["status"] == 422
     await unchanged(h, card)
-    await h.store._pool.execute(
+    await h.store.pool.execute(
         "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1", card["id"]
     )
     r = await ws_call(ws, {**base, "id": "6"})
@@ -384,7 +384,7 @@ async def test_untyped_exceptions_are_typed_500s_and_the_socket_stays(h: Harness
         alive = await ws_call(ws, {"type": "resume", "thread_id": thread, "id": "alive"})
         assert alive["status"] == 403  # still answering: alice's thread is not bob's
         await ws.close()
-    threads = await h.store._pool.fetchval(
+    threads = await h.store.pool.fetchval(
         "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = 'bob'", h.tenant
     )
     assert threads == 0

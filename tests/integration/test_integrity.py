@@ -175,7 +175,7 @@ async def test_superseded_and_expired_cards_name_the_system_in_the_audit(
         assert (await h.store.card_events(first.id))[-1].actor == "system:supersede"
 
         second = await one_card(h, user="bob")
-        await h.store._pool.execute(
+        await h.store.pool.execute(
             "UPDATE cards SET expires_at = now() - interval '1 ms' WHERE id = $1", second.id
         )
         await h.worker.sweep()
@@ -195,7 +195,7 @@ async def test_the_sweeper_invalidates_an_approved_card_whose_run_is_over(
         card = await one_card(h)
         await decided(h, card)
         # The run ended some other way (failed, done) while the card sat approved.
-        await h.store._pool.execute("UPDATE runs SET status = 'failed' WHERE id = $1", card.run_id)
+        await h.store.pool.execute("UPDATE runs SET status = 'failed' WHERE id = $1", card.run_id)
         await asyncio.sleep(0.2)
         # (the sweeper looks at every tenant: other tests' cards may be in the list)
         (moved,) = [c for c in await h.worker.sweep_approved() if c.id == card.id]

@@ -21,7 +21,7 @@ async def start_runs(store: PostgresStore, worker: str, n: int) -> list[str]:
             thread.id,
             owner="ana",
             role="user",
-            worker_id=worker,
+            holder=worker,
             lease_seconds=30,
             content=[{"type": "text", "text": "hi"}],
             actor="ana",
@@ -32,7 +32,7 @@ async def start_runs(store: PostgresStore, worker: str, n: int) -> list[str]:
 
 
 async def holders(store: PostgresStore, run_ids: list[str]) -> dict[str, str | None]:
-    return {r: (await store.get_run(r)).worker_id for r in run_ids}
+    return {r: (await store.get_run(r)).holder for r in run_ids}
 
 
 async def test_renewing_touches_one_row_not_the_runs(store: PostgresStore) -> None:
@@ -40,7 +40,7 @@ async def test_renewing_touches_one_row_not_the_runs(store: PostgresStore) -> No
     runs = await start_runs(store, a, 5)
 
     async def versions() -> list[str]:
-        async with store._pool.connection() as c:
+        async with store.pool.connection() as c:
             rows = await c.fetch("SELECT xmin::text FROM runs WHERE id = ANY($1::uuid[])", runs)
         return sorted(r[0] for r in rows)
 
@@ -73,7 +73,7 @@ async def test_lapsed_worker_runs_are_adopted_once_by_racing_adopters(
     assert all(now[r] == (b if r in got_b else c) for r in runs)
     # the dead worker's row holds nothing now: it can be forgotten; a live one is kept
     assert await store.forget_workers(0) >= 1
-    async with store._pool.connection() as conn:
+    async with store.pool.connection() as conn:
         left = await conn.fetch("SELECT id FROM workers WHERE id = ANY($1::text[])", [dead, b, c])
     assert {r["id"] for r in left} == {b, c}
 
@@ -96,7 +96,7 @@ async def test_a_graceful_release_hands_every_run_back_at_once(store: PostgresSt
 async def test_a_worker_whose_runs_were_adopted_cannot_write_them(store: PostgresStore) -> None:
     """The fence: a worker that stalled past its lease finds its writes refused once another
     worker adopted the run, so the run never gets two replies."""
-    from signoff.store.postgres import RunInactive
+    from signoff.runtime.errors import RunInactive
 
     a, b = "wa-" + secrets.token_hex(3), "wb-" + secrets.token_hex(3)
     (run_id,) = await start_runs(store, a, 1)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from signoff.embedded import free_port
 from signoff.runtime import hints
 from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.bus.redis import RedisBus
@@ -20,7 +21,6 @@ from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.notify import Notifier, signal_decoder
 from signoff.runtime.records import Entry, Moved
-from signoff.store.embedded import free_port
 from signoff.store.postgres import PostgresStore
 
 pytestmark = pytest.mark.anyio
@@ -36,7 +36,7 @@ async def a_run(store: PostgresStore, holder: str) -> tuple[str, str]:
         thread.id,
         owner=user,
         role="user",
-        worker_id=holder,
+        holder=holder,
         lease_seconds=30,
         content=[{"type": "text", "text": "hello"}],
         actor=user,

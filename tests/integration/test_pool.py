@@ -7,14 +7,14 @@ import asyncio
 import asyncpg
 import pytest
 
+from signoff.store.connector import init_connection
 from signoff.store.pool import Pool
-from signoff.store.postgres import _init_connection
 
 pytestmark = pytest.mark.anyio
 
 
 async def make(url: str, max_size: int = 2) -> Pool:
-    return await Pool.create(url, min_size=1, max_size=max_size, init=_init_connection)
+    return await Pool.create(url, min_size=1, max_size=max_size, init=init_connection)
 
 
 async def test_reuses_grows_to_max_then_waits_bounded(database_url: str) -> None:

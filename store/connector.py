@@ -1,0 +1,179 @@
+"""The one place the store talks to asyncpg: statements, transactions, retries, errors.
+
+Managers (``store/threads.py``, ``runs.py``, ``workers.py``, ``cards.py``) run named
+statements (``store/queries.sql``) through a :class:`Connector`, which
+
+* runs one statement on a pooled connection (its own implicit transaction:
+  :meth:`~Connector.execute`, :meth:`~Connector.fetch`, :meth:`~Connector.fetchrow`,
+  :meth:`~Connector.fetchval`) or a function in one transaction
+  (:meth:`~Connector.transaction`);
+* tries either again, whole, when Postgres rolled it back as the victim of a deadlock or
+  a serialization failure (three times, 10-200 ms apart; design note 16), then answers a
+  retriable :class:`~signoff.runtime.errors.Unavailable` (503);
+* translates driver errors at this boundary: the server gone or a statement past the
+  timeout -> ``Unavailable``; a value Postgres refuses -> ``InvalidInput``; never a raw
+  asyncpg exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import asyncpg
+import msgspec
+
+from signoff.runtime.errors import InvalidInput, Unavailable
+from signoff.runtime.metrics import COUNTERS
+from signoff.store.pool import Pool
+
+T = TypeVar("T")
+
+log = logging.getLogger("signoff.store")
+
+Conn = asyncpg.Connection
+Row = asyncpg.Record
+
+# The server went away or the session broke mid-statement: Unavailable (503), retryable.
+# (TimeoutError is an OSError; asyncpg raises InternalClientError when a session is
+# terminated by the server while a statement is in flight.)
+GONE = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+# Postgres chose this statement or transaction as the victim of a race it could not order
+# (a deadlock, a serialization failure): it was rolled back whole, so it is tried again,
+# a bounded number of times, and then answered as a retriable Unavailable (503) — never
+# as a raw driver error. (Every write path takes its locks in one order: the thread,
+# then the run, then cards; these retries are the second line, not the first.)
+RACE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+RACE_RETRIES = (0.01, 0.05, 0.2)
+
+_json_encode = msgspec.json.Encoder()
+
+
+def _encode(value: Any) -> str:
+    return _json_encode.encode(value).decode()
+
+
+async def init_connection(conn: Conn) -> None:
+    """json and jsonb travel as msgspec encodes and decodes them."""
+    for typ in ("jsonb", "json"):
+        await conn.set_type_codec(
+            typ, encoder=_encode, decoder=msgspec.json.decode, schema="pg_catalog"
+        )
+
+
+class Connector:
+    """One pool of asyncpg connections (``store.pool``) and the rules for using it."""
+
+    def __init__(self, pool: Pool, timeout: float | None = None) -> None:
+        self.pool = pool
+        self.timeout = timeout
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float | None = None
+    ) -> Connector:
+        """``timeout`` bounds connecting, waiting for a pooled connection and each statement:
+        a stalled or half-open Postgres then fails fast with :class:`Unavailable` (503)
+        instead of hanging its callers; the transaction is rolled back by the server."""
+        try:
+            pool = await Pool.create(
+                url,
+                min_size=min_size,
+                max_size=max_size,
+                init=init_connection,
+                command_timeout=timeout,
+                connect_timeout=timeout or 60.0,
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise Unavailable(f"cannot reach Postgres: {exc}") from exc
+        return cls(pool, timeout)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    # -- one statement --------------------------------------------------------------
+
+    async def execute(self, query: str, *args: Any) -> str:
+        """Run one statement; its status (``"DELETE 1"``)."""
+        return await self._one(lambda c: c.execute(query, *args))
+
+    async def fetch(self, query: str, *args: Any) -> list[Row]:
+        return await self._one(lambda c: c.fetch(query, *args))
+
+    async def fetchrow(self, query: str, *args: Any) -> Row | None:
+        return await self._one(lambda c: c.fetchrow(query, *args))
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        return await self._one(lambda c: c.fetchval(query, *args))
+
+    async def _one(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        async def once() -> T:
+            try:
+                async with self.pool.connection(self.timeout) as conn:
+                    return await fn(conn)
+            except Exception as exc:
+                error = _translated(exc)
+                if error is None:
+                    raise
+                raise error from exc
+
+        return await self._retrying(once)
+
+    # -- transactions ---------------------------------------------------------------
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[Conn]:
+        """One transaction, not tried again (:meth:`transaction` is)."""
+        try:
+            async with self.pool.connection(self.timeout) as conn, conn.transaction():
+                yield conn
+        except Exception as exc:
+            error = _translated(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    async def transaction(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """``fn`` in one transaction, tried again whole if Postgres picked it as the victim
+        of a deadlock or serialization failure."""
+
+        async def once() -> T:
+            async with self.tx() as conn:
+                return await fn(conn)
+
+        return await self._retrying(once)
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        for wait in (*RACE_RETRIES, None):
+            try:
+                return await attempt()
+            except Unavailable as exc:
+                if wait is None or not isinstance(exc.__cause__, RACE):
+                    raise
+                log.warning("store: %s; trying again", exc.__cause__.__class__.__name__)
+                COUNTERS.inc("signoff_store_races_retried_total")
+                await asyncio.sleep(wait * random.uniform(0.5, 1.5))
+        raise AssertionError("unreachable")
+
+
+def _translated(exc: Exception) -> Exception | None:
+    """The error callers see for a driver error; ``None`` for anything else (a
+    SignoffError raised inside a transaction, a bug), which goes on as it is."""
+    if isinstance(exc, GONE):
+        # (TimeoutError is an OSError: a statement or pool wait ran past the timeout.)
+        return Unavailable(f"Postgres unavailable: {exc}")
+    if isinstance(exc, asyncpg.DataError):
+        return InvalidInput(f"invalid value: {exc}")
+    if isinstance(exc, RACE):
+        return Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True)
+    return None

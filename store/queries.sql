@@ -1,0 +1,936 @@
+-- Every SQL statement signoff runs, by name (loaded by store/queries.py).
+--
+-- A block is a "-- name: <name>" line, comments saying what the statement does and
+-- what its parameters are, and the statement, ending with ";". Every block can be
+-- pasted into psql as it is (as the body of PREPARE when it has parameters).
+-- Blocks with a "generated" line are written by scripts/generate_queries.py (the card
+-- transitions, one statement each: design note 11); edit those there.
+--
+-- Lock order (design note 16), the same on every write path: the thread, then the run,
+-- then cards. Statements that write a card or a run lock their thread first, in a
+-- MATERIALIZED CTE that the write joins, with FOR NO KEY UPDATE (which does not
+-- conflict with the KEY SHARE locks that inserting a row referencing the thread takes).
+--
+-- Runs: the column runs.worker_id holds the id of the worker that holds the run; the
+-- statements call it "holder".
+
+
+-- == schema migrations (store/schema.py) =================================================
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS signoff_migrations (
+    version     text PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_lock
+-- Serialises concurrent `signoff migrate`s (until commit).
+SELECT pg_advisory_xact_lock(7401553901);
+
+-- name: migrations_applied
+SELECT version FROM signoff_migrations;
+
+-- name: migration_record
+INSERT INTO signoff_migrations (version) VALUES ($1);
+
+-- name: ping
+SELECT 1;
+
+
+-- == threads and the thread log (store/threads.py) =======================================
+
+-- name: thread_insert
+INSERT INTO threads (id, tenant, owner) VALUES ($1, $2, $3)
+RETURNING id::text, tenant, owner, last_seq, created_at;
+
+-- name: thread_get
+SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1;
+
+-- name: thread_get_locked
+-- Thread $1, locked first by a transaction that goes on to its runs and cards.
+SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1
+FOR NO KEY UPDATE;
+
+-- name: thread_delete_empty
+-- A thread created for a message that was refused: gone only while nothing was written to
+-- it (no log entry, no run). The row lock orders it against a worker's start_run.
+DELETE FROM threads t WHERE t.id = $1 AND t.last_seq = 0
+    AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.id);
+
+-- name: thread_next_seq
+UPDATE threads SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq;
+
+-- name: message_insert
+INSERT INTO messages (thread_id, seq, run_id, kind, body) VALUES ($1, $2, $3, $4, $5)
+RETURNING created_at;
+
+-- name: messages_after
+SELECT seq, run_id::text, kind, body, created_at FROM messages
+WHERE thread_id = $1 AND seq > $2 ORDER BY seq LIMIT $3;
+
+-- name: conversation
+SELECT seq, run_id::text, kind, body, created_at FROM messages
+WHERE thread_id = $1 AND kind IN ('user', 'assistant', 'tool_results') ORDER BY seq;
+
+-- name: quota_user_lock
+-- Serialises one user's thread creations (until commit), so the count in
+-- thread_insert_within_quota sees every earlier insert of theirs; other users never
+-- wait. A transaction-level lock: released at commit or rollback, so it is safe with the
+-- pool's no-op reset.
+SELECT pg_advisory_xact_lock(hashtext('signoff:quota'), hashtext($1 || '/' || $2));
+
+-- name: thread_insert_within_quota
+-- A thread ($1) for tenant $2 / owner $3, unless that owner created $4 or more in the
+-- last $5 seconds. Always one row: the thread's columns (NULL when refused), how many
+-- were in the window, and the seconds until the oldest of them leaves it.
+WITH recent AS (
+    SELECT count(*) AS n, min(created_at) AS oldest FROM threads
+    WHERE tenant = $2 AND owner = $3 AND created_at > now() - make_interval(secs => $5)
+), made AS (
+    INSERT INTO threads (id, tenant, owner) SELECT $1, $2, $3 FROM recent WHERE recent.n < $4
+    RETURNING id::text, tenant, owner, last_seq, created_at
+)
+SELECT made.id, made.tenant, made.owner, made.last_seq, made.created_at, recent.n AS recent,
+       extract(epoch FROM recent.oldest + make_interval(secs => $5) - now())::float8
+           AS retry_after
+FROM recent LEFT JOIN made ON true;
+
+
+-- == runs (store/runs.py) ===============================================================
+
+-- name: run_get
+SELECT id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state, error
+FROM runs WHERE id = $1;
+
+-- name: run_active_for_thread
+SELECT id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state, error
+FROM runs WHERE thread_id = $1 AND status IN ('running', 'waiting');
+
+-- name: run_supersede_active
+-- The active runs of thread $1 (locked first by the caller) become superseded.
+UPDATE runs SET status = 'superseded', updated_at = now()
+WHERE thread_id = $1 AND status IN ('running', 'waiting')
+RETURNING id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state,
+    error;
+
+-- name: run_insert
+-- A new run ($1) of thread $2 for tenant $3 / owner $4 in role $5, held by worker $6: the
+-- holder's lease row exists from here on (inserted with $7 seconds if this worker never
+-- renewed, e.g. one driven without its lease loop).
+WITH w AS (
+    INSERT INTO workers (id, lease_until) VALUES ($6, now() + make_interval(secs => $7))
+    ON CONFLICT (id) DO NOTHING
+)
+INSERT INTO runs (id, thread_id, tenant, owner, role, status, worker_id)
+VALUES ($1, $2, $3, $4, $5, 'running', $6)
+RETURNING id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state,
+    error;
+
+-- name: run_set_state
+-- Run $1's status ($2), state ($3) and error ($4) while it is active and, with $5, held by
+-- that worker (a fence: note 14). No row: nothing was written.
+UPDATE runs SET status = $2, state = $3, error = $4, updated_at = now()
+WHERE id = $1 AND status IN ('running', 'waiting') AND ($5::text IS NULL OR worker_id = $5)
+RETURNING id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state,
+    error;
+
+-- name: run_step
+-- Append entries ($3 kinds, $4 a JSON array of bodies) to thread $2 for run $1 and set
+-- the run's status ($5), state ($6) and error ($7), in one statement. No row: the run is
+-- no longer active (or, with $8, no longer held by that worker), and nothing was written.
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = ($2) FOR NO KEY UPDATE
+),
+r AS (
+    UPDATE runs SET status = $5, state = $6, error = $7, updated_at = now()
+    FROM lk
+    WHERE lk.locked = runs.thread_id AND id = $1 AND status IN ('running', 'waiting')
+      AND ($8::text IS NULL OR worker_id = $8)
+    RETURNING id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder,
+        state, error
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + cardinality($3::text[])
+    FROM r WHERE threads.id = $2
+    RETURNING threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT $2, t.last_seq - cardinality($3::text[]) + x.ord, $1, ($3::text[])[x.ord], x.body
+    FROM t, jsonb_array_elements($4::jsonb) WITH ORDINALITY AS x(body, ord)
+    RETURNING seq, created_at
+)
+SELECT r.*, (SELECT array_agg(seq ORDER BY seq) FROM m) AS seqs,
+       (SELECT array_agg(created_at ORDER BY seq) FROM m) AS ats
+FROM r;
+
+-- name: run_append
+-- Append one entry (kind $2, body $4) to thread $1 for run $3 while the run is active and,
+-- with $5, held by that worker (the thread, then the run row are locked for it).
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = ($1) FOR NO KEY UPDATE
+),
+r AS (
+    SELECT runs.id FROM runs JOIN lk ON lk.locked = runs.thread_id
+    WHERE runs.id = $3 AND status IN ('running', 'waiting')
+      AND ($5::text IS NULL OR worker_id = $5)
+    FOR NO KEY UPDATE OF runs
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM r WHERE threads.id = $1
+    RETURNING threads.last_seq
+)
+INSERT INTO messages (thread_id, seq, run_id, kind, body)
+SELECT $1, t.last_seq, $3, $2, $4 FROM t
+RETURNING seq, created_at;
+
+-- name: run_with_cards
+-- generated by scripts/generate_queries.py: edit it there, then run the script
+-- Run $1, its cards (as clients see them) and its thread's conversation, in one read:
+-- what continuing a parked run starts from.
+SELECT id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state, error,
+    (SELECT coalesce(jsonb_agg(jsonb_build_object(
+            'id', c.id,
+            'thread_id', c.thread_id,
+            'run_id', c.run_id,
+            'tenant', c.tenant,
+            'owner', c.owner,
+            'tool', c.tool,
+            'risk', c.risk,
+            'args_snapshot', c.args_snapshot,
+            'summary', c.summary,
+            'impact', c.impact,
+            'snapshot_hash', c.snapshot_hash,
+            'request_key', c.request_key,
+            'operation_id', c.operation_id,
+            'status', c.status,
+            'tool_use_id', c.tool_use_id,
+            'input', c.input,
+            'decided_by', c.decided_by,
+            'channel', c.channel,
+            'reason', c.reason,
+            'superseded_by', c.superseded_by,
+            'result', c.result,
+            'needs_reconciliation', c.needs_reconciliation,
+            'expires_at', CASE WHEN c.expires_at IS NULL THEN NULL
+                WHEN date_part('microseconds', c.expires_at)::bigint % 1000000 = 0
+                THEN to_char(c.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                ELSE to_char(c.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+            'created_at', CASE WHEN c.created_at IS NULL THEN NULL
+                WHEN date_part('microseconds', c.created_at)::bigint % 1000000 = 0
+                THEN to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                ELSE to_char(c.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+            'decided_at', CASE WHEN c.decided_at IS NULL THEN NULL
+                WHEN date_part('microseconds', c.decided_at)::bigint % 1000000 = 0
+                THEN to_char(c.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                ELSE to_char(c.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+            'editable', to_jsonb(c.editable)
+        ) ORDER BY c.created_at, c.id), '[]')
+     FROM cards c WHERE c.run_id = runs.id) AS cards,
+    (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'thread_id', m.thread_id, 'seq', m.seq, 'run_id', m.run_id, 'kind', m.kind,
+                'body', m.body, 'created_at', m.created_at) ORDER BY m.seq), '[]')
+     FROM messages m
+     WHERE m.thread_id = runs.thread_id AND m.kind IN ('user', 'assistant', 'tool_results')
+    ) AS conversation
+FROM runs WHERE id = $1;
+
+-- name: turns_in_flight
+-- Model turns in flight for tenant $1 / owner $2: their runs `running` now, and which of
+-- the accepted messages' run ids ($3) no worker has started yet. One statement, one
+-- snapshot: a run starting meanwhile is counted once, as one or the other.
+SELECT
+    (SELECT count(*) FROM runs WHERE tenant = $1 AND owner = $2 AND status = 'running')
+        AS running,
+    count(a.id) FILTER (WHERE r.id IS NULL) AS queued,
+    coalesce(array_agg(a.id::text) FILTER (WHERE r.id IS NOT NULL), '{}') AS started
+FROM unnest($3::uuid[]) AS a(id) LEFT JOIN runs r ON r.id = a.id;
+
+
+-- == workers and their leases (store/workers.py; design note 14) ========================
+
+-- name: worker_renew
+-- Worker $1's lease, $2 seconds from now: renewing is one row, however many runs it holds.
+INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
+ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until;
+
+-- name: run_release
+-- A graceful stop: holder $1 hands its runs back at once and its lease row goes.
+WITH r AS (
+    UPDATE runs SET worker_id = NULL
+    WHERE worker_id = $1 AND status IN ('running', 'waiting')
+)
+DELETE FROM workers WHERE id = $1;
+
+-- name: run_adopt
+-- Worker $1 takes over (up to $3) active runs nobody holds: released ones, and those of
+-- workers whose lease lapsed ($4: also its own, for a restarted worker with a stable id).
+-- Its own lease is renewed ($2 seconds) in the same statement. Both arms are index scans
+-- on runs_holder; a run another adopter took first fails the re-check under its lock (its
+-- new holder is alive) and is skipped.
+WITH me AS (
+    INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
+    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+),
+lapsed AS (
+    SELECT id, worker_id FROM runs
+    WHERE status IN ('running', 'waiting')
+      AND (worker_id IS NULL
+           OR worker_id = ANY (ARRAY(
+               SELECT w.id FROM workers w WHERE w.lease_until < now() AND w.id <> $1
+           ) || CASE WHEN $4 THEN ARRAY[$1::text] ELSE ARRAY[]::text[] END))
+    ORDER BY updated_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs r SET worker_id = $1
+FROM lapsed WHERE r.id = lapsed.id AND r.worker_id IS NOT DISTINCT FROM lapsed.worker_id
+RETURNING r.id::text, r.thread_id::text, r.tenant, r.owner, r.role, r.status,
+    r.worker_id AS holder, r.state, r.error;
+
+-- name: workers_forget
+-- Lease rows of workers lapsed for $1 seconds that hold nothing any more.
+DELETE FROM workers w
+WHERE w.lease_until < now() - make_interval(secs => $1)
+  AND NOT EXISTS (
+      SELECT 1 FROM runs r WHERE r.worker_id = w.id AND r.status IN ('running', 'waiting')
+  );
+
+
+-- == cards (store/cards.py) =============================================================
+
+-- name: card_propose
+-- generated by scripts/generate_queries.py: edit it there, then run the script
+-- A proposal ($1 id, $2 thread, $3 run, $4 tenant, $5 owner, $6 tool, $7 tool_use_id,
+-- $8 risk, $9 input, $10 args_snapshot, $11 summary, $12 impact, $13 snapshot_hash,
+-- $14 request_key, $15 operation_id, $16 editable, $17 ttl seconds) with its audit
+-- row and its 'card' log entry; no row when the request already has its card (I5).
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = ($2::uuid) FOR NO KEY UPDATE
+),
+c AS (
+    INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk, input,
+                       args_snapshot, summary, impact, snapshot_hash, request_key, operation_id,
+                       editable, status, expires_at)
+    SELECT $1, lk.locked, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+           'pending', now() + make_interval(secs => $17)
+    FROM lk
+    ON CONFLICT (request_key) DO NOTHING
+    RETURNING cards.*, jsonb_build_object(
+        'id', cards.id,
+        'thread_id', cards.thread_id,
+        'run_id', cards.run_id,
+        'tenant', cards.tenant,
+        'owner', cards.owner,
+        'tool', cards.tool,
+        'risk', cards.risk,
+        'args_snapshot', cards.args_snapshot,
+        'summary', cards.summary,
+        'impact', cards.impact,
+        'snapshot_hash', cards.snapshot_hash,
+        'request_key', cards.request_key,
+        'operation_id', cards.operation_id,
+        'status', cards.status,
+        'tool_use_id', cards.tool_use_id,
+        'input', cards.input,
+        'decided_by', cards.decided_by,
+        'channel', cards.channel,
+        'reason', cards.reason,
+        'superseded_by', cards.superseded_by,
+        'result', cards.result,
+        'needs_reconciliation', cards.needs_reconciliation,
+        'expires_at', CASE WHEN cards.expires_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.expires_at)::bigint % 1000000 = 0
+            THEN to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'created_at', CASE WHEN cards.created_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.created_at)::bigint % 1000000 = 0
+            THEN to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'decided_at', CASE WHEN cards.decided_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.decided_at)::bigint % 1000000 = 0
+            THEN to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'editable', to_jsonb(cards.editable)
+    ) AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, NULL, status, 'system', NULL, snapshot_hash, '{}'::jsonb FROM c
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM c WHERE threads.id = c.thread_id
+    RETURNING threads.id, threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT t.id, t.last_seq, c.run_id, 'card', c.body FROM c JOIN t ON t.id = c.thread_id
+    RETURNING seq AS log_seq, created_at AS log_at
+)
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    c.body, m.log_seq, m.log_at,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c, m;
+
+-- name: card_get
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+FROM cards WHERE id = $1;
+
+-- name: card_by_request_key
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+FROM cards WHERE request_key = $1;
+
+-- name: card_input
+-- The model's original (parsed) input, which an edit starts from.
+SELECT input FROM cards WHERE id = $1;
+
+-- name: cards_of_run
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+FROM cards WHERE run_id = $1 ORDER BY created_at, id;
+
+-- name: cards_pending_of_thread
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+FROM cards WHERE thread_id = $1 AND status = 'pending'
+ORDER BY created_at, id;
+
+-- name: cards_approved_of_runs
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+FROM cards WHERE run_id = ANY($1::uuid[]) AND status = 'approved'
+ORDER BY created_at, id;
+
+-- name: cards_list
+-- For operators (`signoff cards list`): newest first, by status $1 and owner $2 if given.
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+FROM cards
+WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR owner = $2)
+ORDER BY created_at DESC LIMIT $3;
+
+-- name: cards_decided_among
+SELECT id::text, status FROM cards WHERE id = ANY($1::uuid[]) AND status <> 'pending';
+
+-- name: card_lock_thread
+-- The thread of card $1, locked: what a multi-statement transaction on a card takes first.
+SELECT threads.id AS locked FROM threads
+WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE;
+
+-- name: card_diagnose
+-- Card $1 as it is now, and whether its deadline passed: why a deciding update changed
+-- nothing.
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    expires_at <= now() AS is_expired
+FROM cards WHERE id = $1;
+
+-- name: card_decide_logged
+-- generated by scripts/generate_queries.py: edit it there, then run the script
+-- The deciding update (I3, I7, I2: the owner, of tenant $7 when given; pending; the
+-- hash shown, $6; the database's clock) with its audit row ($8: the event's detail)
+-- and its log entry. $1 card, $2 approved|rejected, $3 principal, $4 channel,
+-- $5 reason, $9 the tools this process serves (NULL: any; a gateway does not approve
+-- a card of a tool it does not serve: UnknownTool, design note 21).
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
+),
+c AS (
+    UPDATE cards
+    SET status = $2, decided_at = now(), decided_by = $3, channel = $4, reason = $5
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = 'pending' AND owner = $3
+      AND snapshot_hash = $6 AND expires_at > now() AND ($7::text IS NULL OR tenant = $7)
+      AND ($9::text[] IS NULL OR tool = ANY ($9::text[]))
+    RETURNING cards.*, jsonb_build_object(
+        'id', cards.id,
+        'thread_id', cards.thread_id,
+        'run_id', cards.run_id,
+        'tenant', cards.tenant,
+        'owner', cards.owner,
+        'tool', cards.tool,
+        'risk', cards.risk,
+        'args_snapshot', cards.args_snapshot,
+        'summary', cards.summary,
+        'impact', cards.impact,
+        'snapshot_hash', cards.snapshot_hash,
+        'request_key', cards.request_key,
+        'operation_id', cards.operation_id,
+        'status', cards.status,
+        'tool_use_id', cards.tool_use_id,
+        'input', cards.input,
+        'decided_by', cards.decided_by,
+        'channel', cards.channel,
+        'reason', cards.reason,
+        'superseded_by', cards.superseded_by,
+        'result', cards.result,
+        'needs_reconciliation', cards.needs_reconciliation,
+        'expires_at', CASE WHEN cards.expires_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.expires_at)::bigint % 1000000 = 0
+            THEN to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'created_at', CASE WHEN cards.created_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.created_at)::bigint % 1000000 = 0
+            THEN to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'decided_at', CASE WHEN cards.decided_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.decided_at)::bigint % 1000000 = 0
+            THEN to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'editable', to_jsonb(cards.editable)
+    ) AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, 'pending', status, $3, $4, $6, $8::jsonb FROM c
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM c WHERE threads.id = c.thread_id
+    RETURNING threads.id, threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT t.id, t.last_seq, c.run_id, 'card_update', c.body FROM c JOIN t ON t.id = c.thread_id
+    RETURNING seq AS log_seq, created_at AS log_at
+)
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    c.body, m.log_seq, m.log_at,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c, m;
+
+-- name: card_decide
+-- The deciding update without its audit row and log entry, for an edit (status $2 is
+-- 'modified'), whose transaction writes those itself; the parameters of
+-- card_decide_logged.
+UPDATE cards
+SET status = $2, decided_at = now(), decided_by = $3, channel = $4, reason = $5
+WHERE id = $1 AND status = 'pending' AND owner = $3 AND snapshot_hash = $6
+  AND expires_at > now() AND ($7::text IS NULL OR tenant = $7)
+RETURNING id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk,
+    input, args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text,
+    editable, status, expires_at, decided_at, decided_by, channel, reason,
+    superseded_by::text, result, needs_reconciliation, created_at;
+
+-- name: card_set_superseded_by
+-- Card $1 (just modified) points at the card $2 proposed in its place.
+UPDATE cards SET superseded_by = $2 WHERE id = $1
+RETURNING id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk,
+    input, args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text,
+    editable, status, expires_at, decided_at, decided_by, channel, reason,
+    superseded_by::text, result, needs_reconciliation, created_at;
+
+-- name: card_move_logged
+-- generated by scripts/generate_queries.py: edit it there, then run the script
+-- A conditional move $2 -> $3 of card $1 with its audit row and log entry ($4 result,
+-- $5 actor, $6 channel, $7 detail).
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
+),
+c AS (
+    UPDATE cards
+    SET status = $3,
+        result = COALESCE($4, result),
+        executing_since = CASE WHEN $3 = 'executing' THEN now() ELSE executing_since END,
+        decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now())
+                          ELSE decided_at END,
+        decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2
+    RETURNING cards.*, jsonb_build_object(
+        'id', cards.id,
+        'thread_id', cards.thread_id,
+        'run_id', cards.run_id,
+        'tenant', cards.tenant,
+        'owner', cards.owner,
+        'tool', cards.tool,
+        'risk', cards.risk,
+        'args_snapshot', cards.args_snapshot,
+        'summary', cards.summary,
+        'impact', cards.impact,
+        'snapshot_hash', cards.snapshot_hash,
+        'request_key', cards.request_key,
+        'operation_id', cards.operation_id,
+        'status', cards.status,
+        'tool_use_id', cards.tool_use_id,
+        'input', cards.input,
+        'decided_by', cards.decided_by,
+        'channel', cards.channel,
+        'reason', cards.reason,
+        'superseded_by', cards.superseded_by,
+        'result', cards.result,
+        'needs_reconciliation', cards.needs_reconciliation,
+        'expires_at', CASE WHEN cards.expires_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.expires_at)::bigint % 1000000 = 0
+            THEN to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'created_at', CASE WHEN cards.created_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.created_at)::bigint % 1000000 = 0
+            THEN to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'decided_at', CASE WHEN cards.decided_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.decided_at)::bigint % 1000000 = 0
+            THEN to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'editable', to_jsonb(cards.editable)
+    ) AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, $2, status, $5, $6::text, NULL, $7::jsonb FROM c
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM c WHERE threads.id = c.thread_id
+    RETURNING threads.id, threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT t.id, t.last_seq, c.run_id, 'card_update', c.body FROM c JOIN t ON t.id = c.thread_id
+    RETURNING seq AS log_seq, created_at AS log_at
+)
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    c.body, m.log_seq, m.log_at,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c, m;
+
+-- name: card_begin_execution
+-- generated by scripts/generate_queries.py: edit it there, then run the script
+-- approved -> executing and the operation row, in the same statement (I4); the
+-- parameters of card_move_logged.
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
+),
+c AS (
+    UPDATE cards
+    SET status = $3,
+        result = COALESCE($4, result),
+        executing_since = CASE WHEN $3 = 'executing' THEN now() ELSE executing_since END,
+        decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now())
+                          ELSE decided_at END,
+        decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2
+    RETURNING cards.*, jsonb_build_object(
+        'id', cards.id,
+        'thread_id', cards.thread_id,
+        'run_id', cards.run_id,
+        'tenant', cards.tenant,
+        'owner', cards.owner,
+        'tool', cards.tool,
+        'risk', cards.risk,
+        'args_snapshot', cards.args_snapshot,
+        'summary', cards.summary,
+        'impact', cards.impact,
+        'snapshot_hash', cards.snapshot_hash,
+        'request_key', cards.request_key,
+        'operation_id', cards.operation_id,
+        'status', cards.status,
+        'tool_use_id', cards.tool_use_id,
+        'input', cards.input,
+        'decided_by', cards.decided_by,
+        'channel', cards.channel,
+        'reason', cards.reason,
+        'superseded_by', cards.superseded_by,
+        'result', cards.result,
+        'needs_reconciliation', cards.needs_reconciliation,
+        'expires_at', CASE WHEN cards.expires_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.expires_at)::bigint % 1000000 = 0
+            THEN to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'created_at', CASE WHEN cards.created_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.created_at)::bigint % 1000000 = 0
+            THEN to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'decided_at', CASE WHEN cards.decided_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.decided_at)::bigint % 1000000 = 0
+            THEN to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'editable', to_jsonb(cards.editable)
+    ) AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, $2, status, $5, $6::text, NULL, $7::jsonb FROM c
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM c WHERE threads.id = c.thread_id
+    RETURNING threads.id, threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT t.id, t.last_seq, c.run_id, 'card_update', c.body FROM c JOIN t ON t.id = c.thread_id
+    RETURNING seq AS log_seq, created_at AS log_at
+),
+op AS (
+    INSERT INTO operations (operation_id, card_id, tool, status)
+    SELECT operation_id, id, tool, 'started' FROM c
+)
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    c.body, m.log_seq, m.log_at,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c, m;
+
+-- name: card_finish_execution
+-- generated by scripts/generate_queries.py: edit it there, then run the script
+-- executing -> executed|failed and the operation's outcome ($8), in the same
+-- statement; the other parameters of card_move_logged.
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
+),
+c AS (
+    UPDATE cards
+    SET status = $3,
+        result = COALESCE($4, result),
+        executing_since = CASE WHEN $3 = 'executing' THEN now() ELSE executing_since END,
+        decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now())
+                          ELSE decided_at END,
+        decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2
+    RETURNING cards.*, jsonb_build_object(
+        'id', cards.id,
+        'thread_id', cards.thread_id,
+        'run_id', cards.run_id,
+        'tenant', cards.tenant,
+        'owner', cards.owner,
+        'tool', cards.tool,
+        'risk', cards.risk,
+        'args_snapshot', cards.args_snapshot,
+        'summary', cards.summary,
+        'impact', cards.impact,
+        'snapshot_hash', cards.snapshot_hash,
+        'request_key', cards.request_key,
+        'operation_id', cards.operation_id,
+        'status', cards.status,
+        'tool_use_id', cards.tool_use_id,
+        'input', cards.input,
+        'decided_by', cards.decided_by,
+        'channel', cards.channel,
+        'reason', cards.reason,
+        'superseded_by', cards.superseded_by,
+        'result', cards.result,
+        'needs_reconciliation', cards.needs_reconciliation,
+        'expires_at', CASE WHEN cards.expires_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.expires_at)::bigint % 1000000 = 0
+            THEN to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'created_at', CASE WHEN cards.created_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.created_at)::bigint % 1000000 = 0
+            THEN to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'decided_at', CASE WHEN cards.decided_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.decided_at)::bigint % 1000000 = 0
+            THEN to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'editable', to_jsonb(cards.editable)
+    ) AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, $2, status, $5, $6::text, NULL, $7::jsonb FROM c
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM c WHERE threads.id = c.thread_id
+    RETURNING threads.id, threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT t.id, t.last_seq, c.run_id, 'card_update', c.body FROM c JOIN t ON t.id = c.thread_id
+    RETURNING seq AS log_seq, created_at AS log_at
+),
+op AS (
+    UPDATE operations SET status = $8, result = $4, finished_at = now()
+    FROM c WHERE operations.operation_id = c.operation_id
+)
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    c.body, m.log_seq, m.log_at,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c, m;
+
+-- name: card_expire_logged
+-- generated by scripts/generate_queries.py: edit it there, then run the script
+-- pending -> expired for card $1 if the database's clock says its deadline passed
+-- (I7), with its audit row and log entry.
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
+),
+c AS (
+    UPDATE cards SET status = 'expired', decided_at = now(), decided_by = 'system:expiry'
+    FROM lk
+    WHERE lk.locked = cards.thread_id AND id = $1 AND status = 'pending'
+      AND expires_at <= now()
+    RETURNING cards.*, jsonb_build_object(
+        'id', cards.id,
+        'thread_id', cards.thread_id,
+        'run_id', cards.run_id,
+        'tenant', cards.tenant,
+        'owner', cards.owner,
+        'tool', cards.tool,
+        'risk', cards.risk,
+        'args_snapshot', cards.args_snapshot,
+        'summary', cards.summary,
+        'impact', cards.impact,
+        'snapshot_hash', cards.snapshot_hash,
+        'request_key', cards.request_key,
+        'operation_id', cards.operation_id,
+        'status', cards.status,
+        'tool_use_id', cards.tool_use_id,
+        'input', cards.input,
+        'decided_by', cards.decided_by,
+        'channel', cards.channel,
+        'reason', cards.reason,
+        'superseded_by', cards.superseded_by,
+        'result', cards.result,
+        'needs_reconciliation', cards.needs_reconciliation,
+        'expires_at', CASE WHEN cards.expires_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.expires_at)::bigint % 1000000 = 0
+            THEN to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'created_at', CASE WHEN cards.created_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.created_at)::bigint % 1000000 = 0
+            THEN to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'decided_at', CASE WHEN cards.decided_at IS NULL THEN NULL
+            WHEN date_part('microseconds', cards.decided_at)::bigint % 1000000 = 0
+            THEN to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+            ELSE to_char(cards.decided_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+        'editable', to_jsonb(cards.editable)
+    ) AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, 'pending', status, 'system:expiry', NULL, NULL, '{}'::jsonb FROM c
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM c WHERE threads.id = c.thread_id
+    RETURNING threads.id, threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT t.id, t.last_seq, c.run_id, 'card_update', c.body FROM c JOIN t ON t.id = c.thread_id
+    RETURNING seq AS log_seq, created_at AS log_at
+)
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    c.body, m.log_seq, m.log_at,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c, m;
+
+-- name: cards_overdue
+-- Up to $1 pending cards past their deadline (the sweeper expires them one by one).
+SELECT id::text FROM cards WHERE status = 'pending' AND expires_at <= now()
+ORDER BY expires_at LIMIT $1;
+
+-- name: cards_approved_stale
+-- Approved cards not started for $1 seconds, with whether their run is still active
+-- (partial index cards_approved: approved cards are few and short-lived).
+SELECT c.id::text, c.thread_id::text, c.run_id::text, c.tenant, c.owner, c.tool,
+    c.tool_use_id, c.risk, c.input, c.args_snapshot, c.summary, c.impact, c.snapshot_hash,
+    c.request_key, c.operation_id::text, c.editable, c.status, c.expires_at, c.decided_at,
+    c.decided_by, c.channel, c.reason, c.superseded_by::text, c.result,
+    c.needs_reconciliation, c.created_at,
+    r.status IN ('running', 'waiting') AS run_active
+FROM cards c JOIN runs r ON r.id = c.run_id
+WHERE c.status = 'approved' AND c.decided_at < now() - make_interval(secs => $1)
+ORDER BY c.decided_at LIMIT $2;
+
+-- name: cards_stuck_executing
+-- Cards in executing for more than $1 seconds are flagged for reconciliation by a person
+-- (never retried: I4).
+UPDATE cards SET needs_reconciliation = true
+WHERE status = 'executing' AND NOT needs_reconciliation
+  AND executing_since < now() - make_interval(secs => $1)
+RETURNING id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk,
+    input, args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text,
+    editable, status, expires_at, decided_at, decided_by, channel, reason,
+    superseded_by::text, result, needs_reconciliation, created_at;
+
+-- name: card_reconcile_flag
+UPDATE cards SET needs_reconciliation = $2 WHERE id = $1;
+
+-- name: operation_finish
+UPDATE operations SET status = $2, result = $3, finished_at = now() WHERE operation_id = $1;
+
+-- name: event_insert
+INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+VALUES ($1, $2, $3, $4, $5, $6, $7);
+
+-- name: events_of_card
+SELECT id, card_id::text, from_status, to_status, actor, channel, hash_seen, at, detail
+FROM card_events WHERE card_id = $1 ORDER BY id;
+
+-- name: app_join_lock
+-- Serialises processes joining (any app): a check and its insert see every earlier join.
+SELECT pg_advisory_xact_lock(7401553902);
+
+-- name: app_processes_live
+-- The processes other than $1 renewed within $2 seconds (runtime/presence.py).
+SELECT id, app, fingerprint, tools, roles FROM app_processes
+WHERE id <> $1 AND seen_at > now() - make_interval(secs => $2)
+ORDER BY started_at, id;
+
+-- name: app_process_upsert
+-- Register or renew process $1 serving app $2 (fingerprint $3, tools $4, roles $5).
+INSERT INTO app_processes (id, app, fingerprint, tools, roles) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (id) DO UPDATE SET app = EXCLUDED.app, fingerprint = EXCLUDED.fingerprint,
+    tools = EXCLUDED.tools, roles = EXCLUDED.roles, seen_at = now();
+
+-- name: app_process_leave
+-- A process stopping cleanly forgets its row.
+DELETE FROM app_processes WHERE id = $1;
+
+-- name: app_processes_forget
+-- Rows of processes gone for a day: nobody reads them any more.
+DELETE FROM app_processes WHERE seen_at < now() - make_interval(secs => 86400);
+
+-- name: run_hand_over
+-- A run whose approved card names a tool its holder ($2) does not serve, handed back
+-- (holder NULL: any worker adopts it) when a live worker ($4 seconds) serves tool $3.
+UPDATE runs SET worker_id = NULL, updated_at = now()
+WHERE id = $1 AND worker_id = $2 AND status IN ('running', 'waiting')
+  AND EXISTS (
+      SELECT 1 FROM app_processes p
+      WHERE p.id <> $2 AND 'worker' = ANY (p.roles) AND p.tools ? $3
+        AND p.seen_at > now() - make_interval(secs => $4)
+  )
+RETURNING id::text;

@@ -1,0 +1,90 @@
+"""Cards the clock and operators look after: overdue, approved but not started, stuck in
+``executing``, and an operator's reconciliation of a stuck one (never a re-execution)."""
+
+from __future__ import annotations
+
+from signoff.runtime.cards import Card, Status
+from signoff.runtime.errors import CardNotFound, IllegalTransition
+from signoff.store import rows
+from signoff.store.cards import move_in
+from signoff.store.connector import Conn, Connector
+from signoff.store.queries import SQL
+
+
+class Sweeps:
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
+    async def overdue_card_ids(self, limit: int = 500) -> list[str]:
+        return [r["id"] for r in await self._db.fetch(SQL.cards_overdue, limit)]
+
+    async def approved_stale(
+        self, older_than_seconds: float, limit: int = 500
+    ) -> list[tuple[Card, bool]]:
+        """Approved cards not started for ``older_than_seconds``, each with whether its run
+        is still active."""
+        found = await self._db.fetch(SQL.cards_approved_stale, older_than_seconds, limit)
+        return [(rows.card(r), bool(r["run_active"])) for r in found]
+
+    async def flag_stuck(self, threshold_seconds: float) -> list[Card]:
+        """Flag cards in ``executing`` for longer than ``threshold_seconds`` for
+        reconciliation (audited); returns the cards flagged now."""
+
+        async def go(conn: Conn) -> list[Card]:
+            cards = [
+                rows.card(r) for r in await conn.fetch(SQL.cards_stuck_executing, threshold_seconds)
+            ]
+            for card in cards:
+                await conn.execute(
+                    SQL.event_insert,
+                    card.id,
+                    "executing",
+                    "executing",
+                    "sweeper",
+                    None,
+                    None,
+                    {"needs_reconciliation": True},
+                )
+            return cards
+
+        return await self._db.transaction(go)
+
+    async def reconcile(self, card_id: str, *, executed: bool, actor: str, note: str) -> Card:
+        """An operator settles a card stuck in ``executing`` after checking the provider.
+
+        ``executing -> executed|failed`` with the operator and their note in the audit;
+        the flag is cleared. Never re-executes anything.
+        """
+        dst = Status.EXECUTED if executed else Status.FAILED
+        result = {"reconciled_by": actor, "note": note}
+        cid = rows.uuid_of(card_id)
+
+        async def go(conn: Conn) -> Card:
+            moved = await move_in(
+                conn,
+                cid,
+                Status.EXECUTING,
+                dst,
+                actor=actor,
+                channel="cli",
+                result=result,
+                detail={"reconciled": note},
+            )
+            if moved is None:
+                current = await conn.fetchrow(SQL.card_get, cid)
+                if current is None:
+                    raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+                raise IllegalTransition(
+                    f"only a card in executing can be reconciled; this one is {current['status']}"
+                )
+            card = moved.card
+            await conn.execute(SQL.card_reconcile_flag, card.id, False)
+            await conn.execute(
+                SQL.operation_finish,
+                card.operation_id,
+                "succeeded" if executed else "failed",
+                result,
+            )
+            return rows.card(rows.some(await conn.fetchrow(SQL.card_get, card.id)))
+
+        return await self._db.transaction(go)
