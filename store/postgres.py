@@ -26,6 +26,7 @@ from signoff.store.runs import Runs
 from signoff.store.schema import migrate
 from signoff.store.sweeps import Sweeps
 from signoff.store.threads import Threads
+from signoff.store.whatsapp import WhatsAppRows
 from signoff.store.workers import Workers
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class PostgresStore:
         self.cards = cards = Cards(db)
         self.sweeps = sweeps = Sweeps(db)
         self.apps = apps = Apps(db)
+        self.whatsapp = WhatsAppRows(db)  # the WhatsApp channel's rows (not the engine's)
 
         self.create_thread = threads.create_thread
         self.create_thread_within_quota = threads.create_thread_within_quota

@@ -83,6 +83,18 @@ class Queries:
     app_process_leave: str
     app_processes_forget: str
     run_hand_over: str
+    # the WhatsApp channel (store/whatsapp.py)
+    delivery_record: str
+    delivery_forget: str
+    wa_contact_get: str
+    wa_contact_insert: str
+    wa_contact_inbound: str
+    wa_outbound_claim: str
+    wa_reply_claim: str
+    wa_outbound_finish: str
+    wa_in_window: str
+    card_refusal_insert: str
+    card_refusals_of_card: str
 
 
 def parse(text: str) -> dict[str, str]:

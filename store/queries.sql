@@ -934,3 +934,81 @@ WHERE id = $1 AND worker_id = $2 AND status IN ('running', 'waiting')
         AND p.seen_at > now() - make_interval(secs => $4)
   )
 RETURNING id::text;
+
+-- The WhatsApp channel (store/whatsapp.py, gateway/channels/whatsapp).
+
+-- name: delivery_record
+-- A channel delivery seen for the first time returns a row; a redelivery none.
+INSERT INTO deliveries (channel, message_id) VALUES ($1, $2)
+ON CONFLICT DO NOTHING
+RETURNING message_id;
+
+-- name: delivery_forget
+DELETE FROM deliveries WHERE channel = $1 AND message_id = $2;
+
+-- name: wa_contact_get
+SELECT thread_id::text FROM wa_contacts WHERE tenant = $1 AND wa_id = $2;
+
+-- name: wa_contact_insert
+-- The thread is created by the caller first; a concurrent first message for the same
+-- number wins or loses here, and the loser's empty thread is deleted.
+INSERT INTO wa_contacts (tenant, wa_id, thread_id, sent_seq)
+SELECT $1, $2, $3, t.last_seq FROM threads t WHERE t.id = $3
+ON CONFLICT (tenant, wa_id) DO NOTHING
+RETURNING thread_id::text;
+
+-- name: wa_contact_inbound
+UPDATE wa_contacts SET last_inbound_at = now() WHERE tenant = $1 AND wa_id = $2;
+
+-- name: wa_outbound_claim
+-- Claim up to $1 thread-log entries of WhatsApp threads not yet claimed, for claimer $2:
+-- the INSERT ... ON CONFLICT lets exactly one gateway claim each entry; the contact's
+-- cursor moves past what was looked at. $3: the 24-hour window, in seconds.
+WITH due AS (
+    SELECT c.tenant, c.wa_id, m.thread_id, m.seq, m.kind, m.body,
+           (c.last_inbound_at IS NOT NULL
+            AND c.last_inbound_at > now() - make_interval(secs => $3)) AS in_window
+    FROM wa_contacts c
+    JOIN messages m ON m.thread_id = c.thread_id AND m.seq > c.sent_seq
+    ORDER BY m.thread_id, m.seq
+    LIMIT $1
+), advanced AS (
+    UPDATE wa_contacts c SET sent_seq = greatest(c.sent_seq, d.top)
+    FROM (SELECT thread_id, max(seq) AS top FROM due GROUP BY thread_id) d
+    WHERE c.thread_id = d.thread_id
+), claimed AS (
+    INSERT INTO wa_outbound (key, tenant, wa_id, thread_id, seq, kind, claimed_by)
+    SELECT 'log:' || thread_id || ':' || seq, tenant, wa_id, thread_id, seq, kind, $2
+    FROM due WHERE kind IN ('assistant', 'card', 'card_update')
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
+)
+SELECT d.tenant, d.wa_id, d.thread_id::text, d.seq, d.kind, d.body, d.in_window,
+       'log:' || d.thread_id || ':' || d.seq AS key
+FROM due d JOIN claimed k ON k.key = 'log:' || d.thread_id || ':' || d.seq
+ORDER BY d.thread_id, d.seq;
+
+-- name: wa_reply_claim
+-- A direct answer to one inbound delivery (a late or refused button), claimed once.
+INSERT INTO wa_outbound (key, tenant, wa_id, kind, claimed_by)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (key) DO NOTHING
+RETURNING key;
+
+-- name: wa_outbound_finish
+UPDATE wa_outbound
+SET status = $2, attempts = $3, error = $4, wa_message = $5,
+    sent_at = CASE WHEN $2 = 'sent' THEN now() END
+WHERE key = $1;
+
+-- name: wa_in_window
+SELECT coalesce(last_inbound_at > now() - make_interval(secs => $3), false)
+FROM wa_contacts WHERE tenant = $1 AND wa_id = $2;
+
+-- name: card_refusal_insert
+INSERT INTO card_refusals (card_id, actor, channel, reason, detail)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: card_refusals_of_card
+SELECT card_id::text, actor, channel, reason, detail, at
+FROM card_refusals WHERE card_id = $1 ORDER BY id;

@@ -140,3 +140,42 @@ CREATE TABLE app_processes (
     started_at   timestamptz NOT NULL DEFAULT now(),
     seen_at      timestamptz NOT NULL DEFAULT now()
 );
+
+-- The WhatsApp channel (migration 0006, gateway/channels/whatsapp).
+CREATE TABLE wa_contacts (
+    tenant           text NOT NULL,
+    wa_id            text NOT NULL,
+    thread_id        uuid NOT NULL UNIQUE REFERENCES threads (id) ON DELETE CASCADE,
+    last_inbound_at  timestamptz,
+    sent_seq         bigint NOT NULL DEFAULT 0,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, wa_id)
+);
+
+CREATE TABLE wa_outbound (
+    key         text PRIMARY KEY,
+    tenant      text NOT NULL,
+    wa_id       text NOT NULL,
+    thread_id   uuid,
+    seq         bigint,
+    kind        text NOT NULL,
+    status      text NOT NULL DEFAULT 'claimed' CHECK (status IN ('claimed', 'sent', 'failed', 'skipped')),
+    claimed_by  text NOT NULL,
+    attempts    integer NOT NULL DEFAULT 0,
+    error       text,
+    wa_message  text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    sent_at     timestamptz
+);
+CREATE INDEX wa_outbound_failed ON wa_outbound (created_at) WHERE status = 'failed';
+
+CREATE TABLE card_refusals (
+    id       bigserial PRIMARY KEY,
+    card_id  uuid NOT NULL REFERENCES cards (id) ON DELETE CASCADE,
+    actor    text NOT NULL,
+    channel  text NOT NULL,
+    reason   text NOT NULL,
+    detail   jsonb NOT NULL DEFAULT '{}'::jsonb,
+    at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX card_refusals_card ON card_refusals (card_id, id);

@@ -1,0 +1,87 @@
+"""The WhatsApp channel's rows: delivery dedup, a thread per number, the outbound claims
+(design note 24) and refused decisions (gateway/channels/whatsapp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from signoff.store import rows
+from signoff.store.connector import Connector
+from signoff.store.queries import SQL
+
+CHANNEL = "whatsapp"
+
+
+class Outgoing(msgspec.Struct, frozen=True, kw_only=True):
+    """A thread-log entry of a WhatsApp thread, claimed by one gateway to send."""
+
+    key: str
+    tenant: str
+    wa_id: str
+    thread_id: str
+    seq: int
+    kind: str
+    body: dict[str, Any]
+    in_window: bool
+
+
+class WhatsAppRows:
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
+    async def record_delivery(self, channel: str, message_id: str) -> bool:
+        """True the first time ``message_id`` is seen on ``channel`` (any process)."""
+        return await self._db.fetchval(SQL.delivery_record, channel, message_id) is not None
+
+    async def forget_delivery(self, channel: str, message_id: str) -> None:
+        """Undo ``record_delivery`` for a delivery that could not be handled (redelivered)."""
+        await self._db.execute(SQL.delivery_forget, channel, message_id)
+
+    async def contact_thread(self, tenant: str, wa_id: str) -> str | None:
+        value = await self._db.fetchval(SQL.wa_contact_get, tenant, wa_id)
+        return None if value is None else str(value)
+
+    async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None:
+        """Bind ``thread_id`` to the number; None if another process bound one first."""
+        value = await self._db.fetchval(
+            SQL.wa_contact_insert, tenant, wa_id, rows.uuid_of(thread_id)
+        )
+        return None if value is None else str(value)
+
+    async def touch_inbound(self, tenant: str, wa_id: str) -> None:
+        """The number wrote to us now: its 24-hour window opens again."""
+        await self._db.execute(SQL.wa_contact_inbound, tenant, wa_id)
+
+    async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool:
+        value = await self._db.fetchval(SQL.wa_in_window, tenant, wa_id, float(window_seconds))
+        return bool(value)
+
+    async def claim_outgoing(
+        self, claimer: str, window_seconds: float, limit: int = 100
+    ) -> list[Outgoing]:
+        found = await self._db.fetch(SQL.wa_outbound_claim, limit, claimer, float(window_seconds))
+        return [msgspec.convert(dict(r), Outgoing) for r in found]
+
+    async def claim_reply(self, key: str, tenant: str, wa_id: str, kind: str, claimer: str) -> bool:
+        """Claim a direct answer (keyed by the inbound message): True for exactly one caller."""
+        value = await self._db.fetchval(SQL.wa_reply_claim, key, tenant, wa_id, kind, claimer)
+        return value is not None
+
+    async def finish_outgoing(
+        self, key: str, status: str, attempts: int, error: str | None, wa_message: str | None
+    ) -> None:
+        await self._db.execute(SQL.wa_outbound_finish, key, status, attempts, error, wa_message)
+
+    async def refuse(
+        self, card_id: str, actor: str, channel: str, reason: str, detail: dict[str, Any]
+    ) -> None:
+        """Keep a refused decision attempt (not a transition: card_events stays transitions)."""
+        await self._db.execute(
+            SQL.card_refusal_insert, rows.uuid_of(card_id), actor, channel, reason, detail
+        )
+
+    async def refusals(self, card_id: str) -> list[dict[str, Any]]:
+        found = await self._db.fetch(SQL.card_refusals_of_card, rows.uuid_of(card_id))
+        return [dict(r) for r in found]
