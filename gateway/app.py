@@ -27,7 +27,7 @@ from signoff.gateway.ws import websocket_endpoint
 from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions
-from signoff.runtime.errors import SignoffError
+from signoff.runtime.errors import ConfigError, SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, gauge, process_lines
 from signoff.runtime.store import Store
@@ -148,6 +148,17 @@ def build_app(
             "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    whatsapp = None
+    if settings.whatsapp_enabled:
+        from signoff.gateway.channels.whatsapp.webhook import ChannelRows, WhatsAppChannel
+
+        rows: ChannelRows | None = getattr(store, "whatsapp", None)
+        if rows is None:
+            raise ConfigError("the WhatsApp channel needs the Postgres store")
+        whatsapp = WhatsAppChannel(
+            settings=settings, store=store, rows=rows, bus=bus, decisions=decisions
+        )
+
     routes: list[Any] = [
         Route("/", index),
         Route("/healthz", healthz),
@@ -159,6 +170,7 @@ def build_app(
         # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
         Mount("/static", StaticFiles(packages=[("signoff.gateway", "static")]), name="static"),
         *api.routes(),
+        *(whatsapp.routes() if whatsapp is not None else []),
         *(extra_routes or []),
     ]
     app = Starlette(
@@ -169,4 +181,5 @@ def build_app(
     app.state.feeds = feeds
     app.state.service = service
     app.state.socket_slots = slots
+    app.state.whatsapp = whatsapp  # its courier is started by the process (runtime/node.py)
     return app

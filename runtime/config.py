@@ -68,6 +68,32 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # its body within body_timeout_seconds of the headers (408, or the connection is cut).
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 15.0
+    # The WhatsApp Cloud API channel (gateway/channels/whatsapp): off unless the phone
+    # number id, token, app secret and verify token are all set.
+    whatsapp_phone_number_id: str = ""
+    whatsapp_token: str = ""
+    whatsapp_app_secret: str = ""
+    whatsapp_verify_token: str = ""
+    whatsapp_api_version: str = "v21.0"
+    whatsapp_base_url: str = "https://graph.facebook.com"  # a fake Graph API in tests
+    # Text confirmation ("sim", "ok", ...): off by default; the highest risk it approves.
+    whatsapp_text_confirm: bool = False
+    whatsapp_text_confirm_max_risk: str = "reversible"
+    # Outside the 24-hour window, cards and notices go as this approved template.
+    whatsapp_template_name: str = "signoff_notice"
+    whatsapp_template_language: str = "pt_BR"
+    whatsapp_window_seconds: float = 24 * 3600.0
+    whatsapp_poll_seconds: float = 0.3  # how often a gateway looks for entries to send
+    whatsapp_send_attempts: int = 4  # per message, with backoff on 5xx/429/network errors
+
+    @property
+    def whatsapp_enabled(self) -> bool:
+        return bool(
+            self.whatsapp_phone_number_id
+            and self.whatsapp_token
+            and self.whatsapp_app_secret
+            and self.whatsapp_verify_token
+        )
 
     def with_(self, **changes: Any) -> Settings:
         return msgspec.structs.replace(self, **changes)
@@ -111,10 +137,23 @@ _ENV: dict[str, str] = {
     "quota_sockets": "SIGNOFF_QUOTA_SOCKETS",
     "header_timeout_seconds": "SIGNOFF_HEADER_TIMEOUT_SECONDS",
     "body_timeout_seconds": "SIGNOFF_BODY_TIMEOUT_SECONDS",
+    "whatsapp_phone_number_id": "SIGNOFF_WHATSAPP_PHONE_NUMBER_ID",
+    "whatsapp_token": "SIGNOFF_WHATSAPP_TOKEN",
+    "whatsapp_app_secret": "SIGNOFF_WHATSAPP_APP_SECRET",
+    "whatsapp_verify_token": "SIGNOFF_WHATSAPP_VERIFY_TOKEN",
+    "whatsapp_api_version": "SIGNOFF_WHATSAPP_API_VERSION",
+    "whatsapp_base_url": "SIGNOFF_WHATSAPP_BASE_URL",
+    "whatsapp_text_confirm": "SIGNOFF_WHATSAPP_TEXT_CONFIRM",
+    "whatsapp_text_confirm_max_risk": "SIGNOFF_WHATSAPP_TEXT_CONFIRM_MAX_RISK",
+    "whatsapp_template_name": "SIGNOFF_WHATSAPP_TEMPLATE_NAME",
+    "whatsapp_template_language": "SIGNOFF_WHATSAPP_TEMPLATE_LANGUAGE",
+    "whatsapp_window_seconds": "SIGNOFF_WHATSAPP_WINDOW_SECONDS",
+    "whatsapp_poll_seconds": "SIGNOFF_WHATSAPP_POLL_SECONDS",
+    "whatsapp_send_attempts": "SIGNOFF_WHATSAPP_SEND_ATTEMPTS",
 }
 
 
-_BOOLS = frozenset({"offline_model", "allow_app_skew"})
+_BOOLS = frozenset({"offline_model", "allow_app_skew", "whatsapp_text_confirm"})
 
 
 def env_names() -> dict[str, str]:

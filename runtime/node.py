@@ -215,6 +215,10 @@ async def serve_gateway(
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
+    # The WhatsApp courier (design note 24) runs beside the server, as long as it does.
+    whatsapp = getattr(app.state, "whatsapp", None)
+    courier = asyncio.create_task(whatsapp.courier.run()) if whatsapp is not None else None
+    task.add_done_callback(lambda _: courier.cancel() if courier is not None else None)
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if started is not None:

@@ -1,0 +1,1 @@
+"""Channel adapters of the gateway (WhatsApp Cloud API)."""

@@ -1,0 +1,106 @@
+"""What the channel sends, built by code from the stored card (never model text for cards
+and notices): the card as an interactive message with Confirm / Cancel reply buttons, and
+fixed notices for results, rejections, expiry and decisions taken on another channel.
+Outside the 24-hour window the same text goes as the configured template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from signoff.gateway.channels.whatsapp.inbound import button_id
+from signoff.runtime.cards import Decision
+
+CONFIRM, CANCEL = "Confirmar", "Cancelar"  # reply-button titles: at most 20 characters
+MAX_BODY = 1024  # an interactive body's limit
+MAX_TEXT = 4096
+
+CHANNEL_NAMES = {"whatsapp": "no WhatsApp", "ws": "no chat", "http": "pela API"}
+
+
+def interactive_card(to: str, card: dict[str, Any]) -> dict[str, Any]:
+    buttons = [
+        {
+            "type": "reply",
+            "reply": {"id": button_id(Decision.APPROVE, card["id"]), "title": CONFIRM},
+        },
+        {"type": "reply", "reply": {"id": button_id(Decision.REJECT, card["id"]), "title": CANCEL}},
+    ]
+    return {
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": to,
+        "type": "interactive",
+        "interactive": {
+            "type": "button",
+            "body": {"text": str(card["summary"])[:MAX_BODY]},
+            "action": {"buttons": buttons},
+        },
+    }
+
+
+def text(to: str, body: str) -> dict[str, Any]:
+    return {
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": to,
+        "type": "text",
+        "text": {"preview_url": False, "body": body[:MAX_TEXT]},
+    }
+
+
+def template(to: str, name: str, language: str, body: str) -> dict[str, Any]:
+    """An approved template with one body parameter: the card's summary or the notice."""
+    return {
+        "messaging_product": "whatsapp",
+        "to": to,
+        "type": "template",
+        "template": {
+            "name": name,
+            "language": {"code": language},
+            "components": [{"type": "body", "parameters": [{"type": "text", "text": body[:1024]}]}],
+        },
+    }
+
+
+def notice(card: dict[str, Any]) -> str | None:
+    """The fixed notice for a card's new status; None when nothing is worth sending
+    (``approved`` on WhatsApp itself, ``executing``, ``superseded``, ``modified``)."""
+    status, summary = card.get("status"), card.get("summary", "")
+    where = CHANNEL_NAMES.get(str(card.get("channel") or ""), "em outro canal")
+    if status == "executed":
+        return f"Feito: {summary}"
+    if status == "failed":
+        return f"Não foi possível concluir: {summary}"
+    if status == "invalidated":
+        return f"Não executado (a situação mudou): {summary}"
+    if status == "expired":
+        return f"Expirou sem decisão: {summary}"
+    if status == "rejected":
+        return f"Cancelado {where}: {summary}"
+    if status == "approved" and card.get("channel") != "whatsapp":
+        return f"Aprovado {where}: {summary}"
+    return None
+
+
+def decided_notice(card: dict[str, Any]) -> str:
+    """The answer to a late button on a card that is no longer pending."""
+    where = CHANNEL_NAMES.get(str(card.get("channel") or ""), "")
+    said = {
+        "approved": "aprovado",
+        "executing": "aprovado",
+        "executed": "aprovado e executado",
+        "rejected": "cancelado",
+        "expired": "expirado",
+        "superseded": "substituído por um pedido mais novo",
+    }.get(str(card.get("status")), str(card.get("status")))
+    return f"Este pedido já foi {said}{(' ' + where) if where else ''}: {card.get('summary', '')}"
+
+
+def assistant_text(body: dict[str, Any]) -> str:
+    """The model's reply text (plain chat, outside cards and notices)."""
+    parts = [
+        b.get("text", "")
+        for b in body.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "text"
+    ]
+    return "\n".join(p for p in parts if p).strip()

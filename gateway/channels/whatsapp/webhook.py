@@ -1,0 +1,233 @@
+"""The webhook: ``GET /v1/whatsapp/webhook`` (Meta's verification handshake) and
+``POST /v1/whatsapp/webhook`` (deliveries). A delivery's raw bytes are verified
+(``X-Hub-Signature-256``) before anything is parsed or stored; each message is handled
+once (``deliveries``, ``ON CONFLICT``), whichever gateway receives it and however often
+Meta redelivers it. Button decisions take the web's path, ``Decisions.resolve``."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Protocol
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from signoff.gateway.channels.whatsapp import inbound, outbound, policy, signature
+from signoff.gateway.channels.whatsapp.courier import Courier, OutboundRows
+from signoff.gateway.channels.whatsapp.graph import GraphSender
+from signoff.gateway.http import error_response, json_response
+from signoff.runtime.bus import Bus, Job
+from signoff.runtime.cards import Card, Decision
+from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Decisions, Resolution
+from signoff.runtime.errors import (
+    AlreadyDecided,
+    CardNotFound,
+    Expired,
+    InvalidInput,
+    NotOwner,
+    SignoffError,
+    StaleCard,
+)
+from signoff.runtime.store import Store
+
+log = logging.getLogger("signoff.whatsapp")
+
+CHANNEL = "whatsapp"
+MAX_BODY = 1024 * 1024
+# Run ids derive from the inbox message id (design note 5); WhatsApp's own message id
+# makes that id stable across Meta's redeliveries too.
+_NS = uuid.UUID("5f0e1d52-8c35-4d7e-9a53-0d3f3a1c9b11")
+
+
+class ChannelRows(OutboundRows, Protocol):
+    async def record_delivery(self, channel: str, message_id: str) -> bool: ...
+    async def forget_delivery(self, channel: str, message_id: str) -> None: ...
+    async def contact_thread(self, tenant: str, wa_id: str) -> str | None: ...
+    async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
+    async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
+    async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
+    async def claim_reply(
+        self, key: str, tenant: str, wa_id: str, kind: str, claimer: str
+    ) -> bool: ...
+    async def refuse(
+        self, card_id: str, actor: str, channel: str, reason: str, detail: dict[str, Any]
+    ) -> None: ...
+
+
+class WhatsAppChannel:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        rows: ChannelRows,
+        bus: Bus,
+        decisions: Decisions,
+        sender: GraphSender | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.rows = rows
+        self.bus = bus
+        self.decisions = decisions
+        self.tenant = settings.tenant
+        self.sender = sender or GraphSender(
+            base_url=settings.whatsapp_base_url,
+            api_version=settings.whatsapp_api_version,
+            phone_number_id=settings.whatsapp_phone_number_id,
+            token=settings.whatsapp_token,
+            attempts=settings.whatsapp_send_attempts,
+        )
+        self.claimer = f"gateway-{settings.worker_id}"
+        self.courier = Courier(rows, self.sender, settings, self.claimer)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/whatsapp/webhook", self.verify, methods=["GET"]),
+            Route("/v1/whatsapp/webhook", self.receive, methods=["POST"]),
+        ]
+
+    async def verify(self, request: Request) -> Response:
+        q = request.query_params
+        if q.get("hub.mode") == "subscribe" and signature.verify_token_matches(
+            q.get("hub.verify_token"), self.settings.whatsapp_verify_token
+        ):
+            return PlainTextResponse(q.get("hub.challenge", ""))
+        return PlainTextResponse("forbidden", status_code=403)
+
+    async def receive(self, request: Request) -> Response:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+            return error_response(InvalidInput("body too large"))
+        raw = await request.body()
+        try:
+            signature.verify(
+                raw, request.headers.get("x-hub-signature-256"), self.settings.whatsapp_app_secret
+            )
+            payload = msgspec.json.decode(raw)
+            items = inbound.messages(payload)
+        except msgspec.DecodeError:
+            return error_response(InvalidInput("invalid JSON"))
+        except SignoffError as exc:
+            return error_response(exc)
+        for item in items:
+            if not await self.rows.record_delivery(CHANNEL, item.message_id):
+                continue  # seen before: by this gateway, another one, or days ago
+            try:
+                await self.handle(item)
+            except Exception:
+                # Not handled: forget it, so Meta's redelivery gets another chance.
+                await self.rows.forget_delivery(CHANNEL, item.message_id)
+                raise
+        return json_response({"ok": True})
+
+    async def handle(self, item: inbound.Inbound) -> None:
+        if item.button_id is not None:
+            await self.button(item)
+        elif item.text is not None:
+            await self.text(item)
+
+    async def thread_of(self, wa_id: str) -> str:
+        """The number's thread in this tenant, made on its first message."""
+        found = await self.rows.contact_thread(self.tenant, wa_id)
+        if found is not None:
+            return found
+        thread = await self.store.create_thread(self.tenant, wa_id)
+        bound = await self.rows.add_contact(self.tenant, wa_id, thread.id)
+        if bound is None:  # another gateway bound the number first
+            await self.store.delete_empty_thread(thread.id)
+            again = await self.rows.contact_thread(self.tenant, wa_id)
+            assert again is not None
+            return again
+        return bound
+
+    async def text(self, item: inbound.Inbound) -> None:
+        assert item.text is not None
+        thread_id = await self.thread_of(item.wa_id)
+        await self.rows.touch_inbound(self.tenant, item.wa_id)
+        if self.settings.whatsapp_text_confirm:
+            pending = await self.store.pending_cards(thread_id)
+            card = policy.card_to_confirm(
+                item.text, pending, self.settings.whatsapp_text_confirm_max_risk
+            )
+            if card is not None and card.owner == item.wa_id:
+                await self.decide(item, card, Decision.APPROVE)
+                return
+        text = item.text.strip()[:8000]
+        await self.bus.enqueue(
+            Job(
+                thread_id=thread_id,
+                text=text,
+                user=item.wa_id,
+                tenant=self.tenant,
+                channel=CHANNEL,
+                message_id=str(uuid.uuid5(_NS, item.message_id)),
+            )
+        )
+
+    async def button(self, item: inbound.Inbound) -> None:
+        assert item.button_id is not None
+        parsed = inbound.parse_button(item.button_id)
+        if parsed is None:
+            log.info("unknown WhatsApp button id %r from %s ignored", item.button_id, item.wa_id)
+            return
+        decision, card_id = parsed
+        try:
+            card = await self.store.get_card(card_id)
+        except (CardNotFound, InvalidInput):
+            log.info("WhatsApp button for unknown card %s ignored", card_id)
+            return
+        if await self.rows.contact_thread(self.tenant, item.wa_id) is not None:
+            await self.rows.touch_inbound(self.tenant, item.wa_id)
+        await self.decide(item, card, decision)
+
+    async def decide(self, item: inbound.Inbound, card: Card, decision: Decision) -> None:
+        res = Resolution(decision=decision, snapshot_hash=card.snapshot_hash)
+        try:
+            await self.decisions.resolve(
+                card.id, res, principal=item.wa_id, channel=CHANNEL, tenant=self.tenant
+            )
+        except NotOwner:
+            # Refused and kept (card_refusals, not card_events: no transition happened).
+            log.warning(
+                "WhatsApp %s tried to %s card %s it does not own", item.wa_id, decision, card.id
+            )
+            await self.rows.refuse(
+                card.id,
+                item.wa_id,
+                CHANNEL,
+                "not_owner",
+                {"decision": str(decision), "message_id": item.message_id},
+            )
+        except (AlreadyDecided, Expired, StaleCard):
+            if card.owner != item.wa_id:  # another number: refused, and told nothing
+                await self.rows.refuse(
+                    card.id,
+                    item.wa_id,
+                    CHANNEL,
+                    "not_owner",
+                    {"decision": str(decision), "message_id": item.message_id},
+                )
+                return
+            fresh = await self.store.get_card(card.id)
+            await self.reply(item, outbound.decided_notice(fresh.public()))
+
+    async def reply(self, item: inbound.Inbound, body: str) -> None:
+        """A direct answer to one inbound message, claimed once (keyed by its id)."""
+        key = f"reply:{item.message_id}"
+        if not await self.rows.claim_reply(key, self.tenant, item.wa_id, "notice", self.claimer):
+            return
+        if await self.rows.in_window(
+            self.tenant, item.wa_id, self.settings.whatsapp_window_seconds
+        ):
+            payload = outbound.text(item.wa_id, body)
+        else:
+            s = self.settings
+            payload = outbound.template(
+                item.wa_id, s.whatsapp_template_name, s.whatsapp_template_language, body
+            )
+        await self.courier.finish(key, await self.sender.send(payload))
