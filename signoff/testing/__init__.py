@@ -32,6 +32,9 @@ What is here:
   ``anthropic`` client talks to (plain and streamed replies), with scripted replies built
   from :func:`reply`, :func:`text`, :func:`tool_use` (several in one reply: parallel tool
   use) and :func:`thinking`. Every request it got is in ``.requests``.
+* :class:`FakeGraphAPI` — a local WhatsApp Cloud API that records what the channel sends;
+  :func:`delivery`, :func:`text_message`, :func:`button_message` and :func:`signed` build
+  signed webhook deliveries.
 * :mod:`signoff.testing.cluster` — gateways and workers as real processes, for
   multi-process tests (they die with the test process, even on ``kill -9``).
 * :mod:`signoff.testing.servers` — the Postgres and Redis servers a suite runs against,
@@ -45,6 +48,13 @@ from __future__ import annotations
 
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.records import CardEvent
+from signoff.testing.fake_graph import (
+    FakeGraphAPI,
+    button_message,
+    delivery,
+    signed,
+    text_message,
+)
 from signoff.testing.fake_messages import (
     FakeMessagesServer,
     ScriptedReply,
@@ -61,13 +71,18 @@ __all__ = [
     "Card",
     "CardEvent",
     "Decision",
+    "FakeGraphAPI",
     "FakeMessagesServer",
     "Harness",
     "ScriptedReply",
     "Status",
     "ToolResult",
+    "button_message",
+    "delivery",
     "reply",
+    "signed",
     "text",
+    "text_message",
     "thinking",
     "tool_use",
 ]

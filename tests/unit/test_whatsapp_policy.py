@@ -1,0 +1,87 @@
+"""The WhatsApp channel's pure parts: signature, button ids, the text-confirmation policy."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from signoff.gateway.channels.whatsapp import inbound, policy, signature
+from signoff.runtime.cards import Card, Decision, Risk, Status
+from signoff.runtime.errors import BadSignature
+from signoff.testing import button_message, delivery, signed, text_message
+
+SECRET = "app-secret"
+
+
+def test_a_valid_signature_is_accepted() -> None:
+    body = delivery(text_message("5511", "oi"))
+    signature.verify(body, signed(body, SECRET)["X-Hub-Signature-256"], SECRET)
+
+
+@pytest.mark.parametrize("case", ["wrong_secret", "missing", "sha1", "reserialized", "truncated"])
+def test_bad_signatures_are_refused(case: str) -> None:
+    body = delivery(text_message("5511", "oi"))
+    good = signed(body, SECRET)["X-Hub-Signature-256"]
+    header: str | None = {
+        "wrong_secret": signed(body, "other")["X-Hub-Signature-256"],
+        "missing": None,
+        "sha1": "sha1=" + good.removeprefix("sha256=")[:40],
+        "reserialized": good,
+        "truncated": good[:-2],
+    }[case]
+    sent = json.dumps(json.loads(body), indent=1).encode() if case == "reserialized" else body
+    with pytest.raises(BadSignature):
+        signature.verify(sent, header, SECRET)
+
+
+def test_verify_token_is_an_exact_match() -> None:
+    assert signature.verify_token_matches("tok", "tok")
+    assert not signature.verify_token_matches("tok ", "tok")
+    assert not signature.verify_token_matches(None, "tok")
+    assert not signature.verify_token_matches("", "")
+
+
+def test_inbound_messages_and_button_ids() -> None:
+    body = json.loads(delivery(text_message("1", "oi", "m1"), button_message("2", "pa:approve:c")))
+    got = inbound.messages(body)
+    assert [(m.message_id, m.wa_id, m.text, m.button_id) for m in got] == [
+        ("m1", "1", "oi", None),
+        (got[1].message_id, "2", None, "pa:approve:c"),
+    ]
+    assert inbound.parse_button("pa:approve:c") == (Decision.APPROVE, "c")
+    assert inbound.parse_button("pa:reject:c") == (Decision.REJECT, "c")
+    assert inbound.parse_button("pa:edit:c") is None
+    assert inbound.parse_button("xx:approve:c") is None
+    statuses = {"object": "whatsapp_business_account", "entry": [{"changes": [{"value": {
+        "statuses": [{"id": "s", "status": "read"}]}}]}]}  # fmt: skip
+    assert inbound.messages(statuses) == []
+
+
+def card(risk: Risk = Risk.REVERSIBLE, status: Status = Status.PENDING) -> Card:
+    now = datetime.now(UTC)
+    return Card(
+        id="c1", thread_id="t", run_id="r", tenant="demo", owner="5511", tool="x",
+        risk=risk, args_snapshot={}, summary="s", impact={}, snapshot_hash="h",
+        request_key="k", operation_id="o", status=status, expires_at=now, created_at=now,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["sim", "Sim!", "SIM.", "confirmo", "Pode", "ok", "yes"])
+def test_yes_approves_the_one_pending_card(text: str) -> None:
+    c = card()
+    assert policy.card_to_confirm(text, [c], "reversible") is c
+
+
+@pytest.mark.parametrize("text", ["sim, mas muda pra 200", "sim sim", "não", "simm", "ok?? muda"])
+def test_anything_else_is_a_message(text: str) -> None:
+    assert policy.card_to_confirm(text, [card()], "reversible") is None
+
+
+def test_yes_needs_exactly_one_pending_card_under_the_risk_limit() -> None:
+    assert policy.card_to_confirm("sim", [], "reversible") is None
+    assert policy.card_to_confirm("sim", [card(), card()], "reversible") is None
+    assert policy.card_to_confirm("sim", [card(Risk.CRITICAL)], "reversible") is None
+    assert policy.card_to_confirm("sim", [card(Risk.CRITICAL)], "critical") is not None
+    assert policy.normalize("Confirmação!") == "confirmacao"
