@@ -725,7 +725,8 @@
     var result = card.result || {};
     function line(text, cls) { box.appendChild(make('p', cls || 'outcome-line', text)); }
     function by() {
-      return card.decided_by ? ' by ' + card.decided_by + (card.channel ? ' (' + card.channel + ')' : '') : '';
+      var where = {whatsapp: 'no WhatsApp', ws: 'in the chat', http: 'through the API'}[card.channel] || card.channel;
+      return card.decided_by ? ' by ' + card.decided_by + (where ? ' (' + where + ')' : '') : '';
     }
     if (status === 'executed') {
       line('Done' + by() + '.');
