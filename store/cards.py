@@ -141,7 +141,7 @@ class Cards:
             snapshot_hash,
             tenant,
             detail,
-            tools,
+            None if tools is None else ",".join(tools),  # tool names have no commas
         )
         if row is None:
             now = await self._db.fetchrow(SQL.card_diagnose, cid)
