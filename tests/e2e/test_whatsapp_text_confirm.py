@@ -1,0 +1,128 @@
+"""The text-confirmation policy through real gateways (SIGNOFF_WHATSAPP_TEXT_CONFIRM on):
+a bare "sim" approves the thread's one pending non-critical card; anything more, or a
+critical card, is an ordinary message for the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from signoff.testing import FakeGraphAPI
+from tests import services
+from tests.cluster import Cluster, cluster
+from tests.e2e.test_whatsapp import SECRET, TOKEN, card_status, pending_card, say
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def yes(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with FakeGraphAPI(token=TOKEN) as graph:
+        env: dict[str, str] = {
+            "SIGNOFF_WHATSAPP_PHONE_NUMBER_ID": "100",
+            "SIGNOFF_WHATSAPP_TOKEN": TOKEN,
+            "SIGNOFF_WHATSAPP_APP_SECRET": SECRET,
+            "SIGNOFF_WHATSAPP_VERIFY_TOKEN": "verify-me",
+            "SIGNOFF_WHATSAPP_BASE_URL": graph.url,
+            "SIGNOFF_WHATSAPP_POLL_SECONDS": "0.1",
+            "SIGNOFF_WHATSAPP_TEXT_CONFIRM": "1",
+        }
+        with cluster(
+            database_url,
+            services.redis_url(),
+            tmp_path_factory.mktemp("wa-yes"),
+            gateways=2,
+            workers=1,
+            cwd=None,
+            **env,
+        ) as c:
+            yield c
+
+
+async def reached_agent(db: asyncpg.Connection, thread: Any, text: str) -> None:
+    deadline = time.monotonic() + 30
+    while not await db.fetchval(
+        "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
+        " AND body::text LIKE '%' || $2 || '%'",
+        thread,
+        text,
+    ):
+        assert time.monotonic() < deadline, f"{text!r} never reached the agent"
+        await asyncio.sleep(0.1)
+
+
+async def approvals(db: asyncpg.Connection, card: asyncpg.Record) -> int:
+    return int(
+        await db.fetchval(
+            "SELECT count(*) FROM card_events WHERE card_id = $1 AND to_status = 'approved'",
+            card["id"],
+        )
+    )
+
+
+async def test_sim_approves_the_one_pending_non_critical_card(
+    yes: Cluster, database_url: str
+) -> None:
+    me = "5511900000020"
+    await say(yes, me, "cancela a consulta A001")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        assert card["risk"] == "reversible"
+        await say(yes, me, "Sim!", gw=1)
+        await card_status(db, card["id"], "executed")
+        assert await approvals(db, card) == 1
+        assert (
+            await db.fetchval("SELECT channel FROM cards WHERE id = $1", card["id"]) == "whatsapp"
+        )
+        # The confirmation was a decision, not a message for the agent.
+        assert not await db.fetchval(
+            "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
+            " AND body::text LIKE '%Sim!%'",
+            card["thread_id"],
+        )
+    finally:
+        await db.close()
+
+
+async def test_sim_with_more_words_is_a_normal_message(yes: Cluster, database_url: str) -> None:
+    me = "5511900000021"
+    await say(yes, me, "cancela a consulta A002")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        assert card["risk"] == "reversible"
+        await say(yes, me, "sim, mas muda pra 200")
+        await reached_agent(db, card["thread_id"], "sim, mas muda pra 200")
+        await asyncio.sleep(0.5)
+        assert await approvals(db, card) == 0
+        assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) in (
+            "pending",
+            "superseded",
+        )
+    finally:
+        await db.close()
+
+
+async def test_sim_does_not_approve_a_critical_card(yes: Cluster, database_url: str) -> None:
+    me = "5511900000022"
+    await say(yes, me, "cobra R$ 50,00 da Maria por pix")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        assert card["risk"] == "critical"
+        await say(yes, me, "sim")
+        await reached_agent(db, card["thread_id"], '"sim"')
+        await asyncio.sleep(0.5)
+        assert await approvals(db, card) == 0
+        assert not await db.fetchval(
+            "SELECT count(*) FROM demo_charges WHERE idempotency_key = $1",
+            str(card["operation_id"]),
+        )
+    finally:
+        await db.close()
