@@ -85,6 +85,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     whatsapp_window_seconds: float = 24 * 3600.0
     whatsapp_poll_seconds: float = 0.3  # how often a gateway looks for entries to send
     whatsapp_send_attempts: int = 4  # per message, with backoff on 5xx/429/network errors
+    # A claim never marked sent/failed after this long is taken over by a live gateway
+    # (its claimer died between claim and send; a rare duplicate, design note 24).
+    whatsapp_claim_lease_seconds: float = 30.0
 
     @property
     def whatsapp_enabled(self) -> bool:
@@ -150,6 +153,7 @@ _ENV: dict[str, str] = {
     "whatsapp_window_seconds": "SIGNOFF_WHATSAPP_WINDOW_SECONDS",
     "whatsapp_poll_seconds": "SIGNOFF_WHATSAPP_POLL_SECONDS",
     "whatsapp_send_attempts": "SIGNOFF_WHATSAPP_SEND_ATTEMPTS",
+    "whatsapp_claim_lease_seconds": "SIGNOFF_WHATSAPP_CLAIM_LEASE_SECONDS",
 }
 
 

@@ -90,6 +90,7 @@ class Queries:
     wa_contact_insert: str
     wa_contact_inbound: str
     wa_outbound_claim: str
+    wa_outbound_reclaim: str
     wa_reply_claim: str
     wa_outbound_finish: str
     wa_in_window: str

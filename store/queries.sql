@@ -989,6 +989,31 @@ SELECT d.tenant, d.wa_id, d.thread_id::text, d.seq, d.kind, d.body, d.in_window,
 FROM due d JOIN claimed k ON k.key = 'log:' || d.thread_id || ':' || d.seq
 ORDER BY d.thread_id, d.seq;
 
+-- name: wa_outbound_reclaim
+-- Take over up to $1 thread-log claims that stayed 'claimed' longer than the lease ($3
+-- seconds): their gateway died between claim and send (design note 24). The re-checked
+-- WHERE of the UPDATE lets one gateway win each row. $2: the new claimer, $4: the window.
+WITH stale AS (
+    SELECT key FROM wa_outbound
+    WHERE status = 'claimed' AND thread_id IS NOT NULL
+      AND claimed_at < now() - make_interval(secs => $3)
+    ORDER BY claimed_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE wa_outbound o SET claimed_by = $2, claimed_at = now()
+    FROM stale WHERE o.key = stale.key
+    RETURNING o.key, o.tenant, o.wa_id, o.thread_id, o.seq, o.kind
+)
+SELECT t.tenant, t.wa_id, t.thread_id::text, t.seq, t.kind, m.body,
+       (c.last_inbound_at IS NOT NULL
+        AND c.last_inbound_at > now() - make_interval(secs => $4)) AS in_window,
+       t.key
+FROM taken t
+JOIN messages m ON m.thread_id = t.thread_id AND m.seq = t.seq
+JOIN wa_contacts c ON c.tenant = t.tenant AND c.wa_id = t.wa_id
+ORDER BY t.thread_id, t.seq;
+
 -- name: wa_reply_claim
 -- A direct answer to one inbound delivery (a late or refused button), claimed once.
 INSERT INTO wa_outbound (key, tenant, wa_id, kind, claimed_by)

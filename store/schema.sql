@@ -165,9 +165,11 @@ CREATE TABLE wa_outbound (
     error       text,
     wa_message  text,
     created_at  timestamptz NOT NULL DEFAULT now(),
-    sent_at     timestamptz
+    sent_at     timestamptz,
+    claimed_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX wa_outbound_failed ON wa_outbound (created_at) WHERE status = 'failed';
+CREATE INDEX wa_outbound_claimed ON wa_outbound (claimed_at) WHERE status = 'claimed';
 
 CREATE TABLE card_refusals (
     id       bigserial PRIMARY KEY,

@@ -64,6 +64,15 @@ class WhatsAppRows:
         found = await self._db.fetch(SQL.wa_outbound_claim, limit, claimer, float(window_seconds))
         return [msgspec.convert(dict(r), Outgoing) for r in found]
 
+    async def reclaim_outgoing(
+        self, claimer: str, lease_seconds: float, window_seconds: float, limit: int = 100
+    ) -> list[Outgoing]:
+        """Take over log-entry claims older than the lease that were never finished."""
+        found = await self._db.fetch(
+            SQL.wa_outbound_reclaim, limit, claimer, float(lease_seconds), float(window_seconds)
+        )
+        return [msgspec.convert(dict(r), Outgoing) for r in found]
+
     async def claim_reply(self, key: str, tenant: str, wa_id: str, kind: str, claimer: str) -> bool:
         """Claim a direct answer (keyed by the inbound message): True for exactly one caller."""
         value = await self._db.fetchval(SQL.wa_reply_claim, key, tenant, wa_id, kind, claimer)

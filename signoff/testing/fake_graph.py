@@ -9,7 +9,8 @@
 
 It records every ``POST /{version}/{phone_number_id}/messages`` it receives (``.sent``),
 answers like Meta (``{"messages": [{"id": "wamid..."}]}``), checks the bearer token when
-given one, and can be told to fail the next requests (``fail_next(3, status=503)``).
+given one, and can be told to fail the next requests (``fail_next(3, status=503)``, or
+only those a predicate accepts: ``fail_next(3, 429, match=lambda m: m["to"] == n)``).
 :func:`delivery`, :func:`text_message` and :func:`button_message` build webhook payloads,
 and :func:`signed` signs them as Meta does (``X-Hub-Signature-256``).
 """
@@ -35,7 +36,8 @@ class FakeGraphAPI:
         self.token = token
         self.sent: list[dict[str, Any]] = []
         self.requests = 0
-        self._fail: list[int] = []
+        self._seen: list[dict[str, Any]] = []
+        self._fail: list[tuple[int, Callable[[dict[str, Any]], bool] | None]] = []
         self._lock = threading.Condition()
         fake = self
 
@@ -78,10 +80,18 @@ class FakeGraphAPI:
     ) -> None:
         self.stop()
 
-    def fail_next(self, n: int, status: int = 503) -> None:
-        """The next ``n`` requests are answered ``status`` (and not recorded as sent)."""
+    def fail_next(
+        self, n: int, status: int = 503, match: Callable[[dict[str, Any]], bool] | None = None
+    ) -> None:
+        """The next ``n`` requests (only those ``match`` accepts, when given) are answered
+        ``status`` and not recorded as sent."""
         with self._lock:
-            self._fail.extend([status] * n)
+            self._fail.extend([(status, match)] * n)
+
+    def attempts(self, match: Callable[[dict[str, Any]], bool]) -> int:
+        """How many requests ``match`` accepted, failed ones included."""
+        with self._lock:
+            return sum(1 for m in self._seen if match(m))
 
     def _answer(self, path: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
         with self._lock:
@@ -90,12 +100,15 @@ class FakeGraphAPI:
                 return 404, {"error": {"message": "unknown path"}}
             if self.token is not None and auth != f"Bearer {self.token}":
                 return 401, {"error": {"message": "invalid access token", "code": 190}}
-            if self._fail:
-                return self._fail.pop(0), {"error": {"message": "try again", "code": 2}}
             try:
                 message = json.loads(body)
             except ValueError:
                 return 400, {"error": {"message": "invalid JSON"}}
+            self._seen.append(message)
+            for i, (status, match) in enumerate(self._fail):
+                if match is None or match(message):
+                    del self._fail[i]
+                    return status, {"error": {"message": "try again", "code": 2}}
             self.sent.append(message)
             self._lock.notify_all()
             return 200, {

@@ -210,3 +210,215 @@ async def test_charge_end_to_end_then_duplicates_and_strangers(
         )
     finally:
         await db.close()
+
+
+async def say(c: Cluster, wa_id: str, text: str, gw: int = 0) -> None:
+    body = delivery(text_message(wa_id, text))
+    assert post(c, body, signed(body, SECRET), gw=gw).status_code == 200
+
+
+async def resolve_on_web(c: Cluster, card: asyncpg.Record, decision: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await client.post(
+            f"{c.gateways[1].url}/v1/cards/{card['id']}/resolve",
+            json={"decision": decision, "snapshot_hash": card["snapshot_hash"]},
+            headers={"Authorization": f"Bearer {c.token(card['owner'])}"},
+        )
+
+
+def interactive_for(card: asyncpg.Record) -> Any:
+    bid = f"pa:approve:{card['id']}"
+    return lambda m: (
+        m.get("type") == "interactive"
+        and m["interactive"]["action"]["buttons"][0]["reply"]["id"] == bid
+    )
+
+
+def text_to(wa_id: str, body: str) -> Any:
+    return lambda m: m["to"] == wa_id and m.get("text", {}).get("body") == body
+
+
+def template_to(wa_id: str, body: str) -> Any:
+    def match(m: dict[str, Any]) -> bool:
+        if m["to"] != wa_id or m.get("type") != "template":
+            return False
+        params = m["template"]["components"][0]["parameters"]
+        return bool(params[0]["text"] == body and m["template"]["name"] == "signoff_notice")
+
+    return match
+
+
+async def outbound_row(db: asyncpg.Connection, card: asyncpg.Record, status: str) -> asyncpg.Record:
+    """The wa_outbound row of the log entry that carried ``card``, once it has ``status``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = await db.fetchrow(
+            "SELECT o.* FROM wa_outbound o JOIN messages m"
+            " ON m.thread_id = o.thread_id AND m.seq = o.seq"
+            " WHERE o.kind = 'card' AND m.body->>'id' = $1",
+            str(card["id"]),
+        )
+        if row is not None and row["status"] == status:
+            return row
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {status} outbound row for card {card['id']}")
+
+
+async def test_policy_off_sim_is_a_normal_message(wa: Cluster, database_url: str) -> None:
+    me = "5511900000010"
+    await say(wa, me, "cancela a consulta A001")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        assert card["risk"] == "reversible"
+        await say(wa, me, "sim")
+        deadline = time.monotonic() + 30
+        while not await db.fetchval(
+            "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
+            " AND body::text LIKE '%\"sim\"%'",
+            card["thread_id"],
+        ):
+            assert time.monotonic() < deadline, "'sim' never reached the agent"
+            await asyncio.sleep(0.1)
+        # An ordinary message: the agent got it and the card it outdated was superseded.
+        assert (
+            await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == "superseded"
+        )
+        assert not await db.fetchval(
+            "SELECT count(*) FROM card_events WHERE card_id = $1 AND to_status = 'approved'",
+            card["id"],
+        )
+    finally:
+        await db.close()
+
+
+async def test_web_decision_is_told_on_whatsapp_with_template_text(
+    wa: Cluster, graph: FakeGraphAPI, database_url: str
+) -> None:
+    me = "5511900000011"
+    await say(wa, me, "cobra R$ 31,00 da Maria por pix")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        await asyncio.to_thread(graph.wait_for, interactive_for(card))
+        assert (await resolve_on_web(wa, card, "approve")).status_code == 200
+        await card_status(db, card["id"], "executed")
+        summary = card["summary"]
+        await asyncio.to_thread(graph.wait_for, text_to(me, f"Aprovado pela API: {summary}"))
+        await asyncio.to_thread(graph.wait_for, text_to(me, f"Feito: {summary}"))
+    finally:
+        await db.close()
+
+
+async def test_outside_the_window_cards_and_notices_go_as_templates(
+    wa: Cluster, graph: FakeGraphAPI, database_url: str
+) -> None:
+    me = "5511900000012"
+    await say(wa, me, "qual o meu saldo?")
+    db = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + 30
+        while (thread := await db.fetchval("SELECT thread_id FROM wa_contacts WHERE wa_id = $1", me)) is None:  # fmt: skip
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        # The number last wrote two days ago; the person goes on on the web.
+        await db.execute(
+            "UPDATE wa_contacts SET last_inbound_at = now() - interval '2 days' WHERE wa_id = $1",
+            me,
+        )
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(
+                f"{wa.gateways[0].url}/v1/threads/{thread}/messages",
+                json={"text": "cobra R$ 32,00 da Maria por pix"},
+                headers={"Authorization": f"Bearer {wa.token(me)}"},
+            )
+        assert r.status_code == 202, r.text
+        card = await pending_card(db, me)
+        summary = card["summary"]
+        await asyncio.to_thread(graph.wait_for, template_to(me, summary))
+        await outbound_row(db, card, "sent")
+        assert graph.matching(interactive_for(card)) == []
+        # Still decidable on the web; its notices go as templates too.
+        assert (await resolve_on_web(wa, card, "approve")).status_code == 200
+        await card_status(db, card["id"], "executed")
+        await asyncio.to_thread(graph.wait_for, template_to(me, f"Aprovado pela API: {summary}"))
+        await asyncio.to_thread(graph.wait_for, template_to(me, f"Feito: {summary}"))
+        said = lambda m: m["to"] == me and summary in m.get("text", {}).get("body", "")  # noqa: E731
+        assert graph.matching(said) == []  # nothing about this card went as free text
+    finally:
+        await db.close()
+
+
+async def test_send_retries_on_5xx_and_429_then_sends_once(
+    wa: Cluster, graph: FakeGraphAPI, database_url: str
+) -> None:
+    me = "5511900000013"
+    card_to_me = lambda m: m["to"] == me and m.get("type") == "interactive"  # noqa: E731
+    graph.fail_next(2, 503, match=card_to_me)
+    graph.fail_next(1, 429, match=card_to_me)
+    await say(wa, me, "cobra R$ 33,00 da Maria por pix")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        await asyncio.to_thread(graph.wait_for, interactive_for(card))
+        row = await outbound_row(db, card, "sent")
+        assert (row["attempts"], row["error"]) == (4, None)
+        await asyncio.sleep(1.0)
+        assert len(graph.matching(card_to_me)) == 1
+        assert graph.attempts(card_to_me) == 4
+    finally:
+        await db.close()
+
+
+async def test_send_failing_every_time_is_recorded_and_the_card_stays_decidable(
+    wa: Cluster, graph: FakeGraphAPI, database_url: str
+) -> None:
+    me = "5511900000014"
+    card_to_me = lambda m: m["to"] == me and m.get("type") == "interactive"  # noqa: E731
+    graph.fail_next(4, 503, match=card_to_me)  # SIGNOFF_WHATSAPP_SEND_ATTEMPTS: 4
+    await say(wa, me, "cobra R$ 34,00 da Maria por pix")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        row = await outbound_row(db, card, "failed")
+        assert row["attempts"] == 4 and row["error"].startswith("HTTP 503")
+        assert graph.matching(card_to_me) == []
+        assert (await resolve_on_web(wa, card, "approve")).status_code == 200
+        await card_status(db, card["id"], "executed")
+    finally:
+        await db.close()
+
+
+async def test_a_claim_left_by_a_dead_gateway_is_sent_after_the_lease(
+    wa: Cluster, graph: FakeGraphAPI, database_url: str
+) -> None:
+    me = "5511900000015"
+    await say(wa, me, "cobra R$ 35,00 da Maria por pix")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        await asyncio.to_thread(graph.wait_for, interactive_for(card))
+        row = await outbound_row(db, card, "sent")
+        # What a gateway killed between claim and send leaves behind: a claim, never sent.
+        dead = (
+            "UPDATE wa_outbound SET status = 'claimed', claimed_by = 'gateway-dead',"
+            " claimed_at = now() - make_interval(secs => $2), attempts = 0,"
+            " wa_message = NULL, sent_at = NULL WHERE key = $1"
+        )
+        await db.execute(dead, row["key"], 0.0)
+        await asyncio.sleep(1.5)  # within the lease (30 s): nobody touches it
+        assert len(graph.matching(interactive_for(card))) == 1
+        assert (
+            await db.fetchval("SELECT claimed_by FROM wa_outbound WHERE key = $1", row["key"])
+            == "gateway-dead"
+        )
+        await db.execute(dead, row["key"], 31.0)  # the lease has run out
+        taken = await outbound_row(db, card, "sent")
+        assert taken["claimed_by"] != "gateway-dead" and taken["attempts"] == 1
+        await asyncio.to_thread(
+            graph.wait_for, lambda m: len(graph.matching(interactive_for(card))) == 2
+        )
+        await asyncio.sleep(1.0)  # taken over once, by one gateway
+        assert len(graph.matching(interactive_for(card))) == 2
+    finally:
+        await db.close()

@@ -1,7 +1,9 @@
 """Who sends: every gateway with the channel on runs a courier that claims the new
 thread-log entries of WhatsApp threads in Postgres (``wa_outbound``, one row per entry,
 ``INSERT ... ON CONFLICT DO NOTHING``) and sends only what it claimed. However many
-gateways run, each entry is claimed once, so it is sent at most once; a failed send is
+gateways run, each entry is claimed once, so it is sent once (a claim left unfinished
+past ``SIGNOFF_WHATSAPP_CLAIM_LEASE_SECONDS`` by a dead gateway is taken over by a live
+one: a rare duplicate rather than a lost card); a failed send is
 recorded on its row (status ``failed``, attempts, error) and the card stays decidable on
 the other channels (design note 24)."""
 
@@ -23,6 +25,10 @@ log = logging.getLogger("signoff.whatsapp")
 class OutboundRows(Protocol):
     async def claim_outgoing(
         self, claimer: str, window_seconds: float, limit: int = 100
+    ) -> list[Outgoing]: ...
+
+    async def reclaim_outgoing(
+        self, claimer: str, lease_seconds: float, window_seconds: float, limit: int = 100
     ) -> list[Outgoing]: ...
 
     async def finish_outgoing(
@@ -54,7 +60,12 @@ class Courier:
 
     async def tick(self) -> int:
         """Claim and send one batch; how many entries were claimed."""
-        items = await self.rows.claim_outgoing(self.claimer, self.settings.whatsapp_window_seconds)
+        s = self.settings
+        # Claims whose gateway died before sending come first (older), then new entries.
+        items = await self.rows.reclaim_outgoing(
+            self.claimer, s.whatsapp_claim_lease_seconds, s.whatsapp_window_seconds
+        )
+        items += await self.rows.claim_outgoing(self.claimer, s.whatsapp_window_seconds)
         for item in items:
             payload = self.payload(item)
             if payload is None:
