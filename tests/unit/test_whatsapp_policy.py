@@ -85,3 +85,16 @@ def test_yes_needs_exactly_one_pending_card_under_the_risk_limit() -> None:
     assert policy.card_to_confirm("sim", [card(Risk.CRITICAL)], "reversible") is None
     assert policy.card_to_confirm("sim", [card(Risk.CRITICAL)], "critical") is not None
     assert policy.normalize("Confirmação!") == "confirmacao"
+
+
+def test_a_summary_over_the_body_limit_gets_no_buttons() -> None:
+    """A card whose summary WhatsApp could only show cut is not offered for a button
+    approval: a fixed notice sends the person to the web instead."""
+    from signoff.gateway.channels.whatsapp import outbound
+
+    card = {"id": "00000000-0000-0000-0000-000000000001", "summary": "x" * 1025}
+    message = outbound.interactive_card("5511999990000", card)
+    assert message["type"] == "text" and message["text"]["body"] == outbound.TOO_LONG
+    fits = outbound.interactive_card("5511999990000", {**card, "summary": "y" * 1024})
+    assert fits["type"] == "interactive"
+    assert fits["interactive"]["body"]["text"] == "y" * 1024

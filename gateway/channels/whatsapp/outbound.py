@@ -17,7 +17,19 @@ MAX_TEXT = 4096
 CHANNEL_NAMES = {"whatsapp": "no WhatsApp", "ws": "no chat", "http": "pela API"}
 
 
+TOO_LONG = (
+    "Há uma confirmação pendente longa demais para mostrar aqui; nada foi feito. "
+    "Decida no chat web."
+)
+
+
 def interactive_card(to: str, card: dict[str, Any]) -> dict[str, Any]:
+    """The card with Confirm / Cancel buttons, its body the stored summary, whole. A summary
+    over the interactive body's limit is never cut (a button must not approve what the
+    person could not read): a fixed notice without buttons says to decide on the web."""
+    summary = str(card["summary"])
+    if len(summary) > MAX_BODY:
+        return text(to, TOO_LONG)
     buttons = [
         {
             "type": "reply",
@@ -32,7 +44,7 @@ def interactive_card(to: str, card: dict[str, Any]) -> dict[str, Any]:
         "type": "interactive",
         "interactive": {
             "type": "button",
-            "body": {"text": str(card["summary"])[:MAX_BODY]},
+            "body": {"text": summary},
             "action": {"buttons": buttons},
         },
     }
