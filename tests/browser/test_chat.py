@@ -257,7 +257,7 @@ async def test_decision_through_http_api_updates_page_live(chat: Chat) -> None:
         )
     assert res.status_code == 200, res.text
     await expect(ui).to_have_attribute("data-status", "executed")
-    await expect(ui.locator(".outcome")).to_contain_text(f"Done by {chat.user} (http)")
+    await expect(ui.locator(".outcome")).to_contain_text(f"Done by {chat.user} (through the API)")
     await expect(ui.get_by_role("button", name="Confirm")).to_be_hidden()
     await chat.shot("1-executed-elsewhere")
     assert chat.resolve_frames() == []
