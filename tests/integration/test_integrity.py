@@ -47,9 +47,18 @@ async def blocked_behind_thread_lock(
         tx = holder.transaction()
         await tx.start()
         await holder.execute("SELECT 1 FROM threads WHERE id = $1 FOR NO KEY UPDATE", thread_id)
+        holder_pid = await holder.fetchval("SELECT pg_backend_pid()")
         task = asyncio.ensure_future(write())
-        await asyncio.sleep(0.3)
-        assert not task.done(), "the write did not wait for the thread's lock"
+        # Until the write is queued behind our lock (not merely not started yet): only
+        # then does the probe below say which rows it took before waiting.
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await probe.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+            holder_pid,
+        ):
+            assert not task.done(), "the write did not wait for the thread's lock"
+            assert asyncio.get_running_loop().time() < deadline, "the write never blocked"
+            await asyncio.sleep(0.02)
         async with probe.transaction():
             # Raises LockNotAvailableError if the waiting write already locked the row:
             # the order card/run -> thread that deadlocks against start_run.
