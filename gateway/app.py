@@ -156,7 +156,12 @@ def build_app(
         if rows is None:
             raise ConfigError("the WhatsApp channel needs the Postgres store")
         whatsapp = WhatsAppChannel(
-            settings=settings, store=store, rows=rows, bus=bus, decisions=decisions
+            settings=settings,
+            store=store,
+            rows=rows,
+            bus=bus,
+            decisions=decisions,
+            quotas=quotas,
         )
 
     routes: list[Any] = [

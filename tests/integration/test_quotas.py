@@ -29,6 +29,7 @@ from signoff.runtime.config import Settings
 from signoff.runtime.errors import RateLimited
 from signoff.runtime.keys import Keys
 from signoff.store.postgres import PostgresStore
+from signoff.testing import delivery, signed, text_message
 from signoff.testing.servers import free_port
 from tests import services
 from tests.harness import Harness, harness
@@ -379,3 +380,56 @@ async def test_without_redis_the_turn_quota_counts_postgres_only(
                 raise AssertionError("admitted past a running turn")
     finally:
         await dead.close()
+
+
+WA_SECRET = "wa-secret"
+
+
+async def test_whatsapp_messages_count_against_the_turn_quota(database_url: str) -> None:
+    """A number's messages are model turns like the web's: over the quota a delivery is
+    answered 429, nothing is queued and the message is not marked seen, so Meta's
+    redelivery is handled once the number is back under its quota."""
+    settings = Settings(
+        quota_turns_in_flight=1,
+        quota_queued_seconds=1.0,
+        whatsapp_phone_number_id="100",
+        whatsapp_token="wa-token",
+        whatsapp_app_secret=WA_SECRET,
+        whatsapp_verify_token="verify",
+        whatsapp_base_url="http://127.0.0.1:9",  # nothing is sent in this test
+    )
+    async with harness(
+        database_url, model=Scripted(pix()), gateway=True, settings=settings, start_worker=False
+    ) as h:
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        first = text_message(wa_id, "cobre 10 do João")
+        second = text_message(wa_id, "cobre 20 do João")
+
+        async def post(message: dict[str, Any]) -> httpx.Response:
+            body = delivery(message)
+            async with httpx.AsyncClient(base_url=h.base_url) as client:
+                return await client.post(
+                    "/v1/whatsapp/webhook", content=body, headers=signed(body, WA_SECRET)
+                )
+
+        async def seen(message: dict[str, Any]) -> bool:
+            row = await h.store.pool.fetchval(
+                "SELECT 1 FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
+                message["id"],
+            )
+            return row is not None
+
+        assert (await post(first)).status_code == 200
+        r = await post(second)
+        refused(r, "turns_in_flight")
+        assert await seen(first) and not await seen(second)
+        jobs = await queued_jobs(h)
+        assert [j.text for j in jobs] == ["cobre 10 do João"]
+
+        # The first message was never started: it stops counting after the queued time,
+        # and Meta's redelivery of the second is then taken, once.
+        await asyncio.sleep(1.3)
+        assert (await post(second)).status_code == 200
+        assert (await post(second)).status_code == 200  # a duplicate is ignored
+        assert [j.text for j in await queued_jobs(h)] == ["cobre 20 do João"]
+        assert await seen(second)

@@ -15,10 +15,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from signoff.gateway.auth import Principal
 from signoff.gateway.channels.whatsapp import inbound, outbound, policy, signature
 from signoff.gateway.channels.whatsapp.courier import Courier, OutboundRows
 from signoff.gateway.channels.whatsapp.graph import GraphSender
 from signoff.gateway.http import error_response, json_response
+from signoff.gateway.quotas import MemoryLedger, Quotas
 from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
@@ -29,9 +31,11 @@ from signoff.runtime.errors import (
     Expired,
     InvalidInput,
     NotOwner,
+    RateLimited,
     SignoffError,
     StaleCard,
 )
+from signoff.runtime.keys import Keys
 from signoff.runtime.store import Store
 
 log = logging.getLogger("signoff.whatsapp")
@@ -68,12 +72,16 @@ class WhatsAppChannel:
         bus: Bus,
         decisions: Decisions,
         sender: GraphSender | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.rows = rows
         self.bus = bus
         self.decisions = decisions
+        # The web's per-user turn quota applies to a number's messages too: each one
+        # is a model turn paid for, whatever channel it came through.
+        self.quotas = quotas or Quotas(store=store, ledger=MemoryLedger(), keys=Keys())
         self.tenant = settings.tenant
         self.sender = sender or GraphSender(
             base_url=settings.whatsapp_base_url,
@@ -114,15 +122,25 @@ class WhatsAppChannel:
             return error_response(InvalidInput("invalid JSON"))
         except SignoffError as exc:
             return error_response(exc)
+        limited: RateLimited | None = None
         for item in items:
             if not await self.rows.record_delivery(CHANNEL, item.message_id):
                 continue  # seen before: by this gateway, another one, or days ago
             try:
                 await self.handle(item)
+            except RateLimited as exc:
+                # Over the sender's turn quota: not queued, not counted as seen; Meta
+                # redelivers the message later (it retries a non-200 delivery for days),
+                # so nothing the person wrote is lost and no model turn is paid for now.
+                await self.rows.forget_delivery(CHANNEL, item.message_id)
+                log.info("WhatsApp message %s from %s over quota", item.message_id, item.wa_id)
+                limited = exc
             except Exception:
                 # Not handled: forget it, so Meta's redelivery gets another chance.
                 await self.rows.forget_delivery(CHANNEL, item.message_id)
                 raise
+        if limited is not None:
+            return error_response(limited)
         return json_response({"ok": True})
 
     async def handle(self, item: inbound.Inbound) -> None:
@@ -158,16 +176,19 @@ class WhatsAppChannel:
                 await self.decide(item, card, Decision.APPROVE)
                 return
         text = item.text.strip()[:8000]
-        await self.bus.enqueue(
-            Job(
-                thread_id=thread_id,
-                text=text,
-                user=item.wa_id,
-                tenant=self.tenant,
-                channel=CHANNEL,
-                message_id=str(uuid.uuid5(_NS, item.message_id)),
+        message_id = str(uuid.uuid5(_NS, item.message_id))
+        who = Principal(tenant=self.tenant, user=item.wa_id)
+        async with self.quotas.turn(who, message_id):  # RateLimited here enqueues nothing
+            await self.bus.enqueue(
+                Job(
+                    thread_id=thread_id,
+                    text=text,
+                    user=item.wa_id,
+                    tenant=self.tenant,
+                    channel=CHANNEL,
+                    message_id=message_id,
+                )
             )
-        )
 
     async def button(self, item: inbound.Inbound) -> None:
         assert item.button_id is not None
