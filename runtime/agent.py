@@ -23,7 +23,7 @@ import msgspec
 from signoff.runtime import outcomes
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
-from signoff.runtime.conversation import build_messages
+from signoff.runtime.conversation import build_messages, messages_and_open_calls
 from signoff.runtime.errors import (
     RunInactive,
     SignoffError,
@@ -207,7 +207,12 @@ class Agent:
                     )
                     for kind, body in todo
                 ]
-                messages = build_messages(shown)
+                # Calls an earlier run left without a result (superseded): what became of
+                # their cards, read only then, so the model is told the truth about them.
+                messages, open_calls = messages_and_open_calls(shown)
+                if open_calls:
+                    outcomes = await self.store.tool_use_outcomes(run.thread_id, open_calls)
+                    messages = build_messages(shown, outcomes)
 
                 async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
                     await self.notify.delta(_run.thread_id, _pos, delta, _run.id)

@@ -102,3 +102,11 @@ class Moved(msgspec.Struct, frozen=True):
     card: Card
     entry: Entry
     holder: str | None = None
+
+
+class ToolUseOutcome(msgspec.Struct, frozen=True):
+    """What became of one tool call through its card: status, result, reason."""
+
+    status: str
+    result: Any = None
+    reason: str | None = None

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from signoff.runtime.cards import Card, Decision, Status
-from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread
+from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread, ToolUseOutcome
 
 
 class Store(Protocol):
@@ -148,6 +148,10 @@ class Store(Protocol):
     async def cards_of_run(self, run_id: str) -> list[Card]: ...
 
     async def pending_cards(self, thread_id: str) -> list[Card]: ...
+
+    async def tool_use_outcomes(
+        self, thread_id: str, tool_use_ids: list[str]
+    ) -> dict[str, ToolUseOutcome]: ...
 
     async def card_events(self, card_id: str) -> list[CardEvent]: ...
 

@@ -24,7 +24,7 @@ from signoff.runtime.errors import (
     StaleCard,
     UnknownTool,
 )
-from signoff.runtime.records import CardEvent, Entry, Moved, NewCard
+from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, ToolUseOutcome
 from signoff.store import rows
 from signoff.store.connector import Conn, Connector
 from signoff.store.queries import SQL
@@ -84,6 +84,15 @@ class Cards:
 
     async def cards_of_run(self, run_id: str) -> list[Card]:
         return [rows.card(r) for r in await self._db.fetch(SQL.cards_of_run, rows.uuid_of(run_id))]
+
+    async def tool_use_outcomes(
+        self, thread_id: str, tool_use_ids: list[str]
+    ) -> dict[str, ToolUseOutcome]:
+        found = await self._db.fetch(SQL.cards_of_tool_uses, rows.uuid_of(thread_id), tool_use_ids)
+        # An edit makes a newer card for the same call: the newest says what became of it.
+        return {
+            r["tool_use_id"]: ToolUseOutcome(r["status"], r["result"], r["reason"]) for r in found
+        }
 
     async def pending_cards(self, thread_id: str) -> list[Card]:
         found = await self._db.fetch(SQL.cards_pending_of_thread, rows.uuid_of(thread_id))

@@ -75,6 +75,7 @@ class PostgresStore:
         self.card_input = cards.card_input
         self.cards_of_run = cards.cards_of_run
         self.pending_cards = cards.pending_cards
+        self.tool_use_outcomes = cards.tool_use_outcomes
         self.list_cards = cards.list_cards
         self.card_events = cards.card_events
         self.decide = cards.decide

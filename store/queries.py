@@ -56,6 +56,7 @@ class Queries:
     card_by_request_key: str
     card_input: str
     cards_of_run: str
+    cards_of_tool_uses: str
     cards_pending_of_thread: str
     cards_approved_of_runs: str
     cards_list: str

@@ -403,6 +403,12 @@ SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id
     needs_reconciliation, created_at
 FROM cards WHERE run_id = $1 ORDER BY created_at, id;
 
+-- name: cards_of_tool_uses
+-- What became of the calls $2 of thread $1 (tool_use ids), newest card last: read only
+-- when a conversation has calls left without a result (runtime/conversation.py).
+SELECT tool_use_id, status, result, reason FROM cards
+WHERE thread_id = $1 AND tool_use_id = ANY($2::text[]) ORDER BY created_at, id;
+
 -- name: cards_pending_of_thread
 SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
     args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,

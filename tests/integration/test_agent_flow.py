@@ -145,3 +145,56 @@ async def test_new_user_message_supersedes_pending_cards(
         results = results_in(fake.requests[1])
         assert results[charge["id"]]["is_error"] is True
         assert await h.charges() == 0
+
+
+def result_for(request: dict[str, Any], tool_use_id: str) -> dict[str, Any]:
+    """The tool_result block for ``tool_use_id`` anywhere in a recorded request."""
+    for m in request["messages"]:
+        for b in m["content"] if isinstance(m["content"], list) else []:
+            if b.get("type") == "tool_result" and b["tool_use_id"] == tool_use_id:
+                return dict(b)
+    raise AssertionError(f"no result for {tool_use_id}")
+
+
+async def test_a_call_superseded_while_executing_is_not_reported_as_not_run(
+    database_url: str, fake: FakeMessagesServer
+) -> None:
+    """A card approved and already executing when the person writes again is left out of
+    the supersede (it may complete): the next turn's synthetic result for that call says
+    its outcome is unknown, then what it was once its card has settled — never "nothing
+    was executed" for a call that ran."""
+    charge = tool_use("create_pix_charge", {"customer": "Ana", "amount": "10"})
+    fake.add(
+        ScriptedReply([charge], "tool_use"),
+        ScriptedReply([text("Ok.")], "end_turn"),
+        ScriptedReply([text("Ok.")], "end_turn"),
+        ScriptedReply([text("Ok.")], "end_turn"),
+    )
+    async with harness(database_url, fake=fake) as h:
+        thread = await h.thread("erin")
+        await h.say(thread, "cobre 10 da Ana", "erin")
+        (card,) = await h.store.pending_cards(thread)
+        # As a worker mid-execution leaves it (approved, then executing; no hint sent).
+        await h.store.pool.execute(
+            "UPDATE cards SET status = 'executing' WHERE id = $1::uuid", card.id
+        )
+        await h.say(thread, "e o saldo?", "erin")
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTING
+        unknown = result_for(fake.requests[1], charge["id"])
+        assert unknown["is_error"] is True and "may have been carried out" in unknown["content"]
+
+        await h.store.pool.execute(
+            "UPDATE cards SET status = 'executed', result = '{\"charge_id\": \"pix-9\"}'"
+            " WHERE id = $1::uuid",
+            card.id,
+        )
+        await h.say(thread, "e agora?", "erin")
+        done = result_for(fake.requests[2], charge["id"])
+        assert done["is_error"] is False and "pix-9" in done["content"], done
+
+        await h.store.pool.execute(
+            "UPDATE cards SET status = 'superseded' WHERE id = $1::uuid", card.id
+        )
+        await h.say(thread, "ok", "erin")
+        gone = result_for(fake.requests[3], charge["id"])
+        assert gone["is_error"] is True and "Nothing was executed" in gone["content"]

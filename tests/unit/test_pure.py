@@ -245,3 +245,17 @@ def test_card_struct_round_trips_to_json() -> None:
         created_at=now,
     )
     assert msgspec.json.decode(msgspec.json.encode(card.public()))["status"] == "pending"
+
+
+def test_dangling_result_tells_what_became_of_the_call() -> None:
+    from signoff.runtime.conversation import DANGLING, EXECUTING, dangling_result
+    from signoff.runtime.records import ToolUseOutcome
+
+    assert dangling_result(None) == (DANGLING, True)
+    for status in ("pending", "superseded", "invalidated", "rejected", "expired", "approved"):
+        assert dangling_result(ToolUseOutcome(status)) == (DANGLING, True)
+    assert dangling_result(ToolUseOutcome("executing")) == (EXECUTING, True)
+    text, is_error = dangling_result(ToolUseOutcome("executed", {"id": "pix-1"}))
+    assert not is_error and '"pix-1"' in text
+    text, is_error = dangling_result(ToolUseOutcome("failed", None, "card declined"))
+    assert is_error and "card declined" in text
