@@ -69,6 +69,7 @@ class Worker:
         self.keys = Keys(settings.key_prefix)
         self.worker_id = settings.worker_id
         self.waits = WaitRegistry(on_ready=self._on_ready)
+        self._signalled_again: dict[str, float] = {}  # stale approved card -> when
         self.faults = Faults(settings.faults)
         kwargs: dict[str, Any] = {}
         if app.system:
@@ -461,15 +462,21 @@ class Worker:
         run that is over (nobody will execute it: it is invalidated, with the reason, by
         ``system:sweeper``) or its holder missed the signal (signalled again; a lapsed
         holder's run is adopted). Returns the cards invalidated."""
-        stale = await self.store.approved_stale(self.settings.approved_stale_seconds)
+        every = self.settings.approved_stale_seconds
+        stale = await self.store.approved_stale(every)
         invalidated: list[Card] = []
+        now, signalled = time.monotonic(), self._signalled_again
         for card, run_active in stale:
-            COUNTERS.inc("signoff_approved_stale_total")
-            if run_active:
+            if run_active:  # at most once per `every` per card: a busy pool is not flooded
+                if now - signalled.get(card.id, -every) < every:
+                    continue
+                signalled[card.id] = now
+                COUNTERS.inc("signoff_approved_stale_total")
                 log.warning("card %s approved but not started; signalling its run again", card.id)
                 if not self.waits.resolve(card.id, str(card.status)):
                     await self.notify.card(card)
                 continue
+            COUNTERS.inc("signoff_approved_stale_total")
             moved = await self.store.move(
                 card.id,
                 Status.APPROVED,
@@ -482,6 +489,8 @@ class Worker:
                 log.error("card %s was approved after its run ended: invalidated", card.id)
                 invalidated.append(moved.card)
                 await self.notify.thread(card.thread_id, [moved.entry])
+        for gone in signalled.keys() - {c.id for c, _ in stale}:
+            del signalled[gone]
         return invalidated
 
     async def _sweep_loop(self) -> None:

@@ -14,6 +14,7 @@ import pytest
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import SignoffError
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.models.base import ModelReply
 from signoff.runtime.records import RunStatus
 from tests.harness import Harness, harness
@@ -230,6 +231,42 @@ async def test_the_sweeper_wakes_the_run_of_an_approved_card_nobody_started(
         await h.settle()
         assert (await h.store.get_card(card.id)).status is Status.EXECUTED
         assert await h.charges() == 1
+
+
+async def test_the_sweeper_signals_a_stale_approved_card_at_most_once_per_interval(
+    database_url: str,
+) -> None:
+    """Under a backlog many approved cards wait longer than approved_stale_seconds: each
+    sweep must not signal every one of them again (more load on a saturated pool)."""
+    settings = Settings(approved_stale_seconds=0.5)
+    async with harness(
+        database_url, model=Scripted(pix()), start_worker=False, settings=settings
+    ) as h:
+        card = await one_card(h)
+        await decided(h, card)
+        # Its holder is elsewhere and never starts it (the run stays active).
+        h.worker.waits.drop_run(card.run_id)
+        await h.store.pool.execute(
+            "UPDATE runs SET worker_id = 'ghost' WHERE id = $1::uuid", card.run_id
+        )
+        await asyncio.sleep(0.6)
+
+        def signalled() -> int:
+            return COUNTERS.values["signoff_approved_stale_total"]
+
+        before = signalled()
+        await h.worker.sweep_approved()
+        mine = signalled() - before
+        assert mine >= 1  # this card (other tests' stale cards may count too)
+        await h.worker.sweep_approved()
+        await h.worker.sweep_approved()
+        assert card.id in h.worker._signalled_again
+        again = signalled() - before - mine
+        assert again == 0, "signalled again within the interval"
+        await asyncio.sleep(0.6)
+        await h.worker.sweep_approved()
+        assert signalled() - before - mine >= 1  # and again once the interval passed
+        assert (await h.store.get_card(card.id)).status is Status.APPROVED
 
 
 class Exploding:
