@@ -9,12 +9,17 @@ provider is still called, once; the card ends ``executed`` within seconds.
 from __future__ import annotations
 
 import asyncio
+import secrets
+import uuid
 from typing import Any
 
 import pytest
+import redis.asyncio
 
+from signoff.runtime.bus import Job
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Decision, Status
+from signoff.runtime.config import Settings
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
 from signoff.testing.servers import EmbeddedServer
@@ -55,5 +60,72 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
             assert not final.needs_reconciliation
             assert COUNTERS.values["signoff_hints_failed_total"] > failed_before
             proxy.heal()
+            await h.settle()
+            await invariants.check()
+
+
+async def test_redis_cut_right_after_a_message_started_its_run_runs_it_once(
+    database_url: str, valkey: EmbeddedServer, invariants: Invariants
+) -> None:
+    """The inbox entry is taken, its run committed (the old ones superseded), then Redis
+    goes: the run goes on without it (its card is proposed), the entry can be neither
+    acked nor handed back, and once Redis is back its redelivery finds that run (I5):
+    one run, one card, one charge, nothing left pending in the inbox."""
+    keys = Keys(f"blip-{secrets.token_hex(3)}:")
+    settings = Settings(claim_idle_ms=300)
+    with Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with harness(database_url, model=Scripted(pix()), bus=bus, settings=settings) as h:
+            invariants.watch(database_url, h.tenant)
+            start = h.store.start_run
+            cut = asyncio.Event()
+
+            async def start_then_cut(*args: Any, **kwargs: Any) -> Any:
+                started = await start(*args, **kwargs)  # committed
+                if not cut.is_set():
+                    cut.set()
+                    proxy.refuse(True)
+                    proxy.reset()
+                return started
+
+            h.store.start_run = start_then_cut
+            thread = await h.thread("alice")
+            job = Job(
+                thread_id=thread,
+                text="cobre",
+                user="alice",
+                tenant=h.tenant,
+                channel="test",
+                message_id=str(uuid.uuid4()),
+            )
+            await bus.enqueue(job)
+            await asyncio.wait_for(cut.wait(), 10)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while not (cards := await h.store.pending_cards(thread)):
+                assert loop.time() < deadline, "the run did not go on without Redis"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # past the claim idle time, Redis still gone
+            proxy.heal()
+
+            direct = redis.asyncio.Redis.from_url(valkey.url)
+            try:
+                deadline = loop.time() + 20
+                while int((await direct.xpending(keys.inbox, keys.inbox_group))["pending"]):
+                    assert loop.time() < deadline, "the inbox entry stayed pending"
+                    await asyncio.sleep(0.1)
+            finally:
+                await direct.aclose()
+            runs = await h.store.pool.fetchval(
+                "SELECT count(*) FROM runs WHERE thread_id = $1::uuid", thread
+            )
+            assert runs == 1
+            assert len(await h.store.pending_cards(thread)) == 1
+            await h.decide(cards[0], Decision.APPROVE)
+            deadline = loop.time() + 10
+            while (await h.store.get_card(cards[0].id)).status is not Status.EXECUTED:
+                assert loop.time() < deadline, await h.store.get_card(cards[0].id)
+                await asyncio.sleep(0.05)
+            assert await h.charges() == 1
             await h.settle()
             await invariants.check()
