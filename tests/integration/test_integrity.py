@@ -233,6 +233,40 @@ async def test_the_sweeper_wakes_the_run_of_an_approved_card_nobody_started(
         assert await h.charges() == 1
 
 
+async def test_the_sweeper_racing_the_start_of_an_execution_one_of_them_wins(
+    database_url: str,
+) -> None:
+    """The sweeper invalidating an approved card of an ended run and a worker starting
+    that card's execution at the same instant: one conditional move wins, never both
+    (no card both invalidated and executing, one audit row, at most one operation)."""
+    settings = Settings(approved_stale_seconds=0.05)
+    async with harness(
+        database_url, model=Scripted(pix()), start_worker=False, settings=settings
+    ) as h:
+        outcomes: set[str] = set()
+        for _ in range(12):
+            card = await one_card(h)
+            await decided(h, card)
+            await h.store.pool.execute(
+                "UPDATE runs SET status = 'failed' WHERE id = $1::uuid", card.run_id
+            )
+            await asyncio.sleep(0.06)
+            swept, began = await asyncio.gather(
+                h.worker.sweep_approved(), h.store.begin_execution(card.id, "worker:test")
+            )
+            mine = [c for c in swept if c.id == card.id]
+            assert (began is None) == bool(mine), (began, mine)
+            final = await h.store.get_card(card.id)
+            assert final.status is (Status.INVALIDATED if mine else Status.EXECUTING)
+            outcomes.add(str(final.status))
+            trail = [e.to_status for e in await h.store.card_events(card.id)]
+            assert trail == ["pending", "approved", str(final.status)], trail
+            ops = await h.store.pool.fetchval(
+                "SELECT count(*) FROM operations WHERE card_id = $1::uuid", card.id
+            )
+            assert ops == (0 if mine else 1)
+
+
 async def test_the_sweeper_signals_a_stale_approved_card_at_most_once_per_interval(
     database_url: str,
 ) -> None:
