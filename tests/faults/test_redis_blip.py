@@ -13,6 +13,7 @@ import secrets
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio
 
@@ -22,6 +23,7 @@ from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
+from signoff.testing import delivery, signed, text_message
 from signoff.testing.servers import EmbeddedServer
 from tests.faults.conftest import Invariants
 from tests.faults.proxy import Proxy
@@ -129,3 +131,55 @@ async def test_redis_cut_right_after_a_message_started_its_run_runs_it_once(
             assert await h.charges() == 1
             await h.settle()
             await invariants.check()
+
+
+async def test_whatsapp_message_while_redis_is_down_is_refused_then_redelivered_once(
+    database_url: str, valkey: EmbeddedServer, invariants: Invariants
+) -> None:
+    """A WhatsApp text arriving while the inbox is unreachable gets a typed 503 and is
+    not recorded as seen, so Meta's redelivery after Redis is back queues it, once."""
+    keys = Keys(f"wa-blip-{secrets.token_hex(3)}:")
+    secret = "wa-secret"
+    settings = Settings(
+        whatsapp_phone_number_id="100",
+        whatsapp_token="wa-token",
+        whatsapp_app_secret=secret,
+        whatsapp_verify_token="verify",
+        whatsapp_base_url="http://127.0.0.1:9",
+    )
+    with Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with harness(
+            database_url,
+            model=Scripted(pix()),
+            bus=bus,
+            settings=settings,
+            gateway=True,
+            start_worker=False,
+        ) as h:
+            invariants.watch(database_url, h.tenant)
+            message = text_message("5511" + str(secrets.randbelow(10**9)).zfill(9), "saldo")
+            body = delivery(message)
+
+            async def post() -> httpx.Response:
+                async with httpx.AsyncClient(base_url=h.base_url, timeout=30) as client:
+                    return await client.post(
+                        "/v1/whatsapp/webhook", content=body, headers=signed(body, secret)
+                    )
+
+            proxy.refuse(True)
+            proxy.reset()
+            down = await post()
+            assert down.status_code == 503, down.text
+            assert down.json()["error"] == "unavailable"
+            seen = "SELECT count(*) FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1"
+            assert await h.store.pool.fetchval(seen, message["id"]) == 0
+            proxy.heal()
+            assert (await post()).status_code == 200
+            assert (await post()).status_code == 200  # a duplicate redelivery: ignored
+            assert await h.store.pool.fetchval(seen, message["id"]) == 1
+            direct = redis.asyncio.Redis.from_url(valkey.url)
+            try:
+                assert await direct.xlen(keys.inbox) == 1
+            finally:
+                await direct.aclose()

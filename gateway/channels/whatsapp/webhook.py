@@ -34,6 +34,7 @@ from signoff.runtime.errors import (
     RateLimited,
     SignoffError,
     StaleCard,
+    Unavailable,
 )
 from signoff.runtime.keys import Keys
 from signoff.runtime.store import Store
@@ -122,25 +123,28 @@ class WhatsAppChannel:
             return error_response(InvalidInput("invalid JSON"))
         except SignoffError as exc:
             return error_response(exc)
-        limited: RateLimited | None = None
+        refused: SignoffError | None = None
         for item in items:
             if not await self.rows.record_delivery(CHANNEL, item.message_id):
                 continue  # seen before: by this gateway, another one, or days ago
             try:
                 await self.handle(item)
-            except RateLimited as exc:
-                # Over the sender's turn quota: not queued, not counted as seen; Meta
-                # redelivers the message later (it retries a non-200 delivery for days),
-                # so nothing the person wrote is lost and no model turn is paid for now.
+            except (RateLimited, Unavailable) as exc:
+                # Over the sender's turn quota, or the inbox unreachable: not queued, not
+                # counted as seen. Meta redelivers a delivery answered non-200 (for days),
+                # so nothing the person wrote is lost and no model turn is paid for now;
+                # the other messages of this delivery are handled (and deduplicated).
                 await self.rows.forget_delivery(CHANNEL, item.message_id)
-                log.info("WhatsApp message %s from %s over quota", item.message_id, item.wa_id)
-                limited = exc
+                log.info(
+                    "WhatsApp message %s from %s not taken: %s", item.message_id, item.wa_id, exc
+                )
+                refused = exc
             except Exception:
                 # Not handled: forget it, so Meta's redelivery gets another chance.
                 await self.rows.forget_delivery(CHANNEL, item.message_id)
                 raise
-        if limited is not None:
-            return error_response(limited)
+        if refused is not None:
+            return error_response(refused)
         return json_response({"ok": True})
 
     async def handle(self, item: inbound.Inbound) -> None:
