@@ -10,6 +10,8 @@ import msgspec
 
 from signoff import (
     Prepared,
+    ResultField,
+    ResultView,
     Revalidation,
     Risk,
     Tool,
@@ -108,6 +110,19 @@ class CreatePixCharge(Tool):
     risk = Risk.CRITICAL
     input_type = PixChargeIn
     editable = frozenset({"amount", "description"})
+    result_view = ResultView(
+        title={"pt-BR": "Cobrança Pix criada", "en": "Pix charge created"},
+        fields=(
+            ResultField(
+                key="amount", label={"pt-BR": "Valor", "en": "Amount"}, format="money_cents"
+            ),
+            ResultField(
+                key="copy_paste",
+                label={"pt-BR": "código copia-e-cola", "en": "copy-and-paste code"},
+                format="copy",
+            ),
+        ),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, PixChargeIn)
@@ -158,6 +173,15 @@ class RefundSale(Tool):
     risk = Risk.CRITICAL
     input_type = RefundIn
     editable = frozenset({"amount"})
+    result_view = ResultView(
+        title={"pt-BR": "Estorno feito", "en": "Refund made"},
+        fields=(
+            ResultField(
+                key="amount", label={"pt-BR": "Valor", "en": "Amount"}, format="money_cents"
+            ),
+            ResultField(key="refund_id", label={"pt-BR": "Estorno", "en": "Refund"}),
+        ),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, RefundIn)
@@ -213,6 +237,12 @@ class CancelAppointment(Tool):
     risk = Risk.REVERSIBLE
     input_type = CancelIn
     ttl = timedelta(minutes=30)
+    result_view = ResultView(
+        title={"pt-BR": "Consulta cancelada", "en": "Appointment cancelled"},
+        fields=(
+            ResultField(key="appointment_id", label={"pt-BR": "Consulta", "en": "Appointment"}),
+        ),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, CancelIn)
@@ -247,6 +277,10 @@ class UpdateEmail(Tool):
     risk = Risk.REVERSIBLE
     input_type = EmailIn
     editable = frozenset({"email"})
+    result_view = ResultView(
+        title={"pt-BR": "E-mail alterado", "en": "E-mail changed"},
+        fields=(ResultField(key="email", label={"pt-BR": "Novo e-mail", "en": "New e-mail"}),),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, EmailIn)
