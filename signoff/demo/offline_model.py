@@ -30,7 +30,7 @@ _NOT_NAMES = frozenset(
     change mude muda mudar altere altera alterar troque find busque busca buscar procure
     search look cancel cancele cancela cancelar please por favor o a os as um uma the of to
     for from do da de dos das para em e and then depois i me my meu minha email e-mail new
-    novo nova what qual quanto how show mostre""".split()
+    novo nova what qual quanto how show mostre propose proponha again novamente valor""".split()
 )
 _CAPITAL = re.compile(r"(?<![\w@.])([A-ZÀ-Ý][a-zà-ÿ]+)(?:'s)?\b")
 _AFTER = re.compile(
@@ -39,7 +39,7 @@ _AFTER = re.compile(
     re.IGNORECASE,
 )
 AMOUNT = re.compile(r"(?:R\$\s*)?(\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?)")
-_IDS = re.compile(r"\b[VvAa]\d{3}\b")
+_IDS = re.compile(r"\b[VvAa]\d{3}\b|\(CPF[^)]*\)")
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.\w+")
 _SPLIT = re.compile(
     r"[,;]?\s+(?:e|and|depois|then|e depois|and then)\s+(?=\S*\s*(?:cobr|charge|estorn|reembols|"
@@ -61,7 +61,10 @@ def customer_name(part: str) -> str | None:
 
 
 def amount_of(part: str) -> str | None:
-    found = AMOUNT.search(_IDS.sub(" ", EMAIL.sub(" ", part)))
+    """The amount in reais: the one after "R$" if there is one, else the first number."""
+    text = _IDS.sub(" ", EMAIL.sub(" ", part))
+    marked = re.search(r"R\$\s*", text)
+    found = AMOUNT.search(text, marked.end() if marked else 0) or AMOUNT.search(text)
     return found.group(1) if found else None
 
 
