@@ -123,7 +123,7 @@ class GatewayService:
         return thread
 
     async def list_threads(self, who: Principal, limit: int = 50) -> list[dict[str, Any]]:
-        """The person's threads with something in them, the most recently active first."""
+        """The person's threads, the most recently active first (an empty one too)."""
         if not 1 <= limit <= 200:
             raise InvalidInput("limit must be between 1 and 200")
         found = await self.store.list_threads(who.tenant, who.user, limit)

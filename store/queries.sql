@@ -47,7 +47,7 @@ RETURNING id::text, tenant, owner, last_seq, created_at;
 SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1;
 
 -- name: threads_of_owner
--- A person's threads with something in them, the most recently active first, at most $3:
+-- A person's threads, the most recently active first, at most $3:
 -- the time of the last log entry, the cards still waiting for a decision and the first
 -- message (the page's thread list, GET /v1/threads).
 SELECT t.id::text, t.last_seq, t.created_at,
@@ -59,7 +59,7 @@ SELECT t.id::text, t.last_seq, t.created_at,
          WHERE m.thread_id = t.id AND m.kind = 'user' ORDER BY m.seq LIMIT 1) AS first_message
 FROM threads t
 LEFT JOIN messages last ON last.thread_id = t.id AND last.seq = t.last_seq
-WHERE t.tenant = $1 AND t.owner = $2 AND t.last_seq > 0
+WHERE t.tenant = $1 AND t.owner = $2
 ORDER BY updated_at DESC, t.id
 LIMIT $3;
 

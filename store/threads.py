@@ -61,7 +61,7 @@ class Threads:
         return rows.thread(row)
 
     async def list_threads(self, tenant: str, owner: str, limit: int = 50) -> list[ThreadSummary]:
-        """The owner's threads with something in them, the most recently active first."""
+        """The owner's threads, the most recently active first."""
         found = await self._db.fetch(SQL.threads_of_owner, tenant, owner, limit)
         return [
             ThreadSummary(

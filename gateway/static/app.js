@@ -458,11 +458,7 @@
 
   function onThreads(f) {
     state.requests.delete(f.id);
-    var list = f.threads || [];
-    if (state.threadId && !list.some(function (x) { return x.id === state.threadId; }) && state.lastSeq > 0) {
-      askThreadsSoon(); // the current thread is not listed yet: its first entry is on its way
-    }
-    T.show(list, state.threadId);
+    T.show(f.threads || [], state.threadId);
   }
 
   function openThread(threadId) {

@@ -101,6 +101,7 @@
       } else if (f.format === 'money_cents') {
         head.appendChild(document.createTextNode(' · ' + text));
       }
+      if (f.format === 'money_cents') return; // said once, in the line above
       dl.appendChild(make('dt', '', label));
       var dd = make('dd', f.format === 'copy' ? 'copyable' : '');
       if (f.format === 'copy') dd.appendChild(make('code', '', text));

@@ -141,7 +141,7 @@ class CreatePixCharge(Tool):
             "amount": brl(cents),
             "target": customer["name"],
             "reversible": False,
-            "side_effects": ["Pix charge sent to the customer"],
+            "side_effects": ["cobrança Pix enviada ao cliente"],
         }
         fields = {"Descrição": description} if description else {}
         return Prepared(args=args, summary=summary, impact=impact, fields=fields)
@@ -206,7 +206,7 @@ class RefundSale(Tool):
             "amount": brl(cents),
             "target": sale["name"],
             "reversible": False,
-            "side_effects": ["money leaves the merchant account"],
+            "side_effects": ["o dinheiro sai da conta do lojista"],
         }
         return Prepared(args=args, summary=summary, impact=impact)
 
@@ -252,7 +252,11 @@ class CancelAppointment(Tool):
         if appt["status"] != "scheduled":
             raise ToolValidationError(f"appointment {appt['id']} is {appt['status']}")
         summary = f"Cancelar consulta {appt['id']} · Cliente: {appt['name']} · Data: {appt['at']}"
-        impact = {"target": appt["name"], "reversible": True, "side_effects": ["the slot is freed"]}
+        impact = {
+            "target": appt["name"],
+            "reversible": True,
+            "side_effects": ["o horário fica livre"],
+        }
         return Prepared(args={"appointment_id": appt["id"]}, summary=summary, impact=impact)
 
     async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
@@ -293,7 +297,7 @@ class UpdateEmail(Tool):
         impact = {
             "target": customer["name"],
             "reversible": True,
-            "side_effects": ["receipts go to the new address"],
+            "side_effects": ["os recibos vão para o novo endereço"],
         }
         args = {"customer_id": customer["id"], "email": email, "previous": customer["email"]}
         fields = {"E-mail atual": str(customer["email"]), "Novo e-mail": email}
