@@ -13,6 +13,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -137,7 +138,7 @@ async def no_axe_violations(chat: Chat, state: str) -> None:
     assert found == [], (state, found)
 
 
-async def thread_list(chat: Chat, w: Words, mobile: bool) -> object:
+async def thread_list(chat: Chat, w: Words, mobile: bool) -> Any:
     """The thread list, opened first on a phone (it sits behind its header button)."""
     nav = chat.page.get_by_role("navigation", name=w.toggle)
     if mobile and not await nav.is_visible():
