@@ -21,6 +21,12 @@
     el.toggle = opts.toggle;
     el.toggleBadge = opts.toggleBadge;
     onOpen = opts.onOpen;
+    el.nav.addEventListener('keydown', function (ev) {
+      if (ev.key === 'Escape' && el.nav.classList.contains('open')) {
+        setOpen(false);
+        el.toggle.focus();
+      }
+    });
     el.toggle.addEventListener('click', function () {
       var open = el.toggle.getAttribute('aria-expanded') !== 'true';
       setOpen(open);
