@@ -333,6 +333,13 @@ async def test_batch_reject(chat: Chat) -> None:
     assert await chat.h.charges() == 0
 
 
+async def page_side_drop(routes: list[Any]) -> None:
+    """Drop the page's current socket (the route lets the reconnection through)."""
+    page_side, server_side = routes[-1]
+    await page_side.close(code=4000, reason="network gone")
+    await server_side.close()
+
+
 async def test_reconnects_and_rebuilds_from_the_server(chat: Chat) -> None:
     """The socket drops; meanwhile the card is decided; the page reconnects and shows it."""
     page = chat.page
@@ -372,6 +379,13 @@ async def test_reconnects_and_rebuilds_from_the_server(chat: Chat) -> None:
     await expect(page.locator(".msg.user")).to_have_count(1)
     await expect(chat.cards()).to_have_count(1)
     await expect(page.locator(".msg.assistant").last).to_contain_text("Cobrança Pix de R$ 150,00")
+    # ... and scrolled to the newest message, on a window too short to show them all.
+    await page.set_viewport_size({"width": 800, "height": 320})
+    await page.locator(".msg.user").first.scroll_into_view_if_needed()
+    await page_side_drop(routes)
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(page.locator(".msg.assistant").last).to_be_in_viewport()
+    await expect(page.locator(".msg.user").first).not_to_be_in_viewport()
     await chat.shot("2-rebuilt")
     assert await chat.h.charges() == 1
 

@@ -308,3 +308,15 @@ async def test_language_is_switchable_on_the_page(chat: Chat) -> None:
     await expect(page.locator("#conn")).to_have_text("Conectado")
     await page.get_by_label("Idioma").select_option("en")
     await expect(page.locator("#conn")).to_have_text("Online")
+
+
+async def test_the_accessibility_check_finds_what_it_is_for(chat: Chat) -> None:
+    """A check that cannot fail proves nothing: without its label, the message box is a
+    violation axe-core reports (so the zero counts above are real)."""
+    await chat.open()
+    assert await chat.axe() == []
+    await chat.page.evaluate("document.querySelector('label[for=text]').remove()")
+    await chat.page.evaluate("document.getElementById('text').removeAttribute('placeholder')")
+    found = await chat.axe()
+    assert [v["id"] for v in found] == ["label"], found
+    assert found[0]["impact"] == "critical"
