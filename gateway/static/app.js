@@ -387,6 +387,11 @@
       state.authFailed = true;
       return;
     }
+    if (req && req.kind === 'threads') {
+      // The list could not be read or followed now (a 503): it is asked again on the
+      // next change signal or reconnect; the conversation itself is unaffected.
+      return;
+    }
     if (req && req.kind === 'resume') {
       if (f.status === 404 || f.status === 403) {
         // The thread is gone or not ours: start a new one.

@@ -227,6 +227,9 @@ async def test_full_flow_in_the_persons_language(
     )
     await expect(new_ui.locator(".outcome")).to_contain_text(w.reason)
     await expect(page.locator(".msg.assistant").last).to_contain_text(w.reject_reply)
+    # Nothing waits any more: the list's badge went away by itself.
+    await expect(page.locator("#thread-list .thread-badge")).to_have_count(0)
+    await expect(page.locator("#threads-toggle-badge")).to_be_hidden()
     await shot(chat, f"{tag}-4-rejected")
 
     # Approve: the executed card shows the tool's result view, not the provider's output.
