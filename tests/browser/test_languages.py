@@ -323,3 +323,48 @@ async def test_the_accessibility_check_finds_what_it_is_for(chat: Chat) -> None:
     found = await chat.axe()
     assert [v["id"] for v in found] == ["label"], found
     assert found[0]["impact"] == "critical"
+
+
+async def test_keyboard_order_and_labels_in_portuguese(
+    chat_factory: Callable[..., Awaitable[Chat]],
+) -> None:
+    """Tab walks the page in reading order: the skip link, the header, the thread list,
+    the card's decision buttons, then the message box; every control has a name."""
+    chat = await chat_factory(locale="pt-BR")
+    chat.message_label = PT.message
+    page = chat.page
+    await page.set_viewport_size({"width": 1100, "height": 800})
+    await page.goto(chat.url + f"#token={chat.h.token(chat.user)}")
+    await expect(page.locator("#conn")).to_have_text(PT.online)
+    await chat.say(PT.charge)
+    [card] = await chat.wait_cards(1)
+    await expect(page.locator(".thread-link")).to_have_count(1)
+    await page.reload()  # the deep link; focus starts at the top of the document
+    await expect(chat.card(card.id)).to_have_attribute("data-status", "pending")
+    names: list[str] = []
+    for _ in range(12):
+        await page.keyboard.press("Tab")
+        names.append(
+            await page.evaluate(
+                """() => { const e = document.activeElement;
+                           return e.tagName.toLowerCase() + ':' +
+                             (e.getAttribute('aria-label') || (e.labels && e.labels[0] &&
+                              e.labels[0].textContent) || e.textContent).trim(); }"""
+            )
+        )
+        if names[-1].startswith("textarea"):
+            break
+    assert names[0] == "a:Pular para a caixa de mensagem", names
+    order = [n.split(":", 1)[1].split("\n")[0] for n in names]
+    expected = ["Nova conversa", "Idioma", "Sair", "Confirmar", "Recusar", "Editar", "Mensagem"]
+    positions = [next(i for i, n in enumerate(order) if n.startswith(e)) for e in expected]
+    assert positions == sorted(positions), names
+    thread = next(i for i, n in enumerate(names) if n.startswith("a:cobre 150 do João"))
+    assert positions[2] < thread < positions[3], names  # the list comes before the chat
+    # The skip link goes straight to the message box.
+    await page.reload()
+    await expect(chat.card(card.id)).to_have_attribute("data-status", "pending")
+    await page.keyboard.press("Tab")
+    await page.keyboard.press("Enter")
+    await expect(page.get_by_label(PT.message, exact=True)).to_be_focused()
+    assert card.status == "pending"
