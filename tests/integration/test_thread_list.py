@@ -89,6 +89,7 @@ async def test_ws_thread_list_is_live(h: Harness) -> None:
         await h.decide(card, Decision.REJECT)
         changed = await next_frame(ws, "threads_changed")
         assert changed["thread_id"] == listed_thread
+        await h.settle()  # the rejected turn ends (its last entries come before the new thread)
         # A thread alice makes elsewhere (HTTP) is announced on her own channel.
         async with httpx.AsyncClient() as c:
             r = await c.post(f"{h.base_url}/v1/threads", headers=auth(h, "alice"))
