@@ -4,11 +4,14 @@ flow (propose, edit, reject, approve, the executed result view), the thread list
 its live badges and deep links, reload scrolled to the newest message, and no axe-core
 violation of impact serious or critical in any state.
 
-Screenshots of every state go to ``docs/screens/`` (two of them are in the README).
+Screenshots of every state go to ``tests/artifacts/screenshots/`` and, with
+``SIGNOFF_UPDATE_SCREENS=1``, to ``docs/screens/`` too (two of those are in the README),
+so that a test run does not rewrite tracked files.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import Chat, expect, needs_browser
+from tests.browser.conftest import SCREENSHOTS, Chat, expect, needs_browser
 
 pytestmark = [pytest.mark.anyio, needs_browser]
 
@@ -129,8 +132,12 @@ EN = Words(
 
 
 async def shot(chat: Chat, name: str) -> None:
-    SCREENS.mkdir(parents=True, exist_ok=True)
-    await chat.page.screenshot(path=str(SCREENS / f"{name}.png"), full_page=False)
+    folders = [SCREENSHOTS / "languages"]
+    if os.environ.get("SIGNOFF_UPDATE_SCREENS") == "1":
+        folders.append(SCREENS)
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        await chat.page.screenshot(path=str(folder / f"{name}.png"), full_page=False)
 
 
 async def no_axe_violations(chat: Chat, state: str) -> None:
