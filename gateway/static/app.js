@@ -573,6 +573,18 @@
     insertItem(li);
   }
 
+  function addToolNotice(message, ev) {
+    // The sentence in the person's language; the tool's own words (meant for the
+    // model, often in another language) only behind "details".
+    var li = make('li', 'notice tool-error');
+    li.dataset.seq = ev.seq;
+    var box = make('details', 'tool-detail');
+    box.appendChild(make('summary', '', t('notice.tool')));
+    box.appendChild(make('p', 'tool-message', message));
+    li.appendChild(box);
+    insertItem(li);
+  }
+
   function addToolErrors(data, ev) {
     // Tool results are for the model; show only the ones that failed before any card
     // (e.g. a customer that does not exist), so the person knows why nothing was proposed.
@@ -580,7 +592,7 @@
     for (var i = 0; i < blocks.length; i++) {
       var b = blocks[i];
       if (b && b.is_error && typeof b.content === 'string' && b.content.indexOf('Confirmation card shown') !== 0) {
-        addNotice(t('notice.tool', { message: b.content }), 'tool-error', ev);
+        addToolNotice(b.content, ev);
       }
     }
   }

@@ -375,3 +375,31 @@ async def test_keyboard_order_and_labels_in_portuguese(
     await page.keyboard.press("Enter")
     await expect(page.get_by_label(PT.message, exact=True)).to_be_focused()
     assert card.status == "pending"
+
+
+@pytest.mark.parametrize(
+    ("w", "ask", "notice", "reply"),
+    [
+        (PT, "cobre 150 do Zé", "Nada foi proposto", "Não encontrei nenhum cliente chamado Zé."),
+        (EN, "charge Zé 150", "Nothing was proposed", "I found no customer called Zé."),
+    ],
+    ids=["pt-BR", "en"],
+)
+async def test_a_refused_request_is_explained_in_the_persons_language(
+    chat_factory: Callable[..., Awaitable[Chat]], w: Words, ask: str, notice: str, reply: str
+) -> None:
+    chat = await chat_factory(locale=w.locale)
+    chat.message_label = w.message
+    page = chat.page
+    await page.goto(chat.url + f"#token={chat.h.token(chat.user)}")
+    await expect(page.locator("#conn")).to_have_text(w.online)
+    await chat.say(ask)
+    await expect(page.locator(".msg.assistant").last).to_contain_text(reply)
+    box = page.locator(".notice.tool-error details")
+    await expect(box.locator("summary")).to_contain_text(notice)
+    # The tool's own words (for the model) are there, but only behind "details".
+    await expect(box.locator(".tool-message")).to_be_hidden()
+    await box.locator("summary").click()
+    await expect(box.locator(".tool-message")).to_contain_text("no customer matches")
+    assert await chat.cards().count() == 0
+    await no_axe_violations(chat, "refused")
