@@ -37,11 +37,17 @@ class Feeds:
         self._listeners: dict[str, set[Listener]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ready: dict[str, asyncio.Event] = {}
+        self._channels: dict[str, str] = {}  # a key that is not a thread id: its channel
 
-    async def add(self, thread_id: str, listener: Listener) -> None:
+    async def add(self, thread_id: str, listener: Listener, channel: str | None = None) -> None:
         """Register a listener; returns once the thread's subscription is live. A
         subscription not live within ``ready_seconds`` (Redis down or overloaded) is
-        :class:`Unavailable`; on any failure the listener is removed again."""
+        :class:`Unavailable`; on any failure the listener is removed again.
+
+        ``channel``: subscribe ``thread_id`` (then any key) as that channel instead of the
+        thread's (the per-user channel of ``gateway/watch.py`` shares this fan-out)."""
+        if channel is not None:
+            self._channels[thread_id] = channel
         self._listeners.setdefault(thread_id, set()).add(listener)
         if thread_id not in self._tasks:
             ready = self._ready[thread_id] = asyncio.Event()
@@ -68,12 +74,13 @@ class Feeds:
         if not listeners:
             del self._listeners[thread_id]
             self._ready.pop(thread_id, None)
+            self._channels.pop(thread_id, None)
             task = self._tasks.pop(thread_id, None)
             if task is not None:
                 task.cancel()
 
     async def _follow(self, thread_id: str) -> None:
-        channel = self._keys.thread_channel(thread_id)
+        channel = self._channels.get(thread_id) or self._keys.thread_channel(thread_id)
         while thread_id in self._listeners:
             try:
                 async with self._bus.subscribe(channel) as sub:

@@ -86,6 +86,12 @@ class HttpApi:
         thread = await self.service.create_thread(who)
         return json_response({"thread": msgspec.to_builtins(thread)}, 201)
 
+    async def list_threads(self, request: Request, who: Principal) -> Response:
+        raw = request.query_params.get("limit", "50")
+        if not raw.isdigit():
+            raise InvalidInput("limit must be an integer")
+        return json_response({"threads": await self.service.list_threads(who, int(raw[:4]))})
+
     async def get_thread(self, request: Request, who: Principal) -> Response:
         return json_response(await self.service.thread_state(request.path_params["thread_id"], who))
 
@@ -130,6 +136,7 @@ class HttpApi:
         a = self.authed
         return [
             Route("/v1/threads", a(self.create_thread), methods=["POST"]),
+            Route("/v1/threads", a(self.list_threads), methods=["GET"]),
             Route("/v1/threads/{thread_id}", a(self.get_thread), methods=["GET"]),
             Route("/v1/threads/{thread_id}/messages", a(self.post_message), methods=["POST"]),
             Route("/v1/threads/{thread_id}/events", a(self.events), methods=["GET"]),

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from signoff.gateway.service import BatchIn, MessageIn, ResolveIn
+from signoff.runtime.records import ThreadSummary
 
 ERRORS = {
     "401": "missing, expired or forged token",
@@ -30,6 +31,18 @@ def _responses(ok: str, code: str = "200") -> dict[str, Any]:
     return out
 
 
+def _threads_ok() -> dict[str, Any]:
+    out = _responses("threads")
+    item = {"$ref": "#/components/schemas/ThreadSummary"}
+    schema = {
+        "type": "object",
+        "required": ["threads"],
+        "properties": {"threads": {"type": "array", "items": item}},
+    }
+    out["200"]["content"] = {"application/json": {"schema": schema}}
+    return out
+
+
 def _body(name: str) -> dict[str, Any]:
     ref = {"$ref": f"#/components/schemas/{name}"}
     return {"required": True, "content": {"application/json": {"schema": ref}}}
@@ -40,13 +53,13 @@ def _param(name: str, where: str = "path") -> dict[str, Any]:
         "name": name,
         "in": where,
         "required": where == "path",
-        "schema": {"type": "integer" if name == "after_seq" else "string"},
+        "schema": {"type": "integer" if name in ("after_seq", "limit") else "string"},
     }
 
 
 def build_openapi() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        [MessageIn, ResolveIn, BatchIn], ref_template="#/components/schemas/{name}"
+        [MessageIn, ResolveIn, BatchIn, ThreadSummary], ref_template="#/components/schemas/{name}"
     )
     components["Error"] = {
         "type": "object",
@@ -77,7 +90,14 @@ def build_openapi() -> dict[str, Any]:
                     "summary": "Create a thread",
                     "security": sec,
                     "responses": _responses("created", "201"),
-                }
+                },
+                "get": {
+                    "summary": "The caller's threads, most recently active first, with the "
+                    "number of cards waiting in each (pending); limit 1-200, default 50",
+                    "security": sec,
+                    "parameters": [_param("limit", "query")],
+                    "responses": _threads_ok(),
+                },
             },
             "/v1/threads/{thread_id}": {
                 "get": {

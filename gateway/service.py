@@ -10,17 +10,20 @@ import msgspec
 
 from signoff.gateway.auth import Principal
 from signoff.gateway.quotas import MemoryLedger, Quotas
+from signoff.gateway.views import Views
 from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Decision
 from signoff.runtime.decisions import Decisions, Outcome, Resolution
 from signoff.runtime.errors import Forbidden, InvalidInput, NotOwner, SignoffError
 from signoff.runtime.keys import Keys
+from signoff.runtime.notify import quietly
 from signoff.runtime.records import Entry, Thread
 from signoff.runtime.store import Store
 
 log = logging.getLogger("signoff.gateway")
 
 MAX_TEXT = 8000
+NEW_THREAD = b'{"seq":0}'  # the hint on a person's channel: their thread list changed
 
 
 class MessageIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -101,6 +104,7 @@ class GatewayService:
         self.decisions = decisions
         # No quotas given: none enforced (tests that drive the service directly).
         self.quotas = quotas or Quotas(store=store, ledger=MemoryLedger(), keys=Keys())
+        self.views = Views(getattr(decisions, "tools", None))
 
     async def own_thread(self, thread_id: str, who: Principal) -> Thread:
         thread = await self.store.get_thread(thread_id)
@@ -109,7 +113,21 @@ class GatewayService:
         return thread
 
     async def create_thread(self, who: Principal) -> Thread:
-        return await self.quotas.create_thread(who)
+        thread = await self.quotas.create_thread(who)
+        # After the commit, never failing the request: sockets watching the person's
+        # thread list (gateway/watch.py) re-list.
+        await quietly(
+            self.bus.publish(self.quotas.keys.user_channel(who.tenant, who.user), NEW_THREAD),
+            "thread list hint",
+        )
+        return thread
+
+    async def list_threads(self, who: Principal, limit: int = 50) -> list[dict[str, Any]]:
+        """The person's threads, the most recently active first (an empty one too)."""
+        if not 1 <= limit <= 200:
+            raise InvalidInput("limit must be between 1 and 200")
+        found = await self.store.list_threads(who.tenant, who.user, limit)
+        return [msgspec.to_builtins(t) for t in found]
 
     async def discard_thread(self, thread_id: str) -> None:
         """Undo a thread created for a message that was then refused (its subscription or
@@ -152,7 +170,8 @@ class GatewayService:
         self, thread_id: str, after_seq: int, who: Principal, limit: int = 500
     ) -> list[dict[str, Any]]:
         await self.own_thread(thread_id, who)
-        return [event_of(e) for e in await self.store.entries_after(thread_id, after_seq, limit)]
+        entries = await self.store.entries_after(thread_id, after_seq, limit)
+        return [self.views.event(event_of(e)) for e in entries]
 
     async def get_card(self, card_id: str, who: Principal) -> dict[str, Any]:
         card = await self.store.get_card(card_id)

@@ -24,6 +24,7 @@ from signoff.gateway.auth import Principal, Tokens
 from signoff.gateway.errors import Internal, error_body, status_of, typed
 from signoff.gateway.feed import Feeds, Listener
 from signoff.gateway.service import GatewayService, ResolveIn, event_of, message_text, parse
+from signoff.gateway.watch import ThreadWatch
 from signoff.runtime.errors import (
     InvalidInput,
     OriginRejected,
@@ -127,6 +128,7 @@ class Connection:
         self._catchup: dict[str, asyncio.Lock] = {}
         self._listeners: dict[str, Listener] = {}
         self._expiry: asyncio.Task[None] | None = None
+        self.watch = ThreadWatch(feeds, service, self.send)  # the thread list, live
 
     async def send(self, payload: dict[str, Any]) -> None:
         async with self._send_lock:
@@ -256,6 +258,9 @@ class Connection:
                 await self.on_resume(frame, who)
             elif frame.type == "resolve":
                 await self.on_resolve(frame, who)
+            elif frame.type == "threads":
+                threads = await self.watch.list(who)
+                await self.send({"type": "threads", "id": frame.id, "threads": threads})
             elif frame.type == "auth":
                 await self.on_auth(frame)
             else:
@@ -398,6 +403,7 @@ class Connection:
     def unfollow_all(self) -> None:
         for thread_id in list(self._listeners):
             self.unfollow(thread_id)
+        self.watch.stop()  # a new principal asks for its own list again
 
     async def deliver(self, thread_id: str, entries: list[WireEntry]) -> bool:
         """Send the entries a hint carried, if they follow what this socket got; False on a
@@ -419,7 +425,7 @@ class Connection:
                         "seq": e.seq,
                         "kind": e.kind,
                         "run_id": e.run_id,
-                        "data": e.data,
+                        "data": self.service.views.wire(e.kind, e.data),
                         "at": e.at,
                     }
                 )
@@ -436,7 +442,7 @@ class Connection:
                 for entry in entries:
                     if not self.following(thread_id):
                         return
-                    await self.send({"type": "event", **event_of(entry)})
+                    await self.send({"type": "event", **self.service.views.event(event_of(entry))})
                     self._last_seq[thread_id] = entry.seq
                     if entry.kind == "assistant":
                         self._last_assistant[thread_id] = entry.seq

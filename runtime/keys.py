@@ -26,6 +26,11 @@ class Keys:
         """Pub/sub channel of a thread's events, for gateways holding sockets."""
         return f"{self.prefix}t:{thread_id}"
 
+    def user_channel(self, tenant: str, user: str) -> str:
+        """Pub/sub channel of a person's thread list (a thread was created), for gateways
+        whose sockets watch that list (gateway/watch.py)."""
+        return f"{self.prefix}u:{len(tenant)}:{tenant}:{user}"
+
     def accepted_turns(self, tenant: str, user: str) -> str:
         """Sorted set of a user's accepted messages no worker has started yet: member the
         run id the message will get, score the acceptance time (ms). gateway/quotas.py."""

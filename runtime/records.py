@@ -19,6 +19,18 @@ class Thread(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
 
 
+class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """A line of a person's thread list: when it last changed, how many cards wait for
+    them, and its first message (cut short) to recognise it by."""
+
+    id: str
+    title: str
+    pending: int
+    last_seq: int
+    created_at: datetime
+    updated_at: datetime
+
+
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
     """One row of a thread's log. ``kind`` is what a WebSocket client sees as the event kind."""
 

@@ -26,7 +26,16 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from signoff.runtime.cards import Card, Decision, Status
-from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread, ToolUseOutcome
+from signoff.runtime.records import (
+    CardEvent,
+    Entry,
+    Moved,
+    NewCard,
+    Run,
+    Thread,
+    ThreadSummary,
+    ToolUseOutcome,
+)
 
 
 class Store(Protocol):
@@ -50,6 +59,10 @@ class Store(Protocol):
         ...
 
     async def get_thread(self, thread_id: str) -> Thread: ...
+
+    async def list_threads(
+        self, tenant: str, owner: str, limit: int = 50
+    ) -> list[ThreadSummary]: ...
 
     async def delete_empty_thread(self, thread_id: str) -> bool: ...
 

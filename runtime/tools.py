@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -51,6 +51,68 @@ class Revalidation(msgspec.Struct, frozen=True):
         return cls(ok=False, reason=reason, changes=list(changes))
 
 
+Label = str | dict[str, str]
+"""A label: one text, or one per language tag (``{"pt-BR": "Valor", "en": "Amount"}``);
+the page picks the person's language, then ``en``, then the first."""
+
+ResultFormat = Literal["text", "money_cents", "number", "datetime", "date", "copy"]
+"""How the page shows a result value: ``money_cents`` an integer amount in cents of
+``currency``, ``datetime``/``date`` an ISO string, ``copy`` a text with a copy button;
+numbers, money and dates are formatted in the person's locale (``Intl``)."""
+
+
+class ResultField(msgspec.Struct, frozen=True, kw_only=True):
+    """One labelled row of a result view: ``key`` names the value in the tool's result."""
+
+    key: str
+    label: Label
+    format: ResultFormat = "text"
+    currency: str = "BRL"
+
+
+class ResultView(msgspec.Struct, frozen=True, kw_only=True):
+    """How a person is shown what an executed tool returned, instead of its raw output:
+    a title ("Cobrança Pix criada") and labelled, formatted fields. Declared by a tool as
+    ``result_view``; sent to the chat page with the card's executed update."""
+
+    title: Label = ""
+    fields: tuple[ResultField, ...] = ()
+
+    def render(self, result: Mapping[str, Any]) -> dict[str, Any]:
+        """The view of one result: the title and each declared field present in it."""
+        return {
+            "title": self.title,
+            "fields": [
+                {
+                    "label": f.label,
+                    "format": f.format,
+                    "currency": f.currency,
+                    "value": result[f.key],
+                }
+                for f in self.fields
+                if result.get(f.key) is not None
+            ],
+        }
+
+    @staticmethod
+    def default(result: Mapping[str, Any]) -> dict[str, Any]:
+        """A tool that declares no view: each plain value of the result as a text row,
+        labelled by its key ("charge_id" -> "Charge id"); nested values are left out."""
+        return {
+            "title": "",
+            "fields": [
+                {
+                    "label": key.replace("_", " ").capitalize(),
+                    "format": "text",
+                    "currency": "",
+                    "value": value,
+                }
+                for key, value in result.items()
+                if isinstance(value, str | int | float | bool) and not key.startswith("_")
+            ],
+        }
+
+
 class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
     """Who is asking, for which thread. Tools resolve entities with it."""
 
@@ -72,6 +134,7 @@ class Tool:
     editable: ClassVar[frozenset[str]] = frozenset()
     set_fields: ClassVar[frozenset[str]] = frozenset()
     ttl: ClassVar[timedelta] = timedelta(minutes=10)
+    result_view: ClassVar[ResultView | None] = None
 
     @property
     def is_write(self) -> bool:
@@ -81,6 +144,13 @@ class Tool:
         """The tool as Claude sees it: name, description, JSON schema of the input."""
         schema = msgspec.json.schema(self.input_type)
         return {"name": self.name, "description": self.description, "input_schema": _inline(schema)}
+
+    def view(self, result: Mapping[str, Any]) -> dict[str, Any]:
+        """What the page shows of an executed card's result (``result_view``, or the
+        default: the result's plain values as rows)."""
+        if self.result_view is None:
+            return ResultView.default(result)
+        return self.result_view.render(result)
 
     def parse(self, raw: Mapping[str, Any]) -> msgspec.Struct:
         """Turn the model's (or an editor's) raw input into the typed input, or raise."""

@@ -47,7 +47,17 @@ from signoff.runtime.errors import (
 from signoff.runtime.models.base import Message, Model, ModelReply, TextSink, ToolSpec
 from signoff.runtime.policy import Policy, Rule, Verdict
 from signoff.runtime.text import one_line
-from signoff.runtime.tools import Prepared, Registry, Revalidation, Tool, ToolContext
+from signoff.runtime.tools import (
+    Label,
+    Prepared,
+    Registry,
+    ResultField,
+    ResultFormat,
+    ResultView,
+    Revalidation,
+    Tool,
+    ToolContext,
+)
 
 __version__ = "0.4.0"
 
@@ -62,6 +72,7 @@ __all__ = [
     "Expired",
     "Forbidden",
     "InvalidInput",
+    "Label",
     "Message",
     "Model",
     "ModelReply",
@@ -71,6 +82,9 @@ __all__ = [
     "Prepared",
     "RateLimited",
     "Registry",
+    "ResultField",
+    "ResultFormat",
+    "ResultView",
     "Revalidation",
     "Risk",
     "Rule",

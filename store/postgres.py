@@ -52,6 +52,7 @@ class PostgresStore:
         self.create_thread = threads.create_thread
         self.create_thread_within_quota = threads.create_thread_within_quota
         self.get_thread = threads.get_thread
+        self.list_threads = threads.list_threads
         self.delete_empty_thread = threads.delete_empty_thread
         self.append = threads.append
         self.entries_after = threads.entries_after

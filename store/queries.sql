@@ -46,6 +46,23 @@ RETURNING id::text, tenant, owner, last_seq, created_at;
 -- name: thread_get
 SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1;
 
+-- name: threads_of_owner
+-- A person's threads, the most recently active first, at most $3:
+-- the time of the last log entry, the cards still waiting for a decision and the first
+-- message (the page's thread list, GET /v1/threads).
+SELECT t.id::text, t.last_seq, t.created_at,
+       COALESCE(last.created_at, t.created_at) AS updated_at,
+       (SELECT count(*) FROM cards c
+         WHERE c.thread_id = t.id AND c.status = 'pending' AND c.expires_at > now())::int
+         AS pending,
+       (SELECT m.body FROM messages m
+         WHERE m.thread_id = t.id AND m.kind = 'user' ORDER BY m.seq LIMIT 1) AS first_message
+FROM threads t
+LEFT JOIN messages last ON last.thread_id = t.id AND last.seq = t.last_seq
+WHERE t.tenant = $1 AND t.owner = $2
+ORDER BY updated_at DESC, t.id
+LIMIT $3;
+
 -- name: thread_get_locked
 -- Thread $1, locked first by a transaction that goes on to its runs and cards.
 SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from signoff.runtime.errors import NotFound, RunInactive
-from signoff.runtime.records import Entry, Thread
+from signoff.runtime.records import Entry, Thread, ThreadSummary
 from signoff.store import rows
 from signoff.store.connector import Conn, Connector
 from signoff.store.queries import SQL
@@ -22,6 +22,22 @@ async def append_in(conn: Conn, thread_id: str, kind: str, body: Any, run_id: st
     return Entry(
         thread_id=thread_id, seq=seq, run_id=run_id, kind=kind, body=body, created_at=created
     )
+
+
+TITLE_CHARS = 80
+
+
+def _title(body: Any) -> str:
+    """A message's text on one line, cut to ``TITLE_CHARS``."""
+    content = body.get("content", body.get("text", "")) if isinstance(body, dict) else ""
+    if isinstance(content, list):
+        content = " ".join(
+            str(b.get("text", ""))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+    text = " ".join(str(content).split())
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
 
 
 class Threads:
@@ -43,6 +59,21 @@ class Threads:
         if row is None:
             raise NotFound(f"thread {thread_id} not found", thread_id=thread_id)
         return rows.thread(row)
+
+    async def list_threads(self, tenant: str, owner: str, limit: int = 50) -> list[ThreadSummary]:
+        """The owner's threads, the most recently active first."""
+        found = await self._db.fetch(SQL.threads_of_owner, tenant, owner, limit)
+        return [
+            ThreadSummary(
+                id=r["id"],
+                title=_title(r["first_message"]),
+                pending=r["pending"],
+                last_seq=r["last_seq"],
+                created_at=r["created_at"],
+                updated_at=r["updated_at"],
+            )
+            for r in found
+        ]
 
     async def append(
         self,

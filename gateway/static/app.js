@@ -16,24 +16,20 @@
   var BACKOFF_MIN = 500;
   var BACKOFF_MAX = 10000;
 
-  var STATUS_LABEL = {
-    pending: 'Waiting for your decision',
-    approved: 'Approved — running',
-    executing: 'Executing',
-    executed: 'Executed',
-    rejected: 'Rejected',
-    expired: 'Expired',
-    superseded: 'Superseded',
-    modified: 'Edited',
-    invalidated: 'Not executed',
-    failed: 'Failed'
-  };
+  var I = window.SignoffI18n;
+  var V = window.SignoffViews;
+  var T = window.SignoffThreads;
+  var t = I.t;
 
-  var FIELD_LABEL = {
-    amount: 'Amount (R$)',
-    description: 'Description',
-    email: 'E-mail'
-  };
+  function statusLabel(status) {
+    var text = t('status.' + status);
+    return text === 'status.' + status ? status : text;
+  }
+
+  function fieldLabel(field) {
+    var text = t('field.' + field);
+    return text === 'field.' + field ? field : text;
+  }
 
   var el = {};
   var state = {
@@ -56,7 +52,10 @@
     streams: new Map(), // run id -> {el, text}: the streaming assistant bubble
     finalText: new Map(), // run id -> text of its last assistant event
     doneRuns: new Set(), // runs that ended (late deltas are dropped)
-    activeRun: null
+    activeRun: null,
+    conn: { kind: 'offline', key: 'conn.offline', vars: null },
+    threadsTimer: null,
+    threadsAsked: false
   };
 
   // ------------------------------------------------------------------ helpers
@@ -107,11 +106,7 @@
     el.alerts.textContent = text;
   }
 
-  function timeOf(iso) {
-    var d = new Date(iso);
-    if (isNaN(d.getTime())) return '';
-    return d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
-  }
+  function timeOf(iso) { return I.time(iso); }
 
   function textOf(data) {
     var blocks = (data && data.content) || [];
@@ -128,13 +123,7 @@
     if (last && last.scrollIntoView) last.scrollIntoView({ block: 'end' });
   }
 
-  function plural(n, one, many) { return n + ' ' + (n === 1 ? one : many); }
-
-  function valueText(v) {
-    if (v === null || v === undefined) return '—';
-    if (typeof v === 'object') return JSON.stringify(v);
-    return String(v);
-  }
+  var valueText = V.plain;
 
   // ------------------------------------------------------------------ URL / login
 
@@ -170,8 +159,10 @@
     el.composer.hidden = true;
     el.logout.hidden = true;
     el.newChat.hidden = true;
+    el.threads.hidden = true;
+    el.threadsToggle.hidden = true;
     el.loginError.textContent = message || '';
-    setConn('offline', 'Signed out');
+    setConn('offline', 'conn.signedOut');
     el.tokenInput.focus();
   }
 
@@ -181,6 +172,8 @@
     el.composer.hidden = false;
     el.logout.hidden = false;
     el.newChat.hidden = false;
+    el.threads.hidden = false;
+    el.threadsToggle.hidden = false;
   }
 
   function signOut() {
@@ -192,9 +185,10 @@
 
   // ------------------------------------------------------------------ connection
 
-  function setConn(kind, text) {
+  function setConn(kind, key, vars) {
+    state.conn = { kind: kind, key: key, vars: vars || null };
     el.conn.dataset.state = kind;
-    el.conn.textContent = text;
+    el.conn.textContent = t(key, vars);
     el.composer.setAttribute('aria-busy', kind === 'online' ? 'false' : 'true');
     renderComposer();
     renderAllCards();
@@ -224,7 +218,7 @@
     state.ws = ws;
     state.ready = false;
     state.authFailed = false;
-    setConn('connecting', 'Connecting…');
+    setConn('connecting', 'conn.connecting');
     ws.onopen = function () {
       ws.send(JSON.stringify({ type: 'auth', token: state.token }));
     };
@@ -242,7 +236,7 @@
       if (state.authFailed || ev.code === 4401) {
         store(TOKEN_KEY, null);
         state.token = null;
-        showLogin('That token was refused (invalid or expired). Paste a new one.');
+        showLogin(t('login.refused'));
         return;
       }
       scheduleReconnect();
@@ -254,7 +248,7 @@
     var base = Math.min(BACKOFF_MAX, BACKOFF_MIN * Math.pow(2, state.attempt));
     var delay = Math.round(base / 2 + Math.random() * base / 2);
     state.attempt += 1;
-    setConn('offline', 'Offline — reconnecting in ' + Math.max(1, Math.round(delay / 1000)) + ' s');
+    setConn('offline', 'conn.retry', { s: Math.max(1, Math.round(delay / 1000)) });
     state.reconnectTimer = window.setTimeout(connect, delay);
   }
 
@@ -278,6 +272,8 @@
       case 'delta': return onDelta(f);
       case 'resolved': return onResolved(f);
       case 'error': return onError(f);
+      case 'threads': return onThreads(f);
+      case 'threads_changed': return askThreadsSoon();
       default: return undefined;
     }
   }
@@ -286,9 +282,10 @@
     state.ready = true;
     state.attempt = 0;
     state.user = f.user || state.user;
-    el.who.textContent = state.user ? 'Signed in as ' + state.user : '';
+    el.who.textContent = state.user ? t('who', { user: state.user }) : '';
     state.seenThreads.clear();
-    setConn('online', 'Online');
+    setConn('online', 'conn.online');
+    askThreads();
     if (state.threadId) {
       var id = frameId();
       state.requests.set(id, { kind: 'resume' });
@@ -313,6 +310,7 @@
         state.threadId = f.thread_id;
         state.liveFrom = Math.min(state.liveFrom, state.lastSeq);
         writeLocation();
+        T.setCurrent(state.threadId);
       }
       state.awaitingThread = false;
       renderComposer();
@@ -365,6 +363,7 @@
       state.threadId = threadId;
       state.liveFrom = 0;
       writeLocation();
+      T.setCurrent(threadId);
     }
   }
 
@@ -386,6 +385,11 @@
     var message = f.message || f.error || 'error';
     if (f.status === 401) {
       state.authFailed = true;
+      return;
+    }
+    if (req && req.kind === 'threads') {
+      // The list could not be read or followed now (a 503): it is asked again on the
+      // next change signal or reconnect; the conversation itself is unaffected.
       return;
     }
     if (req && req.kind === 'resume') {
@@ -421,23 +425,61 @@
   function errorText(f) {
     var msg = f.message || '';
     switch (f.error) {
-      case 'already_decided': return 'Already decided elsewhere: ' + msg;
-      case 'stale_hash': return 'This card changed since it was shown; reload the page.';
-      case 'expired': return 'This card expired before your decision.';
-      case 'unknown_tool': return 'This server cannot act on this card right now (an update is rolling out); try again shortly.';
+      case 'already_decided': return t('err.already', { msg: msg });
+      case 'stale_hash': return t('err.stale');
+      case 'expired': return t('err.expired');
+      case 'unknown_tool': return t('err.unknownTool');
       case 'not_owner':
-      case 'forbidden': return 'Not allowed: ' + msg;
+      case 'forbidden': return t('err.forbidden', { msg: msg });
       case 'card_not_found':
-      case 'not_found': return 'This card no longer exists.';
+      case 'not_found': return t('err.gone');
       case 'invalid_input':
-      case 'tool_validation': return 'Invalid: ' + msg;
-      case 'unauthenticated': return 'Your session ended; sign in again.';
+      case 'tool_validation': return t('err.invalid', { msg: msg });
+      case 'unauthenticated': return t('err.session');
       default: break;
     }
-    if (f.status === 409) return 'Conflict: ' + msg;
-    if (f.status === 410) return 'This card expired before your decision.';
-    if (f.status === 503) return 'The service is busy; try again.';
-    return msg || f.error || 'Something went wrong';
+    if (f.status === 409) return t('err.conflict', { msg: msg });
+    if (f.status === 410) return t('err.expired');
+    if (f.status === 503) return t('err.busy');
+    return msg || f.error || t('err.generic');
+  }
+
+  // ------------------------------------------------------------------ thread list
+
+  function askThreads() {
+    window.clearTimeout(state.threadsTimer);
+    state.threadsTimer = null;
+    if (!state.ready) return;
+    var id = frameId();
+    state.requests.set(id, { kind: 'threads' });
+    send({ type: 'threads', id: id });
+  }
+
+  function askThreadsSoon() {
+    // Changes come in bursts (a message, its card, the card's update): list once.
+    if (state.threadsTimer) return;
+    state.threadsTimer = window.setTimeout(askThreads, 250);
+  }
+
+  function onThreads(f) {
+    state.requests.delete(f.id);
+    T.show(f.threads || [], state.threadId);
+  }
+
+  function openThread(threadId) {
+    if (threadId === state.threadId) { scrollToEnd(); el.text.focus(); return; }
+    if (state.threadId) state.seenThreads.add(state.threadId);
+    state.threadId = threadId;
+    state.awaitingThread = false;
+    writeLocation();
+    resetView();
+    T.setCurrent(threadId);
+    if (state.ready) {
+      var id = frameId();
+      state.requests.set(id, { kind: 'resume' });
+      send({ type: 'resume', id: id, thread_id: threadId, after_seq: 0 });
+    }
+    el.text.focus();
   }
 
   // ------------------------------------------------------------------ the view model
@@ -486,7 +528,7 @@
         state.doneRuns.add(ev.run_id);
         if (state.activeRun === ev.run_id) state.activeRun = null;
         if (data.status === 'failed') {
-          addNotice('The assistant stopped: ' + (data.error || 'the run failed'), 'error', ev);
+          addNotice(t('run.failed', { error: data.error || t('run.failedDefault') }), 'error', ev);
         }
         break;
       case 'error':
@@ -498,7 +540,9 @@
     renderPending();
     renderThinking();
     el.empty.hidden = el.transcript.childElementCount > 0;
-    if (live) scrollToEnd();
+    // Live events, and the last one of a replay (a reload, a reconnect): the newest
+    // message is in view.
+    if (live || ev.seq === state.liveFrom) scrollToEnd();
   }
 
   function insertItem(node) {
@@ -512,7 +556,7 @@
   function addMessage(role, text, ev) {
     var li = make('li', 'msg ' + role);
     li.dataset.seq = ev.seq;
-    var who = make('span', 'msg-who', role === 'user' ? 'You' : 'Assistant');
+    var who = make('span', 'msg-who', role === 'user' ? t('msg.you') : t('msg.assistant'));
     var time = make('time', 'msg-time', timeOf(ev.at));
     time.dateTime = ev.at || '';
     var meta = make('div', 'msg-meta');
@@ -529,6 +573,18 @@
     insertItem(li);
   }
 
+  function addToolNotice(message, ev) {
+    // The sentence in the person's language; the tool's own words (meant for the
+    // model, often in another language) only behind "details".
+    var li = make('li', 'notice tool-error');
+    li.dataset.seq = ev.seq;
+    var box = make('details', 'tool-detail');
+    box.appendChild(make('summary', '', t('notice.tool')));
+    box.appendChild(make('p', 'tool-message', message));
+    li.appendChild(box);
+    insertItem(li);
+  }
+
   function addToolErrors(data, ev) {
     // Tool results are for the model; show only the ones that failed before any card
     // (e.g. a customer that does not exist), so the person knows why nothing was proposed.
@@ -536,7 +592,7 @@
     for (var i = 0; i < blocks.length; i++) {
       var b = blocks[i];
       if (b && b.is_error && typeof b.content === 'string' && b.content.indexOf('Confirmation card shown') !== 0) {
-        addNotice(b.content, 'tool-error', ev);
+        addToolNotice(b.content, ev);
       }
     }
   }
@@ -570,9 +626,9 @@
     renderCard(entry);
     if (live) {
       if (!previous) {
-        announce('New confirmation card: ' + card.summary + '. Confirm, reject or edit it.');
+        announce(t('announce.new', { summary: card.summary }));
       } else if (previous !== card.status) {
-        announce('Card ' + (STATUS_LABEL[card.status] || card.status).toLowerCase() + ': ' + card.summary);
+        announce(t('announce.status', { status: statusLabel(card.status).toLowerCase(), summary: card.summary }));
       }
     }
   }
@@ -587,7 +643,7 @@
     art.setAttribute('aria-labelledby', titleId);
 
     var head = make('header', 'card-head');
-    var title = make('h2', 'card-title', 'Confirmation');
+    var title = make('h2', 'card-title', t('card.title'));
     title.id = titleId;
     head.appendChild(title);
     head.appendChild(make('span', 'badge risk', ''));
@@ -603,17 +659,17 @@
 
     var actions = make('div', 'actions');
     actions.setAttribute('role', 'group');
-    actions.setAttribute('aria-label', 'Decision');
-    var confirm = make('button', 'confirm', 'Confirm');
+    actions.setAttribute('aria-label', t('card.decision'));
+    var confirm = make('button', 'confirm', t('btn.confirm'));
     confirm.type = 'button';
     confirm.dataset.action = 'confirm';
-    var reject = make('button', 'reject', 'Reject');
+    var reject = make('button', 'reject', t('btn.reject'));
     reject.type = 'button';
     reject.dataset.action = 'reject';
-    var edit = make('button', 'edit', 'Edit');
+    var edit = make('button', 'edit', t('btn.edit'));
     edit.type = 'button';
     edit.dataset.action = 'edit';
-    var again = make('button', 'again', 'Propose again');
+    var again = make('button', 'again', t('btn.again'));
     again.type = 'button';
     again.dataset.action = 'again';
     actions.appendChild(confirm);
@@ -647,11 +703,11 @@
     art.setAttribute('aria-busy', entry.busy ? 'true' : 'false');
 
     var risk = art.querySelector('.badge.risk');
-    risk.textContent = card.risk;
+    risk.textContent = t('risk.' + card.risk);
     risk.dataset.risk = card.risk;
-    risk.title = { read: 'Read only', reversible: 'Can be undone', critical: 'Cannot be undone' }[card.risk] || '';
+    risk.title = t('risk.' + card.risk + '.title');
     var badge = art.querySelector('.badge.status');
-    badge.textContent = STATUS_LABEL[status] || status;
+    badge.textContent = statusLabel(status);
     badge.dataset.status = status;
 
     // The exact stored text, never reformatted, never HTML, and rendered as one
@@ -667,12 +723,23 @@
     var actions = art.querySelector('.actions');
     actions.hidden = !(pending || expired);
     var canDecide = pending && online && !entry.busy;
-    actions.querySelector('[data-action=confirm]').disabled = !canDecide;
-    actions.querySelector('[data-action=reject]').disabled = !canDecide;
+    actions.setAttribute('aria-label', t('card.decision'));
+    art.querySelector('.card-title').textContent = t('card.title');
+    // One action per intent: with the reject form open its own button is the Reject;
+    // with the edit form open, Confirm would approve the old values, so it waits.
+    var confirmBtn = actions.querySelector('[data-action=confirm]');
+    confirmBtn.textContent = t('btn.confirm');
+    confirmBtn.disabled = !canDecide || entry.form === 'edit-form';
+    var rejectBtn = actions.querySelector('[data-action=reject]');
+    rejectBtn.textContent = t('btn.reject');
+    rejectBtn.hidden = entry.form === 'reject-form';
+    rejectBtn.disabled = !canDecide;
     var editBtn = actions.querySelector('[data-action=edit]');
-    editBtn.hidden = !(card.editable && card.editable.length);
+    editBtn.textContent = t('btn.edit');
+    editBtn.hidden = !(card.editable && card.editable.length) || entry.form === 'edit-form';
     editBtn.disabled = !canDecide;
     var again = actions.querySelector('[data-action=again]');
+    again.textContent = t('btn.again');
     again.hidden = !expired;
     again.disabled = !online;
 
@@ -684,7 +751,7 @@
         n.disabled = entry.busy || !online;
       });
     }
-    art.querySelector('.progress').textContent = entry.busy ? 'Sending your decision…' : '';
+    art.querySelector('.progress').textContent = entry.busy ? t('progress.sending') : '';
   }
 
   function renderImpact(dl, card) {
@@ -705,17 +772,17 @@
         }
       });
     }
-    if (impact.amount !== undefined) row('Amount', impact.amount);
-    else if (impact.amount_cents !== undefined) row('Amount', (impact.amount_cents / 100).toFixed(2));
-    if (impact.target !== undefined) row('Target', impact.target);
+    if (typeof impact.amount_cents === 'number') row(t('impact.amount'), I.money(impact.amount_cents, impact.currency || 'BRL'));
+    else if (impact.amount !== undefined) row(t('impact.amount'), impact.amount);
+    if (impact.target !== undefined) row(t('impact.target'), impact.target);
     if (impact.reversible !== undefined) {
-      row('Reversible', impact.reversible ? 'Yes — can be undone' : 'No — cannot be undone');
+      row(t('impact.reversible'), impact.reversible ? t('impact.yes') : t('impact.no'));
     }
     if (impact.side_effects && impact.side_effects.length) {
-      row('Side effects', impact.side_effects.join('; '));
+      row(t('impact.sideEffects'), impact.side_effects.join('; '));
     }
     if (card.status === 'pending' && card.expires_at) {
-      row('Expires', timeOf(card.expires_at));
+      row(t('impact.expires'), timeOf(card.expires_at));
     }
   }
 
@@ -723,30 +790,22 @@
     box.textContent = '';
     var status = card.status;
     var result = card.result || {};
+    var decided = V.decided(card);
     function line(text, cls) { box.appendChild(make('p', cls || 'outcome-line', text)); }
-    function by() {
-      var where = {whatsapp: 'no WhatsApp', ws: 'in the chat', http: 'through the API'}[card.channel] || card.channel;
-      return card.decided_by ? ' by ' + card.decided_by + (where ? ' (' + where + ')' : '') : '';
-    }
     if (status === 'executed') {
-      line('Done' + by() + '.');
-      var dl = make('dl', 'result');
-      Object.keys(result).forEach(function (k) {
-        dl.appendChild(make('dt', '', k));
-        dl.appendChild(make('dd', '', valueText(result[k])));
-      });
-      if (dl.childElementCount) box.appendChild(dl);
+      V.renderResult(box, card);
+      line(t('out.approved', { decided: decided }), 'outcome-line decided');
     } else if (status === 'rejected') {
-      line('Rejected' + by() + '. Nothing was done.');
-      if (card.reason) line('Reason: ' + card.reason, 'reason');
+      line(t('out.rejected', { decided: decided }), 'outcome-line decided');
+      if (card.reason) line(t('out.reason', { reason: card.reason }), 'reason');
     } else if (status === 'expired') {
-      line('Expired without a decision. Nothing was done.');
+      line(t('out.expired'));
     } else if (status === 'superseded') {
-      line('Superseded by a newer message. Nothing was done.');
+      line(t('out.superseded'));
     } else if (status === 'modified') {
-      line('Edited' + by() + '; replaced by a new card.');
+      line(t('out.modified', { decided: decided }), 'outcome-line decided');
       if (card.superseded_by) {
-        var a = make('a', 'new-card-link', 'Go to the new card');
+        var a = make('a', 'new-card-link', t('out.newCard'));
         a.href = '#card-' + card.superseded_by;
         a.addEventListener('click', function (ev) {
           ev.preventDefault();
@@ -756,25 +815,25 @@
         box.appendChild(a);
       }
     } else if (status === 'invalidated') {
-      line('Approved' + by() + ', but NOT executed: ' + (result.reason || 'something changed') + '.');
+      line(t('out.invalidated', { decided: decided, reason: result.reason || t('out.invalidatedDefault') }), 'outcome-line decided');
       var changes = result.changes || [];
       if (changes.length) {
         var ul = make('ul', 'changes');
         changes.forEach(function (c) {
-          ul.appendChild(make('li', '', (c.field || '?') + ': approved ' + valueText(c.approved) + ', now ' + valueText(c.current)));
+          ul.appendChild(make('li', '', t('out.change', {
+            field: c.field || '?', approved: valueText(c.approved), current: valueText(c.current)
+          })));
         });
         box.appendChild(ul);
       }
     } else if (status === 'failed') {
-      line('Failed: ' + (result.error || 'unknown error') + '.');
+      line(t('out.failed', { error: result.error || t('out.failedDefault') }));
     } else if (status === 'approved') {
-      line('Approved' + by() + '. Running…');
+      line(t('out.running', { decided: decided }), 'outcome-line decided');
     } else if (status === 'executing') {
-      line('Approved' + by() + '. Executing…');
+      line(t('out.executing', { decided: decided }), 'outcome-line decided');
     }
-    if (card.needs_reconciliation) {
-      line('Outcome unknown: flagged for an operator to reconcile. Do not retry.', 'warn');
-    }
+    if (card.needs_reconciliation) line(t('out.reconcile'), 'warn');
   }
 
   function setBusy(cardId, busy) {
@@ -788,7 +847,7 @@
     var entry = state.cards.get(cardId);
     if (!entry || entry.busy) return;
     if (action === 'again') {
-      sendMessage('Proponha novamente: ' + entry.card.summary);
+      sendMessage(t('again.text', { summary: entry.card.summary }));
       return;
     }
     if (entry.card.status !== 'pending') return;
@@ -821,7 +880,7 @@
     if (!send(frame)) {
       state.requests.delete(id);
       entry.busy = false;
-      entry.error = 'Not connected; try again when the page is back online.';
+      entry.error = t('err.notConnected');
       renderCard(entry);
     }
   }
@@ -837,27 +896,30 @@
     return form;
   }
 
-  function formButtons(form, submitText, submitClass, entry) {
+  function formButtons(form, submitText, submitClass, entry, kind) {
     var row = make('div', 'form-buttons');
     var ok = make('button', submitClass, submitText);
     ok.type = 'submit';
-    var cancel = make('button', 'ghost', 'Cancel');
+    var cancel = make('button', 'ghost', t('btn.cancel'));
     cancel.type = 'button';
     cancel.addEventListener('click', function () {
       entry.form = null;
       renderCard(entry);
-      var back = entry.el.querySelector('[data-action=confirm]');
-      if (back) back.focus();
+      var back = entry.el.querySelector('[data-action=' + (kind === 'reject-form' ? 'reject' : 'edit') + ']');
+      if (back && !back.hidden) back.focus();
     });
     row.appendChild(ok);
     row.appendChild(cancel);
     form.appendChild(row);
+    form.addEventListener('keydown', function (ev) {
+      if (ev.key === 'Escape') { ev.preventDefault(); cancel.click(); }
+    });
   }
 
   function openRejectForm(entry) {
-    var form = formShell(entry, 'reject-form', 'Reject this card');
+    var form = formShell(entry, 'reject-form', t('form.reject'));
     var fid = 'reason-' + entry.card.id;
-    var label = make('label', '', 'Reason (optional)');
+    var label = make('label', '', t('form.reason'));
     label.htmlFor = fid;
     var input = make('input');
     input.id = fid;
@@ -867,7 +929,8 @@
     input.autocomplete = 'off';
     form.appendChild(label);
     form.appendChild(input);
-    formButtons(form, 'Reject', 'reject', entry);
+    formButtons(form, t('btn.reject'), 'reject', entry, 'reject-form');
+    renderCard(entry);
     form.addEventListener('submit', function (ev) {
       ev.preventDefault();
       if (entry.busy) return;
@@ -891,12 +954,12 @@
 
   function openEditForm(entry) {
     var card = entry.card;
-    var form = formShell(entry, 'edit-form', 'Edit this card');
+    var form = formShell(entry, 'edit-form', t('form.edit'));
     var initial = {};
     var inputs = {};
     (card.editable || []).forEach(function (field) {
       var fid = 'edit-' + field + '-' + card.id;
-      var label = make('label', '', FIELD_LABEL[field] || field);
+      var label = make('label', '', fieldLabel(field));
       label.htmlFor = fid;
       var input = make('input');
       input.id = fid;
@@ -909,9 +972,10 @@
       form.appendChild(label);
       form.appendChild(input);
     });
-    var note = make('p', 'form-note', 'Saving proposes a new card with the new values; you confirm that one.');
+    var note = make('p', 'form-note', t('form.editNote'));
     form.appendChild(note);
-    formButtons(form, 'Propose edited card', 'edit', entry);
+    formButtons(form, t('form.editSubmit'), 'edit', entry, 'edit-form');
+    renderCard(entry);
     form.addEventListener('submit', function (ev) {
       ev.preventDefault();
       if (entry.busy) return;
@@ -922,7 +986,7 @@
         if (value !== '' && value !== initial[field]) { edits[field] = value; any = true; }
       });
       if (!any) {
-        entry.error = 'Change a field first.';
+        entry.error = t('form.noChange');
         renderCard(entry);
         return;
       }
@@ -944,15 +1008,15 @@
     var pending = pendingCards();
     var n = pending.length;
     el.pending.hidden = n === 0;
-    el.pendingText.textContent = n === 1 ? '1 confirmation pending' : n + ' confirmations pending';
+    el.pendingText.textContent = n === 1 ? t('pending.one') : t('pending.many', { n: n });
     var busy = pending.some(function (e) { return e.busy; });
     var batch = n > 1;
     el.confirmAll.hidden = !batch;
     el.rejectAll.hidden = !batch;
     el.confirmAll.disabled = busy || !state.ready;
     el.rejectAll.disabled = busy || !state.ready;
-    el.confirmAll.textContent = 'Confirm all ' + n;
-    el.rejectAll.textContent = 'Reject all ' + n;
+    el.confirmAll.textContent = t('pending.confirmAll', { n: n });
+    el.rejectAll.textContent = t('pending.rejectAll', { n: n });
   }
 
   function batch(decision) {
@@ -999,7 +1063,7 @@
       }).catch(function (err) {
         entries.forEach(function (e) {
           e.busy = false;
-          e.error = errorText(err && err.status ? err : { message: 'Network error: ' + err });
+          e.error = errorText(err && err.status ? err : { message: t('err.network', { msg: String(err) }) });
           renderCard(e);
         });
         renderPending();
@@ -1034,11 +1098,31 @@
     if (!send(frame)) {
       state.requests.delete(id);
       state.awaitingThread = false;
-      el.composerError.textContent = 'Not connected; your message was not sent.';
+      el.composerError.textContent = t('composer.offline');
       return false;
     }
     renderComposer();
     return true;
+  }
+
+  // ------------------------------------------------------------------ language
+
+  function switchLanguage(tag) {
+    I.set(tag);
+    el.lang.value = I.lang;
+    // Everything the page wrote is rebuilt in the new language: the static labels
+    // (I.apply), the connection line, and the view, replayed from the server's log.
+    setConn(state.conn.kind, state.conn.key, state.conn.vars);
+    if (state.user) el.who.textContent = t('who', { user: state.user });
+    T.render();
+    if (state.threadId && state.ready) {
+      var id = frameId();
+      state.requests.set(id, { kind: 'resume' });
+      send({ type: 'resume', id: id, thread_id: state.threadId, after_seq: 0 });
+    } else {
+      renderAllCards();
+      renderPending();
+    }
   }
 
   // ------------------------------------------------------------------ start
@@ -1066,11 +1150,32 @@
     el.composerError = $('composer-error');
     el.announcer = $('announcer');
     el.alerts = $('alerts');
+    el.threads = $('threads');
+    el.threadsToggle = $('threads-toggle');
+    el.lang = $('lang');
+
+    I.apply(document);
+    I.langs.forEach(function (l) {
+      var opt = make('option', '', l.name);
+      opt.value = l.tag;
+      opt.lang = l.tag;
+      el.lang.appendChild(opt);
+    });
+    el.lang.value = I.lang;
+    el.lang.addEventListener('change', function () { switchLanguage(el.lang.value); });
+    T.init({
+      nav: el.threads,
+      list: $('thread-list'),
+      none: $('threads-none'),
+      toggle: el.threadsToggle,
+      toggleBadge: $('threads-toggle-badge'),
+      onOpen: openThread
+    });
 
     el.loginForm.addEventListener('submit', function (ev) {
       ev.preventDefault();
       var token = el.tokenInput.value.trim();
-      if (!token) { el.loginError.textContent = 'Paste a token first.'; return; }
+      if (!token) { el.loginError.textContent = t('login.empty'); return; }
       store(TOKEN_KEY, token);
       state.token = token;
       el.tokenInput.value = '';
@@ -1085,6 +1190,7 @@
       state.awaitingThread = false;
       writeLocation();
       resetView();
+      T.setCurrent(null);
       el.empty.hidden = false;
       el.text.focus();
     });

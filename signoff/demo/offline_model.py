@@ -1,9 +1,13 @@
 """An offline demo model: rule-based, clearly labelled, no API key needed.
 
-It understands a few payments-desk requests in Portuguese and English
-("cobre 150 do João", "refund sale V001", "saldo") and turns them into the
-same ``tool_use`` blocks Claude would send, so ``signoff dev`` shows the whole
-card flow on a fresh machine. With ``ANTHROPIC_API_KEY`` set, Claude is used.
+It understands a few payments-desk requests in Portuguese and English, in the usual
+word orders ("cobre 150 do João", "cobra o João em 150", "charge João 150",
+"charge 150 to João", "refund sale V001", "saldo") and turns them into the same
+``tool_use`` blocks Claude would send, so ``signoff dev`` shows the whole card flow on
+a fresh machine. It answers in the language of the person's last message, says
+nothing about a card before one exists (a write's card is the runtime's to show), and
+sums each result up in one sentence (``offline_words``). With ``ANTHROPIC_API_KEY``
+set, Claude is used.
 """
 
 from __future__ import annotations
@@ -14,12 +18,54 @@ import re
 from typing import Any
 
 from signoff import Message, ModelReply, TextSink, ToolSpec
+from signoff.demo.offline_words import HELP, PT, done, language, not_done
 
 LABEL = "[offline demo model] "
 _ids = itertools.count(1)
 
-NAMES = re.compile(r"\b(?i:d[oae]s?|para|for|to|from|cliente):?\s+([A-ZÀ-Ý][\wÀ-ÿ]+)")
+# Words that start with a capital letter but are not a customer's name.
+_NOT_NAMES = frozenset(
+    """pix r cobre cobra cobrar cobrança cobranca charge gere gera gerar crie cria create
+    make send envie refund estorne estorna estornar reembolse saldo balance cliente customer
+    change mude muda mudar altere altera alterar troque find busque busca buscar procure
+    search look cancel cancele cancela cancelar please por favor o a os as um uma the of to
+    for from do da de dos das para em e and then depois i me my meu minha email e-mail new
+    novo nova what qual quanto how show mostre propose proponha again novamente valor""".split()
+)
+_CAPITAL = re.compile(r"(?<![\w@.])([A-ZÀ-Ý][a-zà-ÿ]+)(?:'s)?\b")
+_AFTER = re.compile(
+    r"\b(?:d[oae]s?|para|pra|for|to|from|cliente|customer|o|a|charge|cobr[ae]r?)\s+"
+    r"(?:o\s+|a\s+)?([a-zà-ÿ][a-zà-ÿ]+)\b",
+    re.IGNORECASE,
+)
 AMOUNT = re.compile(r"(?:R\$\s*)?(\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?)")
+_IDS = re.compile(r"\b[VvAa]\d{3}\b|\(CPF[^)]*\)")
+EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.\w+")
+_SPLIT = re.compile(
+    r"[,;]?\s+(?:e|and|depois|then|e depois|and then)\s+(?=\S*\s*(?:cobr|charge|estorn|reembols|"
+    r"refund|cancel|saldo|balance|alter|mude|change|busc|find|procur))",
+    re.IGNORECASE,
+)
+
+
+def customer_name(part: str) -> str | None:
+    """The customer a request names: a capitalised word that is not a command word, or
+    the word after "do/para/to/for/o" ("cobra o joão em 150")."""
+    for found in _CAPITAL.finditer(EMAIL.sub(" ", part)):
+        if found.group(1).lower() not in _NOT_NAMES:
+            return found.group(1)
+    for found in _AFTER.finditer(EMAIL.sub(" ", part)):
+        if found.group(1).lower() not in _NOT_NAMES:
+            return found.group(1)
+    return None
+
+
+def amount_of(part: str) -> str | None:
+    """The amount in reais: the one after "R$" if there is one, else the first number."""
+    text = _IDS.sub(" ", EMAIL.sub(" ", part))
+    marked = re.search(r"R\$\s*", text)
+    found = AMOUNT.search(text, marked.end() if marked else 0) or AMOUNT.search(text)
+    return found.group(1) if found else None
 
 
 def _use(name: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -31,9 +77,10 @@ def _use(name: str, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _intent(part: str) -> dict[str, Any] | None:
+def intent(part: str) -> dict[str, Any] | None:
+    """The tool call one request asks for, or None."""
     low = part.lower()
-    if re.search(r"saldo|balance", low):
+    if re.search(r"\bsaldo\b|\bbalance\b", low):
         return _use("get_balance", {})
     sale = re.search(r"\b(v\d{3})\b", low)
     if sale and re.search(r"estorn|reembols|refund|devolv", low):
@@ -41,30 +88,56 @@ def _intent(part: str) -> dict[str, Any] | None:
     appt = re.search(r"\b(a\d{3})\b", low)
     if appt and re.search(r"cancel", low):
         return _use("cancel_appointment", {"appointment_id": appt.group(1).upper()})
-    email = re.search(r"[^@\s]+@[^@\s]+\.\w+", part)
-    name = NAMES.search(part)
+    name = customer_name(part)
+    email = EMAIL.search(part)
     if email and name:
-        return _use("update_email", {"customer": name.group(1), "email": email.group(0)})
-    if re.search(r"cobr|pix|charge", low):
-        amount = AMOUNT.search(part)
+        return _use("update_email", {"customer": name, "email": email.group(0).rstrip(".,;")})
+    if re.search(r"cobr|\bpix\b|charge", low):
+        amount = amount_of(part)
         if name and amount:
-            return _use("create_pix_charge", {"customer": name.group(1), "amount": amount.group(1)})
-    if re.search(r"busc|find|procur|cliente", low) and name:
-        return _use("find_customer", {"query": name.group(1)})
+            return _use("create_pix_charge", {"customer": name, "amount": amount})
+        return None
+    if re.search(r"busc|find|procur|search|look up|cliente|customer", low) and name:
+        return _use("find_customer", {"query": name})
     return None
 
 
-def _describe(result: dict[str, Any]) -> str:
+def _user_text(messages: list[Message]) -> str:
+    """The person's last written message (tool results are not theirs)."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        texts = [b.get("text", "") for b in message.get("content", []) if b.get("type") == "text"]
+        if texts:
+            return " ".join(texts)
+    return ""
+
+
+def _calls(messages: list[Message]) -> dict[str, dict[str, Any]]:
+    """Tool calls made so far, by tool_use id."""
+    out: dict[str, dict[str, Any]] = {}
+    for message in messages:
+        if message.get("role") == "assistant":
+            for block in message.get("content", []):
+                if block.get("type") == "tool_use":
+                    out[str(block.get("id"))] = block
+    return out
+
+
+def describe(result: dict[str, Any], call: dict[str, Any] | None, lang: str) -> str:
+    """One sentence for one tool_result block."""
     text = str(result.get("content", ""))
-    if not result.get("is_error"):
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return text
-        if isinstance(data, dict) and data.get("status") == "executed":
-            return f"Feito. {data.get('card', '')} Resultado: {json.dumps(data.get('result'), ensure_ascii=False)}"
-        return f"Resultado: {text}"
-    return text
+    if result.get("is_error"):
+        return not_done(text, lang)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and data.get("status") == "executed":
+        data = data.get("result")
+    if call is None or not isinstance(data, dict):
+        return not_done("", lang) if call is None else done("", {}, {}, lang)
+    return done(str(call.get("name")), dict(call.get("input") or {}), data, lang)
 
 
 class OfflineDemoModel:
@@ -82,28 +155,24 @@ class OfflineDemoModel:
         blocks = last.get("content", [])
         results = [b for b in blocks if b.get("type") == "tool_result"]
         texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
+        lang = language(_user_text(messages))
         if results and not texts:
-            reply = LABEL + " ".join(_describe(r) for r in results)
-            return await self._text(reply, on_text)
+            calls = _calls(messages)
+            said = [describe(r, calls.get(str(r.get("tool_use_id"))), lang) for r in results]
+            return await self._text(LABEL + " ".join(said), on_text)
         request = " ".join(texts)
-        parts = re.split(
-            r"\s+(?:e|and|depois|then)\s+(?=\S*\s*(?:cobr|estorn|reembols|refund|cancel|saldo|balance|alter|mude|change|busc|find))",
-            request,
-        )
-        uses = [u for u in (_intent(p) for p in parts) if u is not None]
+        uses = [u for u in (intent(p) for p in _SPLIT.split(request)) if u is not None]
         if not uses:
-            return await self._text(
-                LABEL + "Posso consultar o saldo, buscar clientes, gerar cobranças Pix, estornar "
-                'vendas, cancelar consultas e alterar e-mails. Ex.: "cobre 150 do João".',
-                on_text,
-            )
-        intro = LABEL + "Vou preparar isso; confirme no cartão."
-        if on_text is not None:
-            await on_text(intro)
-        return ModelReply(content=[{"type": "text", "text": intro}, *uses], stop_reason="tool_use")
+            return await self._text(LABEL + HELP[lang], on_text)
+        # No words before the calls: a write's card is shown by the runtime once it
+        # exists (a refused call has none), a read's answer comes with its result.
+        return ModelReply(content=list(uses), stop_reason="tool_use")
 
     @staticmethod
     async def _text(text: str, on_text: TextSink | None) -> ModelReply:
         if on_text is not None:
             await on_text(text)
         return ModelReply(content=[{"type": "text", "text": text}], stop_reason="end_turn")
+
+
+__all__ = ["LABEL", "PT", "OfflineDemoModel", "customer_name", "describe", "intent", "language"]

@@ -10,6 +10,8 @@ import msgspec
 
 from signoff import (
     Prepared,
+    ResultField,
+    ResultView,
     Revalidation,
     Risk,
     Tool,
@@ -108,6 +110,19 @@ class CreatePixCharge(Tool):
     risk = Risk.CRITICAL
     input_type = PixChargeIn
     editable = frozenset({"amount", "description"})
+    result_view = ResultView(
+        title={"pt-BR": "Cobrança Pix criada", "en": "Pix charge created"},
+        fields=(
+            ResultField(
+                key="amount", label={"pt-BR": "Valor", "en": "Amount"}, format="money_cents"
+            ),
+            ResultField(
+                key="copy_paste",
+                label={"pt-BR": "código copia-e-cola", "en": "copy-and-paste code"},
+                format="copy",
+            ),
+        ),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, PixChargeIn)
@@ -126,7 +141,7 @@ class CreatePixCharge(Tool):
             "amount": brl(cents),
             "target": customer["name"],
             "reversible": False,
-            "side_effects": ["Pix charge sent to the customer"],
+            "side_effects": ["cobrança Pix enviada ao cliente"],
         }
         fields = {"Descrição": description} if description else {}
         return Prepared(args=args, summary=summary, impact=impact, fields=fields)
@@ -158,6 +173,15 @@ class RefundSale(Tool):
     risk = Risk.CRITICAL
     input_type = RefundIn
     editable = frozenset({"amount"})
+    result_view = ResultView(
+        title={"pt-BR": "Estorno feito", "en": "Refund made"},
+        fields=(
+            ResultField(
+                key="amount", label={"pt-BR": "Valor", "en": "Amount"}, format="money_cents"
+            ),
+            ResultField(key="refund_id", label={"pt-BR": "Estorno", "en": "Refund"}),
+        ),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, RefundIn)
@@ -182,7 +206,7 @@ class RefundSale(Tool):
             "amount": brl(cents),
             "target": sale["name"],
             "reversible": False,
-            "side_effects": ["money leaves the merchant account"],
+            "side_effects": ["o dinheiro sai da conta do lojista"],
         }
         return Prepared(args=args, summary=summary, impact=impact)
 
@@ -213,6 +237,12 @@ class CancelAppointment(Tool):
     risk = Risk.REVERSIBLE
     input_type = CancelIn
     ttl = timedelta(minutes=30)
+    result_view = ResultView(
+        title={"pt-BR": "Consulta cancelada", "en": "Appointment cancelled"},
+        fields=(
+            ResultField(key="appointment_id", label={"pt-BR": "Consulta", "en": "Appointment"}),
+        ),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, CancelIn)
@@ -222,7 +252,11 @@ class CancelAppointment(Tool):
         if appt["status"] != "scheduled":
             raise ToolValidationError(f"appointment {appt['id']} is {appt['status']}")
         summary = f"Cancelar consulta {appt['id']} · Cliente: {appt['name']} · Data: {appt['at']}"
-        impact = {"target": appt["name"], "reversible": True, "side_effects": ["the slot is freed"]}
+        impact = {
+            "target": appt["name"],
+            "reversible": True,
+            "side_effects": ["o horário fica livre"],
+        }
         return Prepared(args={"appointment_id": appt["id"]}, summary=summary, impact=impact)
 
     async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
@@ -247,6 +281,10 @@ class UpdateEmail(Tool):
     risk = Risk.REVERSIBLE
     input_type = EmailIn
     editable = frozenset({"email"})
+    result_view = ResultView(
+        title={"pt-BR": "E-mail alterado", "en": "E-mail changed"},
+        fields=(ResultField(key="email", label={"pt-BR": "Novo e-mail", "en": "New e-mail"}),),
+    )
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, EmailIn)
@@ -259,7 +297,7 @@ class UpdateEmail(Tool):
         impact = {
             "target": customer["name"],
             "reversible": True,
-            "side_effects": ["receipts go to the new address"],
+            "side_effects": ["os recibos vão para o novo endereço"],
         }
         args = {"customer_id": customer["id"], "email": email, "previous": customer["email"]}
         fields = {"E-mail atual": str(customer["email"]), "Novo e-mail": email}

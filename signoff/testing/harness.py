@@ -122,6 +122,7 @@ class Harness:
         self._plan = Plan()
         self._cleanup: list[Callable[[], Awaitable[Any]]] = []
         self.base_url = ""
+        self.asgi: Any = None  # the gateway's Starlette app (gateway=True): its state, for tests
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -216,6 +217,7 @@ class Harness:
             decisions=self.decisions,
             tokens=self.tokens,
         )
+        self.asgi = asgi
         server = uvicorn.Server(
             uvicorn.Config(
                 asgi,

@@ -37,6 +37,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
+# axe-core (MPL-2.0, its licence header kept in the file), vendored from the npm registry
+# so that the accessibility check needs no network: tests/browser/axe.min.js.
+AXE = Path(__file__).resolve().parent / "axe.min.js"
 TIMEOUT_MS = 10_000
 
 try:
@@ -100,6 +103,7 @@ class Chat:
     name: str
     errors: list[str] = field(default_factory=list)
     sent_frames: list[dict[str, Any]] = field(default_factory=list)
+    message_label: str = "Message"  # the message box's label in the page's language
 
     @property
     def url(self) -> str:
@@ -113,7 +117,7 @@ class Chat:
             await expect(self.page.locator("#conn")).to_have_text("Online")
 
     async def say(self, text: str) -> None:
-        box = self.page.get_by_label("Message", exact=True)
+        box = self.page.get_by_label(self.message_label, exact=True)
         await expect(self.page.locator("#send")).to_be_enabled()
         await box.fill(text)
         await box.press("Enter")
@@ -139,6 +143,22 @@ class Chat:
         path = SCREENSHOTS / f"{self.name}-{state}.png"
         await self.page.screenshot(path=str(path), full_page=True)
         return path
+
+    async def axe(self) -> list[dict[str, Any]]:
+        """axe-core's violations of impact serious or critical on the page as it is now
+        (injected through the DevTools protocol, which the page's CSP does not govern)."""
+        if not await self.page.evaluate("typeof window.axe === 'object'"):
+            await self.page.evaluate(AXE.read_text())
+        found: list[dict[str, Any]] = await self.page.evaluate(
+            """async () => {
+                const r = await axe.run(document, {resultTypes: ['violations']});
+                return r.violations
+                    .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                    .map(v => ({id: v.id, impact: v.impact, help: v.help,
+                                nodes: v.nodes.map(n => n.target.join(' ') + ': ' + n.failureSummary)}));
+            }"""
+        )
+        return found
 
     def resolve_frames(self) -> list[dict[str, Any]]:
         return [f for f in self.sent_frames if f.get("type") == "resolve"]
@@ -191,14 +211,17 @@ async def chat_factory(
     contexts: list[BrowserContext] = []
     hs: list[Any] = []
 
-    async def make(user: str | None = None, fake: FakeMessagesServer | None = None) -> Chat:
+    async def make(
+        user: str | None = None, fake: FakeMessagesServer | None = None, locale: str = "en-US"
+    ) -> Chat:
         """With ``fake``, the model is Claude's SDK against that scripted server;
-        without, the offline demo model."""
+        without, the offline demo model. ``locale``: the browser's language
+        (navigator.language), which picks the page's."""
         model = None if fake is not None else OfflineDemoModel()
         cm = harness(database_url, model=model, fake=fake, gateway=True)
         h = await cm.__aenter__()
         hs.append(cm)
-        context = await browser.new_context()
+        context = await browser.new_context(locale=locale)
         context.set_default_timeout(TIMEOUT_MS)
         contexts.append(context)
         page = await context.new_page()

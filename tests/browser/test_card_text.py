@@ -46,7 +46,7 @@ async def test_forged_description_renders_as_one_labelled_line(
     shown = await summary.inner_text()  # as rendered: a newline kept by CSS would show here
     assert "\n" not in shown and "\u202e" not in shown
     assert shown.count("Valor") == 1 and shown.endswith("Valor: R$ 9.000,00")
-    await expect(ui.locator(".impact")).to_contain_text("R$ 9.000,00")
+    await expect(ui.locator(".impact")).to_contain_text("R$9,000.00")
 
     # The description in its own labelled row: one label, one value, one line.
     await expect(ui.locator("dt.field-label")).to_have_text(["Descrição"])

@@ -42,7 +42,7 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     await expect(ui.locator(".card-summary")).to_have_text(card.summary)
     assert "R$ 150,00" in card.summary
     await expect(ui.locator(".badge.risk")).to_have_text("critical")
-    await expect(ui.locator(".impact")).to_contain_text("R$ 150,00")
+    await expect(ui.locator(".impact")).to_contain_text("R$150.00")  # Intl, en-US
     await expect(ui.locator(".impact")).to_contain_text("João Silva")
     await expect(ui.locator(".impact")).to_contain_text("No — cannot be undone")
     await expect(ui.locator(".badge.status")).to_have_text("Waiting for your decision")
@@ -56,11 +56,16 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     await ui.get_by_role("button", name="Confirm").click()
     await expect(ui).to_have_attribute("data-status", "executed")
     await expect(ui.locator(".badge.status")).to_have_text("Executed")
-    await expect(ui.locator(".outcome")).to_contain_text("Done by " + chat.user)
+    await expect(ui.locator(".outcome")).to_contain_text(
+        "Approved by " + chat.user + " in the chat"
+    )
+    await expect(ui.locator(".outcome .result-line")).to_contain_text(
+        "Pix charge created · R$150.00"
+    )
     await expect(ui.get_by_role("button", name="Confirm")).to_be_hidden()
     await expect(page.locator("#pending")).to_be_hidden()
     # The model's reply about the result arrives as an assistant message.
-    await expect(page.locator(".msg.assistant").last).to_contain_text("Feito")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("Cobrança Pix de R$ 150,00")
     await chat.shot("2-executed")
     await chat.h.settle()
     assert await chat.h.charges() == 1
@@ -119,7 +124,7 @@ async def test_edit_amount_proposes_new_linked_card(chat: Chat) -> None:
     assert old.superseded_by == new.id
     new_ui = chat.card(new.id)
     await expect(new_ui.locator(".card-summary")).to_have_text(new.summary)
-    await expect(new_ui.locator(".impact")).to_contain_text("R$ 200,00")
+    await expect(new_ui.locator(".impact")).to_contain_text("R$200.00")
     await expect(chat.page.locator("#announcer")).to_contain_text("New confirmation card")
     await chat.shot("2-new-card")
     # The link on the old card leads to the new one.
@@ -236,7 +241,7 @@ async def test_expired_card_is_disabled_and_can_be_proposed_again(chat: Chat) ->
     await chat.shot("1-expired")
     await again.click()
     await expect(page.locator(".msg.user").last).to_have_text(
-        re.compile(re.escape(f"Proponha novamente: {card.summary}"))
+        re.compile(re.escape(f"Propose again: {card.summary}"))
     )
     await chat.shot("2-proposed-again")
     await chat.h.settle()
@@ -257,7 +262,7 @@ async def test_decision_through_http_api_updates_page_live(chat: Chat) -> None:
         )
     assert res.status_code == 200, res.text
     await expect(ui).to_have_attribute("data-status", "executed")
-    await expect(ui.locator(".outcome")).to_contain_text(f"Done by {chat.user} (through the API)")
+    await expect(ui.locator(".outcome")).to_contain_text(f"Approved by {chat.user} through the API")
     await expect(ui.get_by_role("button", name="Confirm")).to_be_hidden()
     await chat.shot("1-executed-elsewhere")
     assert chat.resolve_frames() == []
@@ -328,6 +333,13 @@ async def test_batch_reject(chat: Chat) -> None:
     assert await chat.h.charges() == 0
 
 
+async def page_side_drop(routes: list[Any]) -> None:
+    """Drop the page's current socket (the route lets the reconnection through)."""
+    page_side, server_side = routes[-1]
+    await page_side.close(code=4000, reason="network gone")
+    await server_side.close()
+
+
 async def test_reconnects_and_rebuilds_from_the_server(chat: Chat) -> None:
     """The socket drops; meanwhile the card is decided; the page reconnects and shows it."""
     page = chat.page
@@ -366,7 +378,14 @@ async def test_reconnects_and_rebuilds_from_the_server(chat: Chat) -> None:
     # Rebuilt from the log, not appended to what the page had.
     await expect(page.locator(".msg.user")).to_have_count(1)
     await expect(chat.cards()).to_have_count(1)
-    await expect(page.locator(".msg.assistant").last).to_contain_text("Feito")
+    await expect(page.locator(".msg.assistant").last).to_contain_text("Cobrança Pix de R$ 150,00")
+    # ... and scrolled to the newest message, on a window too short to show them all.
+    await page.set_viewport_size({"width": 800, "height": 320})
+    await page.locator(".msg.user").first.scroll_into_view_if_needed()
+    await page_side_drop(routes)
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(page.locator(".msg.assistant").last).to_be_in_viewport()
+    await expect(page.locator(".msg.user").first).not_to_be_in_viewport()
     await chat.shot("2-rebuilt")
     assert await chat.h.charges() == 1
 

@@ -13,7 +13,14 @@ from tests.browser.conftest import Chat, expect, needs_browser
 
 pytestmark = [pytest.mark.anyio, needs_browser]
 
-ASSETS = ["/", "/static/app.js", "/static/style.css"]
+ASSETS = [
+    "/",
+    "/static/i18n.js",
+    "/static/views.js",
+    "/static/threads.js",
+    "/static/app.js",
+    "/static/style.css",
+]
 
 
 class _Refs(HTMLParser):
@@ -54,7 +61,7 @@ async def test_page_has_no_external_urls(chat: Chat) -> None:
     chat.page.on("request", lambda r: requested.append(r.url))
     await chat.open()
     await chat.say("saldo")
-    await expect(chat.page.locator(".msg.assistant").last).to_contain_text("balance")
+    await expect(chat.page.locator(".msg.assistant").last).to_contain_text("Seu saldo")
     assert requested
     for url in requested:
         parts = urlsplit(url)

@@ -1,0 +1,207 @@
+"""What the offline demo model says, in Portuguese and in English (pure).
+
+Every sentence is written here, per language, so a Portuguese reply never carries the
+runtime's English internals (the tool_result text meant for a real model) and never
+shows raw JSON: each tool result becomes one human sentence.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+PT = "pt"
+EN = "en"
+
+_PT_MARKS = re.compile(
+    r"\b(?:cobr\w*|saldo|estorn\w*|reembols\w*|cancel[ae]\w*|consulta|venda|cliente|mude|"
+    r"alter\w*|troqu\w*|busqu\w*|procur\w*|ger[ae]|d[oae]s?|para|pra|em|o|um|uma|meu|minha|"
+    r"qual|quanto|obrigad\w*|oi|ol[aá]|é|não|você|por favor)(?!\w)",
+    re.IGNORECASE,
+)
+_EN_MARKS = re.compile(
+    r"\b(?:charge|balance|refund|sale|appointment|customer|change|find|search|look|"
+    r"to|for|from|the|of|my|what|how|much|please|thanks|hi|hello|help|email)\b",
+    re.IGNORECASE,
+)
+
+
+def language(text: str) -> str:
+    """The language a message is written in: ``"pt"`` or ``"en"`` (a tie: Portuguese,
+    the demo desk's own language)."""
+    pt = len(_PT_MARKS.findall(text))
+    en = len(_EN_MARKS.findall(text))
+    return EN if en > pt else PT
+
+
+def money(cents: int, lang: str) -> str:
+    """15000 -> "R$ 150,00" (pt) or "R$ 150.00" (en)."""
+    reais, cent = divmod(abs(cents), 100)
+    sign = "-" if cents < 0 else ""
+    grouped = f"{reais:,}"
+    if lang == EN:
+        return f"{sign}R$ {grouped}.{cent:02d}"
+    return f"{sign}R$ {grouped.replace(',', '.')},{cent:02d}"
+
+
+HELP = {
+    PT: (
+        "Posso consultar o saldo, buscar clientes, gerar cobranças Pix, estornar vendas, "
+        'cancelar consultas e alterar e-mails. Ex.: "cobre 150 do João" ou "saldo".'
+    ),
+    EN: (
+        "I can show the balance, find customers, create Pix charges, refund sales, cancel "
+        'appointments and change e-mails. E.g. "charge João 150" or "balance".'
+    ),
+}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def done(tool: str, data: dict[str, Any], result: dict[str, Any], lang: str) -> str:
+    """One sentence for a tool that ran: ``data`` is the call's input, ``result`` its output."""
+    pt = lang == PT
+    if tool == "get_balance":
+        cents = _int(result.get("balance_cents"))
+        shown = money(cents, lang) if cents is not None else str(result.get("balance", "?"))
+        return f"Seu saldo é {shown}." if pt else f"Your balance is {shown}."
+    if tool == "find_customer":
+        names = [str(c.get("name")) for c in result.get("customers", []) if isinstance(c, dict)]
+        if not names:
+            q = data.get("query", "")
+            return (
+                f"Não encontrei nenhum cliente com {q!s}." if pt else f"No customer matches {q!s}."
+            )
+        listed = ", ".join(names)
+        if pt:
+            return f"Encontrei {len(names)} cliente{'s' if len(names) > 1 else ''}: {listed}."
+        return f"Found {len(names)} customer{'s' if len(names) > 1 else ''}: {listed}."
+    cents = _int(result.get("amount"))
+    amount = money(cents, lang) if cents is not None else ""
+    if tool == "create_pix_charge":
+        who = str(data.get("customer", "")).strip()
+        if pt:
+            return (
+                f"Cobrança Pix de {amount} criada para {who}; o código copia-e-cola está no cartão."
+            )
+        return f"Pix charge of {amount} created for {who}; the copy-and-paste code is on the card."
+    if tool == "refund_sale":
+        sale = str(data.get("sale_id", "")).upper()
+        return (
+            f"Estorno de {amount} feito na venda {sale}."
+            if pt
+            else f"Refunded {amount} on sale {sale}."
+        )
+    if tool == "cancel_appointment":
+        appt = str(result.get("appointment_id", data.get("appointment_id", "")))
+        return f"Consulta {appt} cancelada." if pt else f"Appointment {appt} cancelled."
+    if tool == "update_email":
+        email = str(result.get("email", data.get("email", "")))
+        who = str(data.get("customer", "")).strip()
+        return (
+            f"E-mail de {who} alterado para {email}." if pt else f"{who}'s e-mail is now {email}."
+        )
+    return "Feito." if pt else "Done."
+
+
+# The runtime's tool_result texts for a card that did not run (runtime/outcomes.py), and
+# the demo tools' refusals (signoff/demo/tools.py, money.py), each as a sentence per language.
+_NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
+    (
+        re.compile(r"REJECTED"),
+        "Certo, não fiz nada: você recusou o cartão.",
+        "OK, nothing was done: you rejected the card.",
+    ),
+    (
+        re.compile(r"expired without a decision"),
+        "O cartão expirou sem decisão; nada foi feito.",
+        "The card expired without a decision; nothing was done.",
+    ),
+    (
+        re.compile(r"Superseded"),
+        "Esse cartão foi substituído pela sua nova mensagem; nada foi feito.",
+        "That card was replaced by your newer message; nothing was done.",
+    ),
+    (
+        re.compile(r"NOT executed"),
+        "Foi aprovado, mas não executado: algo mudou desde o cartão. Peça de novo se ainda quiser.",
+        "It was approved but not executed: something changed since the card. Ask again if you "
+        "still want it.",
+    ),
+    (
+        re.compile(r"Execution failed"),
+        "A execução falhou; nada foi confirmado.",
+        "The execution failed; nothing was confirmed.",
+    ),
+    (
+        re.compile(r"outcome is unknown"),
+        "O resultado é incerto; um operador vai verificar. Não repita o pedido.",
+        "The outcome is unknown; an operator will check it. Do not repeat the request.",
+    ),
+    (
+        re.compile(r"already rejected this exact action"),
+        "Você já recusou exatamente isso agora há pouco; não vou propor de novo.",
+        "You already rejected exactly this a moment ago; I will not propose it again.",
+    ),
+    (
+        re.compile(r"Denied by policy"),
+        "A política desta conta não permite isso.",
+        "This account's policy does not allow that.",
+    ),
+    (
+        re.compile(r"no customer matches '([^']*)'"),
+        "Não encontrei nenhum cliente chamado {0}.",
+        "I found no customer called {0}.",
+    ),
+    (
+        re.compile(r"'([^']*)' is ambiguous: ([^;]*);"),
+        "Há mais de um cliente chamado {0} ({1}); qual deles?",
+        "More than one customer is called {0} ({1}); which one?",
+    ),
+    (
+        re.compile(r"no sale '([^']*)'"),
+        "Não encontrei a venda {0}.",
+        "I found no sale {0}.",
+    ),
+    (
+        re.compile(r"no appointment '([^']*)'"),
+        "Não encontrei a consulta {0}.",
+        "I found no appointment {0}.",
+    ),
+    (
+        re.compile(r"appointment (\S+) is (\w+)"),
+        "A consulta {0} não está agendada.",
+        "Appointment {0} is not scheduled.",
+    ),
+    (
+        re.compile(r"only (R\$ [\d.,]+) of sale (\S+) can be refunded"),
+        "Só {0} da venda {1} ainda pode ser estornado.",
+        "Only {0} of sale {1} can still be refunded.",
+    ),
+    (
+        re.compile(r"does not cover"),
+        "O saldo não cobre esse estorno.",
+        "The balance does not cover that refund.",
+    ),
+    (
+        re.compile(r"is not an e-mail address"),
+        "Esse endereço de e-mail não é válido.",
+        "That is not a valid e-mail address.",
+    ),
+    (
+        re.compile(r"amount"),
+        "Esse valor não é válido (use reais, até R$ 1.000.000,00).",
+        "That amount is not valid (reais, up to R$ 1,000,000.00).",
+    ),
+]
+
+
+def not_done(text: str, lang: str) -> str:
+    """One sentence for a call that did not run (a refusal or a card that was not executed)."""
+    for pattern, pt, en in _NOT_DONE:
+        found = pattern.search(text)
+        if found:
+            return (pt if lang == PT else en).format(*found.groups())
+    return "Não consegui fazer isso." if lang == PT else "I could not do that."

@@ -1,0 +1,213 @@
+"""The offline demo model (issue 17): each phrase form in both languages, the reply's
+language, no card promised where none is proposed, one human sentence per result."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from signoff.demo.offline_model import LABEL, OfflineDemoModel, intent, language
+from signoff.demo.offline_words import money, not_done
+
+CHARGES = {
+    "en": [
+        "charge João 150",
+        "charge 150 to João",
+        "Charge João R$ 150",
+        "charge João 150 reais",
+        "create a pix charge of 150 for João",
+        "please charge joão 150",
+    ],
+    "pt": [
+        "cobre 150 do João",
+        "cobra o João em 150",
+        "cobre o João 150",
+        "cobrar R$ 150,00 de João",
+        "gere um pix de 150 para o João",
+        "cobre 150 do joão",
+    ],
+}
+
+
+@pytest.mark.parametrize(("lang", "text"), [(k, t) for k, v in CHARGES.items() for t in v])
+def test_every_charge_word_order_becomes_the_same_call(lang: str, text: str) -> None:
+    use = intent(text)
+    assert use is not None and use["name"] == "create_pix_charge", text
+    assert use["input"]["customer"].lower() == "joão"
+    assert use["input"]["amount"] in ("150", "150,00")
+    assert language(text) == lang
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "data", "lang"),
+    [
+        ("saldo", "get_balance", {}, "pt"),
+        ("qual é o meu saldo?", "get_balance", {}, "pt"),
+        ("balance", "get_balance", {}, "en"),
+        ("what is my balance?", "get_balance", {}, "en"),
+        ("estorne a venda V001", "refund_sale", {"sale_id": "V001"}, "pt"),
+        ("refund sale V001", "refund_sale", {"sale_id": "V001"}, "en"),
+        ("cancele a consulta A001", "cancel_appointment", {"appointment_id": "A001"}, "pt"),
+        ("cancel appointment A001", "cancel_appointment", {"appointment_id": "A001"}, "en"),
+        (
+            "mude o e-mail do João para novo@example.com",
+            "update_email",
+            {"customer": "João", "email": "novo@example.com"},
+            "pt",
+        ),
+        (
+            "change João's email to new@example.com",
+            "update_email",
+            {"customer": "João", "email": "new@example.com"},
+            "en",
+        ),
+        ("busque o cliente Maria", "find_customer", {"query": "Maria"}, "pt"),
+        ("find customer Maria", "find_customer", {"query": "Maria"}, "en"),
+    ],
+)
+def test_the_other_requests_in_both_languages(
+    text: str, name: str, data: dict[str, Any], lang: str
+) -> None:
+    use = intent(text)
+    assert use is not None and use["name"] == name and use["input"] == data
+    assert language(text) == lang
+
+
+def test_propose_again_text_is_the_card_not_the_cpf() -> None:
+    summary = "Gerar cobrança Pix · Cliente: João Silva (CPF ***.123.456-**) · Valor: R$ 150,00"
+    for prefix in ("Proponha novamente: ", "Propose again: "):
+        use = intent(prefix + summary)
+        assert use is not None and use["input"] == {"customer": "João", "amount": "150,00"}
+
+
+def ask(messages: list[dict[str, Any]]) -> Any:
+    return asyncio.run(OfflineDemoModel().respond(system="", messages=messages, tools=[]))
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def turn(text: str, result: Any, *, error: bool = False) -> tuple[dict[str, Any], str]:
+    """The person's message, the model's calls and one tool_result for the first call:
+    the model's reply to that result."""
+    first = ask([user(text)])
+    [use] = first.tool_uses()
+    content = result if isinstance(result, str) else json.dumps(result)
+    block = {"type": "tool_result", "tool_use_id": use["id"], "content": content}
+    if error:
+        block["is_error"] = True
+    messages = [
+        user(text),
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [block]},
+    ]
+    reply = ask(messages)
+    return use, reply.text()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("saldo", "Seu saldo é R$ 5.000,00."), ("balance", "Your balance is R$ 5,000.00.")],
+)
+def test_a_read_promises_no_card_and_answers_in_one_sentence(text: str, expected: str) -> None:
+    first = ask([user(text)])
+    # No words before the call: nothing about a card that will never come.
+    assert first.text() == "" and [u["name"] for u in first.tool_uses()] == ["get_balance"]
+    _, said = turn(text, {"balance_cents": 500000, "balance": "R$ 5.000,00"})
+    assert said == LABEL + expected
+    for word in ("cartão", "card", "confirm", "{"):
+        assert word not in said.lower()
+
+
+EXECUTED = {
+    "status": "executed",
+    "card": "Confirmation card shown to the user: «…». Decided by demo via http.",
+    "result": {"charge_id": "pix-1", "amount": 15000, "copy_paste": "00020126PIX00000001"},
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "cobre 150 do João",
+            "Cobrança Pix de R$ 150,00 criada para João; o código copia-e-cola está no cartão.",
+        ),
+        (
+            "charge João 150",
+            "Pix charge of R$ 150.00 created for João; the copy-and-paste code is on the card.",
+        ),
+    ],
+)
+def test_an_executed_charge_is_one_sentence_in_the_persons_language(
+    text: str, expected: str
+) -> None:
+    _, said = turn(text, EXECUTED)
+    assert said == LABEL + expected
+    for internal in ("Confirmation card", "Decided by", "via http", "pix-1", "{", "15000"):
+        assert internal not in said
+
+
+@pytest.mark.parametrize(
+    ("runtime_text", "pt", "en"),
+    [
+        (
+            "Confirmation card shown to the user: «x». Decided by a via ws. The user REJECTED it; "
+            "nothing was executed. No reason given.",
+            "Certo, não fiz nada: você recusou o cartão.",
+            "OK, nothing was done: you rejected the card.",
+        ),
+        (
+            "no customer matches 'Zé'",
+            "Não encontrei nenhum cliente chamado Zé.",
+            "I found no customer called Zé.",
+        ),
+        (
+            "Confirmation card shown to the user: «x». It expired without a decision; nothing was executed.",
+            "O cartão expirou sem decisão; nada foi feito.",
+            "The card expired without a decision; nothing was done.",
+        ),
+        (
+            "something nobody wrote a sentence for",
+            "Não consegui fazer isso.",
+            "I could not do that.",
+        ),
+    ],
+)
+def test_what_did_not_run_is_said_without_english_internals(
+    runtime_text: str, pt: str, en: str
+) -> None:
+    assert not_done(runtime_text, "pt") == pt
+    assert not_done(runtime_text, "en") == en
+    _, said = turn("cobre 150 do João", runtime_text, error=True)
+    assert said == LABEL + pt
+    _, said = turn("charge João 150", runtime_text, error=True)
+    assert said == LABEL + en
+
+
+@pytest.mark.parametrize(("text", "lang"), [("oi", "pt"), ("hello", "en"), ("cobre do João", "pt")])
+def test_what_it_cannot_do_is_help_in_the_persons_language(text: str, lang: str) -> None:
+    reply = ask([user(text)])
+    assert reply.tool_uses() == []
+    said = reply.text()
+    assert said.startswith(LABEL)
+    assert ("Posso consultar" in said) is (lang == "pt")
+    assert ("I can show" in said) is (lang == "en")
+    assert "cartão" not in said.replace("cobre 150 do João", "")
+
+
+def test_two_requests_in_one_message_are_two_calls() -> None:
+    reply = ask([user("cobre 150 do João e depois saldo")])
+    assert [u["name"] for u in reply.tool_uses()] == ["create_pix_charge", "get_balance"]
+    reply = ask([user("charge João 150 and then balance")])
+    assert [u["name"] for u in reply.tool_uses()] == ["create_pix_charge", "get_balance"]
+
+
+def test_money_in_each_language() -> None:
+    assert money(123456789, "pt") == "R$ 1.234.567,89"
+    assert money(123456789, "en") == "R$ 1,234,567.89"
+    assert money(5, "pt") == "R$ 0,05"
