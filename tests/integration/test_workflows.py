@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -305,3 +309,33 @@ async def test_a_crash_mid_step_reruns_that_step_only(database_url: str) -> None
 
 def test_redis_is_there() -> None:
     assert services.redis_url()
+
+
+async def test_cli_runs_list_and_show(h: Harness) -> None:
+    run = await parked(h)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+        env["SIGNOFF_DATABASE_URL"] = h.database_url
+        return subprocess.run(
+            [sys.executable, "-m", "signoff", "runs", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listed = await asyncio.to_thread(cli, "list", "--kind", "workflow", "--limit", "500")
+    assert listed.returncode == 0, listed.stderr
+    line = next(x for x in listed.stdout.splitlines() if run.id in x)
+    assert line.startswith("workflow") and "awaiting_human" in line
+    assert "three: waiting at step 1 after 'extract'" in line
+    shown = await asyncio.to_thread(cli, "show", run.id)
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["kind"] == "workflow" and data["run"]["status"] == "awaiting_human"
+    assert data["interrupts"][0]["reason"] == "approve the payout"
+    missing = await asyncio.to_thread(cli, "show", "00000000-0000-0000-0000-000000000000")
+    assert missing.returncode == 1 and "no run" in missing.stderr
+    agents = await asyncio.to_thread(cli, "list", "--kind", "agent")
+    assert agents.returncode == 0 and agents.stdout.startswith("KIND")
