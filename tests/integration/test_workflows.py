@@ -9,6 +9,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -456,3 +457,24 @@ async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -
             assert [s["name"] for s in done.steps] == ["a", "review"]
     finally:
         del STEP_KINDS["review"]
+
+
+async def test_the_readme_workflow_works_as_written(database_url: str) -> None:
+    text = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- workflow-example: begin", 1)[1].split("<!-- workflow-example: end")[0]
+    code = block.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    namespace: dict[str, Any] = {"__name__": "readme_workflow"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    app: App = namespace["app"]
+    async with Harness(app, database_url=database_url, model=CommandModel()) as h:
+        run = await h.workflows.start("payout", tenant=h.tenant, owner=OWNER)
+        await until(status_is(h, run.id, "awaiting_human"))
+        _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+        assert interrupts[-1].deadline is not None  # the 3-day timeout
+        await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+        await until(status_is(h, run.id, "awaiting_event"))
+        await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": 120}, tenant=h.tenant, by=OWNER
+        )
+        done = await until(status_is(h, run.id, "completed"))
+        assert done.state == {"amount": 120, "approved": True, "note": "", "paid": True}
