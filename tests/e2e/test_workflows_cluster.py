@@ -188,3 +188,34 @@ async def test_live_holder_resumes_fast_and_errors_are_typed(
         assert run_id in [x["id"] for x in r.json()["runs"]]
     await asyncio.sleep(0.5)
     assert await side_effects(database_url, run_id) == {"extract": 1, "pay": 1}
+
+
+async def test_worker_killed_mid_step_reruns_only_that_step(
+    pools: Cluster, database_url: str
+) -> None:
+    """kill -9 of the worker between a step's side effect and its completion record: the
+    other worker adopts the run and runs that step again (at least once); the step before
+    it is never run again."""
+    c = pools
+    async with httpx.AsyncClient(base_url=c.gateways[0].url, timeout=30) as a:
+        r = await a.post("/v1/workflows/slow/runs", json={}, headers=auth(c))
+        assert r.status_code == 201, r.text
+        run_id = r.json()["run"]["id"]
+        deadline = time.monotonic() + 30
+        while (await side_effects(database_url, run_id)).get("hold") != 1:
+            assert time.monotonic() < deadline, "the hold step never started"
+            await asyncio.sleep(0.1)
+        conn = await asyncpg.connect(database_url)
+        try:
+            holder = await conn.fetchval(
+                "SELECT worker_id FROM workflow_runs WHERE id = $1", run_id
+            )
+            victim = next(w for w in c.workers if w.name == holder)
+            victim.signal(signal.SIGKILL)
+            victim.wait(10)
+            await conn.execute("INSERT INTO wf_go (run_id) VALUES ($1)", run_id)
+        finally:
+            await conn.close()
+        body = await until_status(a, c, run_id, "completed", timeout=40)
+        assert [s["name"] for s in body["run"]["steps"]] == ["extract", "hold", "pay"]
+    assert await side_effects(database_url, run_id) == {"extract": 1, "hold": 2, "pay": 1}
