@@ -133,6 +133,11 @@ class WorkflowEngine:
             host=worker,
         )
 
+    @property
+    def in_flight(self) -> int:
+        """Runs whose steps run here now (a parked run is not one: it holds nothing)."""
+        return len(self._inflight)
+
     def register(self, kind: str, handler: StepHandler) -> None:
         """Run steps of ``kind`` (a :class:`Step` subclass's ``kind``) with ``handler``."""
         self.handlers[kind] = handler
