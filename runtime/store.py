@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread
+from signoff.runtime.workflows.definition import WorkflowStatus
 from signoff.runtime.workflows.records import GateOpening, Interrupt, Passed, WorkflowRun
 
 # A gate's payload validated for the gate at a step index (raises InvalidInput).
@@ -84,6 +85,19 @@ class WorkflowStore(Protocol):
         n_steps: int,
         automatic: bool = False,
     ) -> Passed: ...
+
+    async def pass_gate(
+        self,
+        run_id: str,
+        *,
+        status: WorkflowStatus,
+        step: int,
+        payload: dict[str, Any],
+        by: str,
+        n_steps: int,
+        event: str | None = None,
+        automatic: bool = False,
+    ) -> Passed | None: ...
 
     async def deliver_event(
         self,

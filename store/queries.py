@@ -120,6 +120,7 @@ class Queries:
     wf_interrupts_overdue: str
     wf_event_insert: str
     wf_event_take: str
+    wf_pass_gate: str
 
 
 def parse(text: str) -> dict[str, str]:

@@ -1230,3 +1230,37 @@ WHERE id = (
     FOR UPDATE
 )
 RETURNING payload, delivered_by;
+
+-- name: wf_pass_gate
+-- The fast path of a resume or an event (one statement): run $1, found parked with status
+-- $2 at step $3, has its open interrupt (of event $7 when given; the kind is implied by
+-- the status) resolved with payload $4 by $5 (automatic $6) and passes the gate (step
+-- + 1; completed after the last step, $8 = the step count). The run row is locked first.
+-- No row: the run moved on meanwhile (the caller diagnoses under locks).
+WITH run AS (
+    SELECT r.id FROM workflow_runs r
+    WHERE r.id = $1 AND r.status = $2 AND r.step = $3
+    FOR UPDATE
+),
+intr AS (
+    UPDATE interrupts i
+    SET status = 'resolved', payload = $4, resolved_by = $5, resolved_at = now(), automatic = $6
+    FROM run
+    WHERE i.run_id = run.id AND i.status = 'open' AND ($7::text IS NULL OR i.event = $7)
+    RETURNING i.*
+),
+passed AS (
+    UPDATE workflow_runs w
+    SET state = w.state || $4::jsonb, step = w.step + 1,
+        steps = w.steps || jsonb_build_array(jsonb_build_object('name', intr.step_name, 'at', now())),
+        status = CASE WHEN w.step + 1 >= $8 THEN 'completed' ELSE 'running' END,
+        error = NULL, updated_at = now()
+    FROM intr
+    WHERE w.id = $1
+    RETURNING w.id::text, w.tenant, w.owner, w.app, w.workflow, w.status, w.step, w.state,
+        w.input, w.steps, w.worker_id AS holder, w.error, w.created_at, w.updated_at
+)
+SELECT passed.*, to_jsonb(intr) AS interrupt,
+    EXISTS (SELECT 1 FROM workers k WHERE k.id = passed.holder AND k.lease_until > now())
+        AS holder_live
+FROM passed, intr;

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 PayloadFor = Callable[[int], dict[str, Any]]
 TIMEOUT_ACTOR = "system:timeout"
 AWAITING = {"human": WorkflowStatus.AWAITING_HUMAN, "event": WorkflowStatus.AWAITING_EVENT}
-_EXTRA = ("holder_live", "overdue")
+_EXTRA = ("holder_live", "overdue", "interrupt")
 
 
 def _run(row: Row) -> WorkflowRun:
@@ -261,6 +261,30 @@ class WorkflowRows:
             return Passed(run=run, interrupt=intr, holder_live=live)
 
         return await self._db.transaction(go)
+
+    async def pass_gate(
+        self,
+        run_id: str,
+        *,
+        status: WorkflowStatus,
+        step: int,
+        payload: dict[str, Any],
+        by: str,
+        n_steps: int,
+        event: str | None = None,
+        automatic: bool = False,
+    ) -> Passed | None:
+        """The fast path of a resolution, one statement: the run still parked with
+        ``status`` at ``step`` passes its open gate (of ``event`` when given) with
+        ``payload``. None if the run moved on meanwhile; then :meth:`resolve_gate` or
+        :meth:`deliver_event` tell why, under locks."""
+        row = await self._db.fetchrow(
+            SQL.wf_pass_gate, _id(run_id), status, step, payload, by, automatic, event, n_steps
+        )
+        if row is None:
+            return None
+        intr = msgspec.convert(row["interrupt"], Interrupt)
+        return Passed(run=_run(row), interrupt=intr, holder_live=bool(row["holder_live"]))
 
     async def deliver_event(
         self,

@@ -19,7 +19,13 @@ from signoff.runtime.errors import InvalidInput, NotOwner, WorkflowNotFound
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import wake_workflow
 from signoff.runtime.store import WorkflowStore
-from signoff.runtime.workflows.definition import Gate, HumanGate, Workflow, WorkflowStatus
+from signoff.runtime.workflows.definition import (
+    EventGate,
+    Gate,
+    HumanGate,
+    Workflow,
+    WorkflowStatus,
+)
 from signoff.runtime.workflows.payload import validate
 from signoff.runtime.workflows.records import Interrupt, Passed, WorkflowRun
 
@@ -138,13 +144,21 @@ class WorkflowService:
                 return validate(None, payload)  # a custom step's gate: no schema here
             return validate(gate.schema, payload)
 
-        passed = await self.store.resolve_gate(
-            run.id,
-            kind="human",
-            payload_for=payload_for,
-            by=by,
-            n_steps=len(workflow.step_list),
-        )
+        n_steps = len(workflow.step_list)
+        passed = None
+        if run.status is WorkflowStatus.AWAITING_HUMAN:  # the fast path: one statement
+            passed = await self.store.pass_gate(
+                run.id,
+                status=run.status,
+                step=run.step,
+                payload=payload_for(run.step),
+                by=by,
+                n_steps=n_steps,
+            )
+        if passed is None:  # it moved on (or never waited): decided, and told, under locks
+            passed = await self.store.resolve_gate(
+                run.id, kind="human", payload_for=payload_for, by=by, n_steps=n_steps
+            )
         await self._hint(passed, at_ns)
         return passed.run
 
@@ -164,14 +178,32 @@ class WorkflowService:
             gate = self._gate(workflow, step)
             return validate(gate.schema if gate is not None else None, payload)
 
-        passed = await self.store.deliver_event(
-            run.id,
-            name,
-            payload_for=payload_for,
-            lookback_steps=workflow.lookback_steps(name),
-            by=by,
-            n_steps=len(workflow.step_list),
-        )
+        n_steps = len(workflow.step_list)
+        gate = self._gate(workflow, run.step)
+        passed = None
+        if (
+            run.status is WorkflowStatus.AWAITING_EVENT
+            and isinstance(gate, EventGate)
+            and gate.event == name
+        ):  # the fast path: one statement
+            passed = await self.store.pass_gate(
+                run.id,
+                status=run.status,
+                step=run.step,
+                payload=payload_for(run.step),
+                by=by,
+                n_steps=n_steps,
+                event=name,
+            )
+        if passed is None:  # kept for a later gate, or refused: decided under locks
+            passed = await self.store.deliver_event(
+                run.id,
+                name,
+                payload_for=payload_for,
+                lookback_steps=workflow.lookback_steps(name),
+                by=by,
+                n_steps=n_steps,
+            )
         await self._hint(passed, at_ns)
         return passed
 
