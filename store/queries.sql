@@ -1106,11 +1106,16 @@ RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, st
 
 -- name: wf_gate_passed
 -- The gate at run $1's current step was resolved with payload $2 (its name $3): merged,
--- step + 1, running again (or completed after the last step, $4 = the step count).
+-- step + 1, running again (or completed after the last step, $4 = the step count). $5
+-- (re-enter): an extension step's wait, whose step runs again with the resolution on its
+-- interrupt: nothing merged, same step, running.
 UPDATE workflow_runs
-SET state = state || $2::jsonb, step = step + 1,
-    steps = steps || jsonb_build_array(jsonb_build_object('name', $3::text, 'at', now())),
-    status = CASE WHEN step + 1 >= $4 THEN 'completed' ELSE 'running' END,
+SET state = CASE WHEN $5 THEN state ELSE state || $2::jsonb END,
+    step = CASE WHEN $5 THEN step ELSE step + 1 END,
+    steps = CASE WHEN $5 THEN steps
+                 ELSE steps || jsonb_build_array(jsonb_build_object('name', $3::text, 'at', now()))
+            END,
+    status = CASE WHEN NOT $5 AND step + 1 >= $4 THEN 'completed' ELSE 'running' END,
     error = NULL, updated_at = now()
 WHERE id = $1
 RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
@@ -1165,28 +1170,28 @@ WHERE worker_id = $1 AND status IN ('running', 'awaiting_human', 'awaiting_event
 -- name: wf_interrupt_insert
 -- $9: seconds to the deadline (NULL: none), on the database clock (I7).
 INSERT INTO interrupts (id, run_id, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail)
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
     CASE WHEN $9::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $9::float8) END,
-    $10, $11, $12, $13, CASE WHEN $11 = 'resolved' THEN now() END, $14, $15)
+    $10, $11, $12, $13, CASE WHEN $11 = 'resolved' THEN now() END, $14, $15, $16)
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at;
 
 -- name: wf_interrupts_of_run
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at
 FROM interrupts WHERE run_id = $1 ORDER BY created_at, id;
 
 -- name: wf_interrupt_open_lock
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at,
     deadline IS NOT NULL AND deadline <= now() AS overdue
 FROM interrupts WHERE run_id = $1 AND status = 'open'
 FOR UPDATE;
 
 -- name: wf_interrupt_last
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at
 FROM interrupts WHERE run_id = $1 AND step = $2 ORDER BY created_at DESC, id LIMIT 1;
 
 -- name: wf_interrupt_resolve
@@ -1194,14 +1199,14 @@ UPDATE interrupts
 SET status = 'resolved', payload = $2, resolved_by = $3, resolved_at = now(), automatic = $4
 WHERE id = $1 AND status = 'open'
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at;
 
 -- name: wf_interrupt_time_out
 UPDATE interrupts
 SET status = 'timed_out', resolved_by = 'system:timeout', resolved_at = now(), automatic = true
 WHERE id = $1 AND status = 'open'
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at;
 
 -- name: wf_interrupts_cancel
 UPDATE interrupts SET status = 'cancelled', resolved_by = $2, resolved_at = now()
@@ -1251,9 +1256,14 @@ intr AS (
 ),
 passed AS (
     UPDATE workflow_runs w
-    SET state = w.state || $4::jsonb, step = w.step + 1,
-        steps = w.steps || jsonb_build_array(jsonb_build_object('name', intr.step_name, 'at', now())),
-        status = CASE WHEN w.step + 1 >= $8 THEN 'completed' ELSE 'running' END,
+    SET state = CASE WHEN intr.reenter THEN w.state ELSE w.state || $4::jsonb END,
+        step = CASE WHEN intr.reenter THEN w.step ELSE w.step + 1 END,
+        steps = CASE WHEN intr.reenter THEN w.steps
+                     ELSE w.steps || jsonb_build_array(
+                         jsonb_build_object('name', intr.step_name, 'at', now()))
+                END,
+        status = CASE WHEN NOT intr.reenter AND w.step + 1 >= $8 THEN 'completed'
+                      ELSE 'running' END,
         error = NULL, updated_at = now()
     FROM intr
     WHERE w.id = $1

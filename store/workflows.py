@@ -76,7 +76,9 @@ async def _pass(
 ) -> tuple[WorkflowRun, Interrupt]:
     row = await conn.fetchrow(SQL.wf_interrupt_resolve, intr.id, payload, by, automatic)
     resolved = _interrupt(rows.some(row))
-    passed = await conn.fetchrow(SQL.wf_gate_passed, run.id, payload, intr.step_name, n_steps)
+    passed = await conn.fetchrow(
+        SQL.wf_gate_passed, run.id, payload, intr.step_name, n_steps, intr.reenter
+    )
     return _run(rows.some(passed)), resolved
 
 
@@ -179,10 +181,16 @@ class WorkflowRows:
                     kept["delivered_by"],
                     False,
                     gate.detail,
+                    gate.reenter,
                 )
                 intr = _interrupt(rows.some(row))
                 passed = await conn.fetchrow(
-                    SQL.wf_gate_passed, run_id, kept["payload"], gate.step_name, n_steps
+                    SQL.wf_gate_passed,
+                    run_id,
+                    kept["payload"],
+                    gate.step_name,
+                    n_steps,
+                    gate.reenter,
                 )
                 return _run(rows.some(passed)), intr
             row = await conn.fetchrow(
@@ -198,6 +206,7 @@ class WorkflowRows:
                 None,
                 False,
                 gate.detail,
+                gate.reenter,
             )
             parked = await conn.fetchrow(SQL.wf_set_status, run_id, AWAITING[gate.kind], None)
             return _run(rows.some(parked)), _interrupt(rows.some(row))
@@ -395,6 +404,7 @@ class WorkflowRows:
                 None,
                 False,
                 old.detail,
+                old.reenter,
             )
             parked = await conn.fetchrow(SQL.wf_set_status, rid, AWAITING[old.kind], None)
             return _run(rows.some(parked)), _interrupt(rows.some(row))

@@ -138,6 +138,16 @@ class WorkflowEngine:
         """Runs whose steps run here now (a parked run is not one: it holds nothing)."""
         return len(self._inflight)
 
+    async def resolution(self, run_id: str, step: int) -> Interrupt | None:
+        """The latest resolved interrupt of the run at ``step``: what a re-entered extension
+        step (``GateOpening(reenter=True)``) was resumed with."""
+        found = [
+            i
+            for i in await self.store.interrupts(run_id)
+            if i.step == step and i.status == "resolved"
+        ]
+        return found[-1] if found else None
+
     def register(self, kind: str, handler: StepHandler) -> None:
         """Run steps of ``kind`` (a :class:`Step` subclass's ``kind``) with ``handler``."""
         self.handlers[kind] = handler

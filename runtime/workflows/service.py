@@ -22,7 +22,6 @@ from signoff.runtime.store import WorkflowStore
 from signoff.runtime.workflows.definition import (
     EventGate,
     Gate,
-    HumanGate,
     Workflow,
     WorkflowStatus,
 )
@@ -139,10 +138,10 @@ class WorkflowService:
         workflow = self.workflow(run.workflow)
 
         def payload_for(step: int) -> dict[str, Any]:
-            gate = self._gate(workflow, step)
-            if not isinstance(gate, HumanGate):
-                return validate(None, payload)  # a custom step's gate: no schema here
-            return validate(gate.schema, payload)
+            steps = workflow.step_list
+            if not 0 <= step < len(steps) or isinstance(steps[step], EventGate):
+                return validate(None, payload)
+            return steps[step].resume_payload(payload)  # a human gate's schema, or the step's
 
         n_steps = len(workflow.step_list)
         passed = None

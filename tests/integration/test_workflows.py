@@ -426,9 +426,18 @@ class Review(Step):
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def resume_payload(self, payload: Any) -> dict[str, Any]:
+        return {str(k): bool(v) for k, v in payload.items()}  # e.g. a decision map
+
 
 async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -> None:
-    async def review(step: Step, ctx: WorkflowContext) -> GateOpening:
+    engines: list[Any] = []
+
+    async def review(step: Step, ctx: WorkflowContext) -> GateOpening | dict[str, Any]:
+        if ctx.state.get("a_saw") is not None and "reviewed" not in ctx.state:
+            answered = await engines[0].resolution(ctx.run_id, 1)
+            if answered is not None:  # re-entered after the resume
+                return {"reviewed": answered.payload, "by": answered.resolved_by}
         return GateOpening(
             kind="human",
             step_name=step.name,
@@ -439,9 +448,14 @@ async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -
             timeout_response=None,
             lookback=None,
             detail={"cards": ["c1", "c2"], "seen": sorted(ctx.state)},
+            reenter=True,
         )
 
-    register_step_kind("review", lambda engine: review)
+    def factory(engine: Any) -> Any:
+        engines.append(engine)
+        return review
+
+    register_step_kind("review", factory)
     try:
         app = App(
             name="wf-ext-" + secrets.token_hex(3),
@@ -453,9 +467,12 @@ async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -
             await until(status_is(h, run.id, "awaiting_human"))
             _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
             assert interrupts[0].detail == {"cards": ["c1", "c2"], "seen": ["a_saw"]}
-            await h.workflows.resume(run.id, {}, tenant=h.tenant, by=OWNER)
+            await h.workflows.resume(run.id, {"c1": True}, tenant=h.tenant, by=OWNER)
             done = await until(status_is(h, run.id, "completed"))
             assert [s["name"] for s in done.steps] == ["a", "review"]
+            # resumed once (the step re-entered with the resolution), then completed
+            assert done.state["reviewed"] == {"c1": True} and done.state["by"] == OWNER
+            assert "c1" not in done.state  # a re-entered wait merges nothing itself
     finally:
         del STEP_KINDS["review"]
 
