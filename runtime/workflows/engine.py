@@ -194,6 +194,9 @@ class WorkflowEngine:
         except Unavailable as exc:
             log.warning("workflow run %s: %s; continuing it later", run_id, exc)
             self._later(run_id, 1.0)
+        except Exception:  # a bug: the run stays running here; looked at again later
+            log.exception("workflow run %s: continuing it failed; again in 5s", run_id)
+            self._later(run_id, 5.0)
 
     async def _steps(self, run: WorkflowRun) -> None:
         workflow = self.workflows.get(run.workflow)
@@ -262,6 +265,8 @@ class WorkflowEngine:
                 own = False
             except SignoffError as exc:
                 log.warning("workflow tick failed: %s", exc)
+            except Exception:
+                log.exception("workflow tick failed")
             await asyncio.sleep(every)
 
     async def tick(self, *, own: bool = False) -> None:
