@@ -1045,8 +1045,10 @@ FROM card_refusals WHERE card_id = $1 ORDER BY id;
 -- future lease (a worker that stopped gracefully has no row any more).
 
 -- name: wf_run_insert
+-- A run id the client chose may already exist (a retried start): nothing is inserted.
 INSERT INTO workflow_runs (id, tenant, owner, app, workflow, status, input)
 VALUES ($1, $2, $3, $4, $5, 'running', $6)
+ON CONFLICT (id) DO NOTHING
 RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
     worker_id AS holder, error, created_at, updated_at;
 

@@ -98,11 +98,15 @@ class WorkflowRows:
 
     async def create_run(
         self, run_id: str, *, tenant: str, owner: str, app: str, workflow: str, input: Any
-    ) -> WorkflowRun:
+    ) -> tuple[WorkflowRun, bool]:
+        """The new run, or the one with that id already (a retried start: the caller
+        checks it is the same start) and False."""
         row = await self._db.fetchrow(
             SQL.wf_run_insert, run_id, tenant, owner, app, workflow, input
         )
-        return _run(rows.some(row))
+        if row is None:
+            return await self.get_workflow_run(run_id), False
+        return _run(row), True
 
     async def get_workflow_run(self, run_id: str) -> WorkflowRun:
         row = await self._db.fetchrow(SQL.wf_run_get, _id(run_id))

@@ -15,7 +15,7 @@ import msgspec
 
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
-from signoff.runtime.errors import InvalidInput, NotOwner, WorkflowNotFound
+from signoff.runtime.errors import Conflict, InvalidInput, NotOwner, WorkflowNotFound
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import wake_workflow
 from signoff.runtime.store import WorkflowStore
@@ -90,7 +90,10 @@ class WorkflowService:
         run_id: str | None = None,
     ) -> WorkflowRun:
         """Start a run of workflow ``name`` for ``owner``; ``input`` is validated against
-        the workflow's input type (422 otherwise). Any worker runs its first steps."""
+        the workflow's input type (422 otherwise). Any worker runs its first steps.
+
+        ``run_id`` (a UUID the client chose) makes the start idempotent: the same start
+        again returns the same run; another start with that id is a ``Conflict`` (409)."""
         workflow = self.workflow(name)
         data: Any = None
         if workflow.input is not None:
@@ -100,7 +103,12 @@ class WorkflowService:
                 raise InvalidInput(f"invalid input: {exc}") from exc
         elif input:
             raise InvalidInput(f"workflow {name!r} takes no input")
-        run = await self.store.create_run(
+        if run_id is not None:
+            try:
+                run_id = str(uuid.UUID(run_id))
+            except (ValueError, TypeError, AttributeError):
+                raise InvalidInput(f"run_id {run_id!r} is not a UUID") from None
+        run, created = await self.store.create_run(
             run_id or str(uuid.uuid4()),
             tenant=tenant,
             owner=owner,
@@ -108,6 +116,11 @@ class WorkflowService:
             workflow=name,
             input=data,
         )
+        if not created:
+            same = (run.tenant, run.owner, run.workflow, run.input) == (tenant, owner, name, data)
+            if not same:
+                raise Conflict(f"run {run.id} exists and is another start", run_id=run.id)
+            return run  # a retried start: its first hint went out (or adoption has it)
         await self._hint(run)
         return run
 

@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +30,13 @@ from signoff import (
 )
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import InvalidInput, NotOwner, RunInactive, WorkflowNotFound
+from signoff.runtime.errors import (
+    Conflict,
+    InvalidInput,
+    NotOwner,
+    RunInactive,
+    WorkflowNotFound,
+)
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.command import CommandModel
 from signoff.runtime.workflows.engine import STEP_KINDS, register_step_kind
@@ -561,3 +568,20 @@ async def test_graceful_stop_mid_step_hands_the_run_over(database_url: str) -> N
         ) as h2:
             await until(status_is(h2, run.id, "completed"))
             assert calls(run.id, "held") == 1 and calls(run.id, "last") == 1
+
+
+async def test_a_start_with_a_client_run_id_is_idempotent_under_a_race(h: Harness) -> None:
+    run_id = str(uuid.uuid4())
+    runs = await asyncio.gather(
+        *(h.workflows.start("three", tenant=h.tenant, owner=OWNER, run_id=run_id) for _ in range(8))
+    )
+    assert {r.id for r in runs} == {run_id}
+    await until(status_is(h, run_id, "awaiting_human"))
+    await asyncio.sleep(0.3)
+    assert calls(run_id, "extract") == 1
+    with pytest.raises(Conflict):  # the same id for another start
+        await h.workflows.start("timed", tenant=h.tenant, owner=OWNER, run_id=run_id)
+    with pytest.raises(Conflict):
+        await h.workflows.start("three", tenant=h.tenant, owner="eve", run_id=run_id)
+    with pytest.raises(InvalidInput):
+        await h.workflows.start("three", tenant=h.tenant, owner=OWNER, run_id="nope")
