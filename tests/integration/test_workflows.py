@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
+import httpx
 import pytest
 
 from signoff import (
@@ -585,3 +586,36 @@ async def test_a_start_with_a_client_run_id_is_idempotent_under_a_race(h: Harnes
         await h.workflows.start("three", tenant=h.tenant, owner="eve", run_id=run_id)
     with pytest.raises(InvalidInput):
         await h.workflows.start("three", tenant=h.tenant, owner=OWNER, run_id="nope")
+
+
+async def test_hostile_http_payloads_are_422_and_change_nothing(database_url: str) -> None:
+    app = wf_app.build()
+    async with Harness(app, database_url=database_url, model=CommandModel(), gateway=True) as h:
+        auth = {"Authorization": f"Bearer {h.tokens.issue(OWNER, h.tenant)}"}
+        async with httpx.AsyncClient(base_url=h.base_url, headers=auth, timeout=30) as http:
+            r = await http.post("/v1/workflows/three/runs", json={})
+            assert r.status_code == 201, r.text
+            run_id = r.json()["run"]["id"]
+            await until(status_is(h, run_id, "awaiting_human"))
+            url = f"/v1/workflow-runs/{run_id}/resume"
+            bad: list[Any] = [
+                {"payload": {"approved": True, "note": "a\u0000b"}},  # Postgres refuses NUL
+                {"payload": [True]},
+                {"payload": {"approved": True}, "extra": 1},  # the envelope is strict
+                {},
+            ]
+            for body in bad:
+                r = await http.post(url, json=body)
+                assert r.status_code == 422, (body, r.text)
+            r = await http.post(url, content=b"[" * 100_000)
+            assert r.status_code == 422, r.text
+            r = await http.post(f"/v1/workflow-runs/{run_id}/events", json={"name": ""})
+            assert r.status_code == 422, r.text
+            r = await http.get("/v1/workflow-runs?status=bogus")
+            assert r.status_code == 422, r.text
+            r = await http.get("/v1/workflow-runs/not-a-uuid")
+            assert r.status_code == 404, r.text
+            body = (await http.get(f"/v1/workflow-runs/{run_id}")).json()
+            assert body["run"]["status"] == "awaiting_human"
+            assert [i["status"] for i in body["interrupts"]] == ["open"]
+            assert body["gate"]["schema"]["required"] == ["approved"]
