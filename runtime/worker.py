@@ -21,9 +21,16 @@ from signoff.runtime import presence
 from signoff.runtime.agent import Agent
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
-from signoff.runtime.cards import Card, Status
+from signoff.runtime.cards import Card
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import NotFound, RunInactive, SignoffError, Unavailable, UnknownTool
+from signoff.runtime.errors import (
+    NotFound,
+    RunInactive,
+    SignoffError,
+    Unavailable,
+    UnknownTool,
+    error_text,
+)
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
@@ -31,7 +38,9 @@ from signoff.runtime.models.base import Model
 from signoff.runtime.notify import quietly, signal_decoder
 from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
 from signoff.runtime.store import Store
+from signoff.runtime.sweeper import Sweeper
 from signoff.runtime.waits import WaitRegistry
+from signoff.runtime.workflows.engine import WorkflowEngine
 
 log = logging.getLogger("signoff.worker")
 
@@ -45,17 +54,6 @@ WAKE_ERROR_RETRIES = 2
 # these many seconds (doubling up to the maximum): a worker that serves it may start.
 HAND_OVER_RETRY_SECONDS = 5.0
 HAND_OVER_RETRY_MAX_SECONDS = 60.0
-APPROVED_ORPHAN_REASON = (
-    "its conversation moved on before this approved action started; nothing was executed"
-)
-
-
-def error_text(exc: BaseException) -> str:
-    """What a client is told when a run fails on an error: a typed error's own message,
-    only the kind of anything else (the log has the traceback)."""
-    if isinstance(exc, SignoffError):
-        return f"{exc.code}: {exc.message}"
-    return f"internal error ({type(exc).__name__})"
 
 
 class Worker:
@@ -69,7 +67,6 @@ class Worker:
         self.keys = Keys(settings.key_prefix)
         self.worker_id = settings.worker_id
         self.waits = WaitRegistry(on_ready=self._on_ready)
-        self._signalled_again: dict[str, float] = {}  # stale approved card -> when
         self.faults = Faults(settings.faults)
         kwargs: dict[str, Any] = {}
         if app.system:
@@ -91,6 +88,8 @@ class Worker:
             **kwargs,
         )
         self.notify = self.agent.notify
+        self.workflows = WorkflowEngine.of(self)  # workflow runs (runtime/workflows)
+        self.sweeper = Sweeper(self)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._subscribed = asyncio.Event()
@@ -111,13 +110,13 @@ class Worker:
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         for coro in (self._inbox_loop(), self._lease_loop(), self._poll_loop(), self._sweep_loop()):
             self._loops.append(asyncio.create_task(coro))
+        self._loops.append(asyncio.create_task(self.workflows.loop()))
 
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
-        """Stop taking work; finish in-flight steps; hand parked runs over (release leases).
-
-        ``release=False`` leaves tokens and leases as they are, like a crash would.
-        """
+        """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
+        ``release=False`` leaves tokens and leases as they are, like a crash would)."""
         self._draining = True
+        self.workflows.stop()  # takes no more wakes; its runs are released below
         for task in self._loops:
             task.cancel()
         for task in self._loops:
@@ -135,6 +134,7 @@ class Worker:
         with contextlib.suppress(Exception):
             await self.bus.clear_waits(parked)
         with contextlib.suppress(Exception):
+            await self.store.workflows.release_workflow_runs(self.worker_id)
             await self.store.release_runs(self.worker_id)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -233,6 +233,10 @@ class Worker:
         """One inbox entry: run it, then ack it. Acked once its run exists (a redelivery
         finds that run, I5); handed back when it could not be started nor acked."""
         job = delivery.job
+        if job.workflow_run:  # claimed by whoever runs it; adoption covers a crash after ack
+            self.workflows.wake(job.workflow_run)
+            await quietly(self.bus.ack(delivery.id), "inbox ack")
+            return
         for wait in (*START_RETRIES, None):
             try:
                 await self.run_message(
@@ -371,13 +375,16 @@ class Worker:
                 async with self.bus.subscribe(channel) as sub:
                     self._subscribed.set()
                     await self._recheck(self.waits.parked_cards())
+                    await self.workflows.recheck()
                     async for raw in sub:
                         try:
                             signal = signal_decoder.decode(raw)
                         except Exception:
                             log.warning("ignored a malformed signal on %s", channel)
                             continue
-                        if self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
+                        if signal.run_id:
+                            self.workflows.wake(signal.run_id, signal.at_ns)
+                        elif self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
                             self.decision_latency_ns.append(time.time_ns() - signal.at_ns)
             except asyncio.CancelledError:
                 raise
@@ -434,64 +441,14 @@ class Worker:
                 log.warning("lease renewal failed: %s", exc)
             await asyncio.sleep(interval)
 
-    # -- sweeping ------------------------------------------------------------------------
+    # -- sweeping (runtime/sweeper.py) ----------------------------------------------------
 
     async def sweep(self) -> tuple[list[Card], list[Card]]:
-        """Expire overdue pending cards (DB clock), settle approved cards nobody started,
-        flag stuck executions. Returns the expired and the stuck cards."""
-        expired: list[Card] = []
-        for card_id in await self.store.overdue_card_ids():
-            moved = await self.store.expire(card_id)
-            if moved is not None:
-                card = moved.card
-                expired.append(card)
-                if not self.waits.resolve(card.id, "expired"):
-                    await self.notify.card(card, entry=moved.entry)
-                else:
-                    await self.notify.thread(card.thread_id, [moved.entry])
-        await self.sweep_approved()
-        stuck = await self.store.flag_stuck(self.settings.stuck_after_seconds)
-        await self.store.forget_workers()
-        for card in stuck:
-            log.error("card %s stuck in executing: flagged for reconciliation", card.id)
-        return expired, stuck
+        """Expire overdue cards, settle approved cards nobody started, flag stuck ones."""
+        return await self.sweeper.sweep()
 
     async def sweep_approved(self) -> list[Card]:
-        """Approved cards not started for ``approved_stale_seconds``. Normally a card is
-        started within milliseconds of its approval; one left behind either belongs to a
-        run that is over (nobody will execute it: it is invalidated, with the reason, by
-        ``system:sweeper``) or its holder missed the signal (signalled again; a lapsed
-        holder's run is adopted). Returns the cards invalidated."""
-        every = self.settings.approved_stale_seconds
-        stale = await self.store.approved_stale(every)
-        invalidated: list[Card] = []
-        now, signalled = time.monotonic(), self._signalled_again
-        for card, run_active in stale:
-            if run_active:  # at most once per `every` per card: a busy pool is not flooded
-                if now - signalled.get(card.id, -every) < every:
-                    continue
-                signalled[card.id] = now
-                COUNTERS.inc("signoff_approved_stale_total")
-                log.warning("card %s approved but not started; signalling its run again", card.id)
-                if not self.waits.resolve(card.id, str(card.status)):
-                    await self.notify.card(card)
-                continue
-            COUNTERS.inc("signoff_approved_stale_total")
-            moved = await self.store.move(
-                card.id,
-                Status.APPROVED,
-                Status.INVALIDATED,
-                actor="system:sweeper",
-                result={"reason": APPROVED_ORPHAN_REASON, "changes": []},
-                detail={"reason": APPROVED_ORPHAN_REASON},
-            )
-            if moved is not None:
-                log.error("card %s was approved after its run ended: invalidated", card.id)
-                invalidated.append(moved.card)
-                await self.notify.thread(card.thread_id, [moved.entry])
-        for gone in signalled.keys() - {c.id for c, _ in stale}:
-            del signalled[gone]
-        return invalidated
+        return await self.sweeper.sweep_approved()
 
     async def _sweep_loop(self) -> None:
         while True:

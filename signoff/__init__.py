@@ -15,7 +15,11 @@ An app::
     from signoff import App, Policy, Registry, Rule
     app = App(name="helpdesk", tools=Registry([...]), policy=Policy([Rule(...)]))
 
-Served with ``signoff dev --app mypackage.module:app``. An app may bring its own offline
+Served with ``signoff dev --app mypackage.module:app``. A workflow (steps, human and event gates; ``App(workflows=[...])``)::
+
+    from signoff import Workflow, WorkflowContext, await_event, await_human
+
+An app may bring its own offline
 model (``App(offline_model=...)``, used when no Anthropic key is set): anything with a
 ``name`` and an ``async respond(...) -> ModelReply``, see :class:`Model`.
 """
@@ -36,13 +40,18 @@ from signoff.runtime.errors import (
     InvalidInput,
     NotFound,
     NotOwner,
+    NotParked,
+    NotRetriable,
     RateLimited,
+    ReservedKey,
     SignoffError,
     StaleCard,
     ToolValidationError,
     Unauthenticated,
     Unavailable,
     UnknownTool,
+    WorkflowNotFound,
+    WrongEvent,
 )
 from signoff.runtime.models.base import Message, Model, ModelReply, TextSink, ToolSpec
 from signoff.runtime.policy import Policy, Rule, Verdict
@@ -58,6 +67,20 @@ from signoff.runtime.tools import (
     Tool,
     ToolContext,
 )
+from signoff.runtime.workflows import (
+    EventGate,
+    FunctionStep,
+    Gate,
+    HumanGate,
+    Interrupt,
+    Step,
+    Workflow,
+    WorkflowContext,
+    WorkflowRun,
+    WorkflowStatus,
+    await_event,
+    await_human,
+)
 
 __version__ = "0.4.0"
 
@@ -69,8 +92,13 @@ __all__ = [
     "CardNotFound",
     "ConfigError",
     "Conflict",
+    "EventGate",
     "Expired",
     "Forbidden",
+    "FunctionStep",
+    "Gate",
+    "HumanGate",
+    "Interrupt",
     "InvalidInput",
     "Label",
     "Message",
@@ -78,10 +106,13 @@ __all__ = [
     "ModelReply",
     "NotFound",
     "NotOwner",
+    "NotParked",
+    "NotRetriable",
     "Policy",
     "Prepared",
     "RateLimited",
     "Registry",
+    "ReservedKey",
     "ResultField",
     "ResultFormat",
     "ResultView",
@@ -90,6 +121,7 @@ __all__ = [
     "Rule",
     "SignoffError",
     "StaleCard",
+    "Step",
     "TextSink",
     "Tool",
     "ToolContext",
@@ -99,6 +131,14 @@ __all__ = [
     "Unavailable",
     "UnknownTool",
     "Verdict",
+    "Workflow",
+    "WorkflowContext",
+    "WorkflowNotFound",
+    "WorkflowRun",
+    "WorkflowStatus",
+    "WrongEvent",
     "__version__",
+    "await_event",
+    "await_human",
     "one_line",
 ]

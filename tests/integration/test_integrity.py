@@ -294,7 +294,7 @@ async def test_the_sweeper_signals_a_stale_approved_card_at_most_once_per_interv
         assert mine >= 1  # this card (other tests' stale cards may count too)
         await h.worker.sweep_approved()
         await h.worker.sweep_approved()
-        assert card.id in h.worker._signalled_again
+        assert card.id in h.worker.sweeper.signalled_again
         again = signalled() - before - mine
         assert again == 0, "signalled again within the interval"
         await asyncio.sleep(0.6)
