@@ -1,0 +1,140 @@
+"""Telemetry in-process: one trace per decision across gateway and worker (carried in the
+signal), the span histogram, decision counters, card-transition counters and the JSON log
+lines with ids, all on real Postgres."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import REGISTRY
+
+from signoff.runtime import logs, telemetry
+from signoff.runtime.cards import Decision
+from signoff.runtime.errors import AlreadyDecided
+from signoff.runtime.notify import CardSignal, signal_decoder
+from tests.harness import harness
+from tests.integration.test_decisions import Scripted, one_card, pix
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.use(provider)
+    try:
+        yield exporter
+    finally:
+        telemetry.use(None)
+        provider.shutdown()
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+async def test_one_trace_spans_the_gateways_resolve_and_the_workers_execution(
+    database_url: str, spans: InMemorySpanExporter
+) -> None:
+    async with harness(database_url, model=Scripted(pix())) as h:
+        card = await one_card(h)
+        spans.clear()
+        done = await h.approve(card)
+        assert done.status == "executed"
+    finished = spans.get_finished_spans()
+    (resolve,) = named(finished, "signoff.resolve")
+    (execute,) = [s for s in named(finished, "signoff.execute") if s.attributes]
+    assert resolve.attributes is not None and resolve.attributes["card_id"] == card.id
+    assert execute.attributes is not None and execute.attributes["card_id"] == card.id
+    assert resolve.context is not None and execute.context is not None
+    # The worker's execution belongs to the gateway's trace: the worker's continuation
+    # task only learnt of it from the signal's payload (its own context is empty).
+    assert execute.context.trace_id == resolve.context.trace_id
+    (cont,) = [s for s in named(finished, "signoff.continue") if s.parent is not None]
+    assert cont.parent is not None and cont.parent.span_id == resolve.context.span_id
+    assert execute.parent is not None and execute.parent.span_id == cont.context.span_id
+
+
+async def test_the_signal_carries_the_traceparent_only_when_tracing(
+    database_url: str, spans: InMemorySpanExporter
+) -> None:
+    assert signal_decoder.decode(b'{"card_id":"c","status":"approved"}').trace == ""
+    with telemetry.span("resolve"):
+        parent = telemetry.traceparent()
+    assert parent.startswith("00-") and len(parent.split("-")) == 4
+    telemetry.use(None)
+    with telemetry.span("resolve"):
+        assert telemetry.traceparent() == ""
+    assert CardSignal("c", "approved").trace == ""
+
+
+async def test_decisions_cards_and_spans_are_counted(database_url: str) -> None:
+    tool = "create_pix_charge"
+    before = {
+        "pending": sample("signoff_card_transitions_total", status="pending", tool=tool),
+        "executed": sample("signoff_card_transitions_total", status="executed", tool=tool),
+        "approve": sample("signoff_decisions_total", channel="test", outcome="approve"),
+        "refused": sample("signoff_decisions_total", channel="test", outcome="already_decided"),
+        "execute": sample("signoff_span_seconds_count", span="execute"),
+        "click": sample("signoff_click_to_executed_seconds_count"),
+    }
+    async with harness(database_url, model=Scripted(pix())) as h:
+        card = await one_card(h)
+        assert (
+            sample("signoff_card_transitions_total", status="pending", tool=tool)
+            == before["pending"] + 1
+        )
+        await h.approve(card)
+        with pytest.raises(AlreadyDecided):
+            await h.decide(card, Decision.APPROVE)
+    assert (
+        sample("signoff_card_transitions_total", status="executed", tool=tool)
+        == before["executed"] + 1
+    )
+    assert sample("signoff_decisions_total", channel="test", outcome="approve") == (
+        before["approve"] + 1
+    )
+    assert sample("signoff_decisions_total", channel="test", outcome="already_decided") == (
+        before["refused"] + 1
+    )
+    assert sample("signoff_span_seconds_count", span="execute") == before["execute"] + 1
+    assert sample("signoff_click_to_executed_seconds_count") == before["click"] + 1
+
+
+async def test_json_log_lines_carry_the_ids_of_what_they_tell(database_url: str) -> None:
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    logs.setup("json", "info", out, role="worker", worker_id="w-logs")
+    try:
+        async with harness(database_url, model=Scripted(pix())) as h:
+            card = await one_card(h)
+            await h.approve(card)
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]  # every line is JSON
+    by_message = {line["message"]: line for line in lines if line.get("card_id") == card.id}
+    for message in ("card proposed", "card decided", "card executed"):
+        line = by_message[message]
+        assert line["run_id"] == card.run_id, line
+        assert line["thread_id"] == card.thread_id, line
+        assert line["level"] == "INFO" and line["role"] == "worker", line
+        assert line["worker_id"] == "w-logs" and "timestamp" in line, line
+    assert by_message["card decided"]["channel"] == "test"
