@@ -145,7 +145,13 @@ class MetricsServer:
     async def start(self, host: str, port: int) -> int:
         """Listen; the port bound (useful with 0 in tests)."""
         config = uvicorn.Config(
-            self.app(), host=host, port=port, lifespan="off", log_config=None, access_log=False
+            self.app(),
+            host=host,
+            port=port,
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
         )
         server = _QuietServer(config)
         self._server = server
