@@ -26,7 +26,7 @@ from signoff.runtime.errors import (
 )
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
-from signoff.runtime.metrics import DECISIONS
+from signoff.runtime.metrics import decided
 from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
@@ -94,9 +94,9 @@ class Decisions:
             try:
                 outcome = await self._resolve(card_id, res, principal, channel, tenant, received)
             except SignoffError as exc:
-                DECISIONS.labels(channel, exc.code).inc()
+                decided(channel, exc.code)
                 raise
-        DECISIONS.labels(channel, str(res.decision)).inc()
+        decided(channel, str(res.decision))
         card = outcome.card
         log.info(
             "card decided",

@@ -20,6 +20,8 @@ import logging
 import sys
 from typing import Any
 
+import msgspec
+
 from signoff.runtime.errors import ConfigError
 
 ID_FIELDS = (
@@ -95,8 +97,15 @@ def formatter(fmt: str) -> logging.Formatter:
         "%(levelname)s %(name)s %(message)s",
         rename_fields={"levelname": "level", "name": "logger"},
         timestamp=True,
-        json_ensure_ascii=False,
+        json_serializer=_dumps,  # msgspec: half the formatter's time of the stdlib json
     )
+
+
+_encoder = msgspec.json.Encoder(enc_hook=str)  # anything else in a field: its str()
+
+
+def _dumps(data: Any, **options: Any) -> str:
+    return _encoder.encode(data).decode()
 
 
 def setup(fmt: str, level: str, stream: Any = None, **static: str) -> logging.Handler:

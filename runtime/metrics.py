@@ -158,8 +158,25 @@ class _Values(Mapping[str, int]):
 COUNTERS = Counters()
 
 
+# Labelled children looked up once (``labels()`` costs ~1 µs a call, a child's inc ~0.3 µs).
+_cards: dict[tuple[str, str], Any] = {}
+_decisions: dict[tuple[str, str], Any] = {}
+
+
 def card_moved(status: str, tool: str) -> None:
-    CARD_TRANSITIONS.labels(status, tool).inc()
+    """A card entered ``status`` (counted where the store reads a transition back)."""
+    child = _cards.get((status, tool))
+    if child is None:
+        child = _cards[(status, tool)] = CARD_TRANSITIONS.labels(status, tool)
+    child.inc()
+
+
+def decided(channel: str, outcome: str) -> None:
+    """A gateway took (``outcome``: the decision) or refused (the error code) a decision."""
+    child = _decisions.get((channel, outcome))
+    if child is None:
+        child = _decisions[(channel, outcome)] = DECISIONS.labels(channel, outcome)
+    child.inc()
 
 
 class LatencySamples:
