@@ -93,9 +93,7 @@ def main() -> None:
             out[f"gateway_us_per_decision_log_{level}"] = round(
                 measure(gateway_side, log, args.n), 2
             )
-            out[f"worker_us_per_decision_log_{level}"] = round(
-                measure(worker_side, log, args.n), 2
-            )
+            out[f"worker_us_per_decision_log_{level}"] = round(measure(worker_side, log, args.n), 2)
     if args.decisions:
         data = json.loads(Path(args.decisions).read_text())
         out["share_of_cpu"] = shares(data, out)
@@ -109,12 +107,12 @@ def shares(data: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
     """The telemetry's share of the gateways' and workers' CPU per decision, per phase."""
     result = {}
     for phase in data.get("phases", []):
-        cost = phase.get("cpu_ms_per_decision") or {}
+        cost = (phase.get("cost") or {}).get("cpu_ms_per_decision") or {}
         gw, wk = cost.get("gateways"), cost.get("workers")
         if not gw or not wk:
             continue
         spent = out["gateway_us_per_decision_log_info"] + out["worker_us_per_decision_log_info"]
-        result[phase.get("name", "?")] = {
+        result[f"{phase.get('kind')} {phase.get('x')} run {phase.get('run')}"] = {
             "gateway_and_worker_cpu_us": round((gw + wk) * 1000, 1),
             "telemetry_us": round(spent, 1),
             "share_percent": round(100 * spent / ((gw + wk) * 1000), 2),
