@@ -111,10 +111,17 @@ class Inbox:
         """(lag, pending): entries no consumer has read yet, and entries read but not acked
         (acked entries are deleted, so the stream's length is their sum)."""
         inbox, group = self._keys.inbox, self._keys.inbox_group
-        none: list[dict[str, Any]] = []
-        groups = await self._client.call(
-            "XINFO", self._grouped(lambda: self._client.redis.xinfo_groups(inbox), none)
-        )
+
+        async def info() -> list[dict[str, Any]]:
+            try:
+                found: list[dict[str, Any]] = await self._client.redis.xinfo_groups(inbox)
+            except rx.ResponseError as exc:
+                if "no such key" not in str(exc).lower():
+                    raise
+                return []  # no stream yet: nothing queued
+            return found
+
+        groups = await self._client.call("XINFO", info)
         length = await self._client.call("XLEN", lambda: self._client.redis.xlen(inbox))
         for g in groups:
             if text(g.get("name", b"")) == group:

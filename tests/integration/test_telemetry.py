@@ -138,3 +138,42 @@ async def test_json_log_lines_carry_the_ids_of_what_they_tell(database_url: str)
         assert line["level"] == "INFO" and line["role"] == "worker", line
         assert line["worker_id"] == "w-logs" and "timestamp" in line, line
     assert by_message["card decided"]["channel"] == "test"
+
+
+async def test_inbox_lag_and_pending_for_the_metrics_port() -> None:
+    """``signoff_inbox_lag`` / ``signoff_inbox_pending`` come from XINFO GROUPS (real Redis)."""
+    import secrets
+
+    from signoff.runtime.bus.protocol import Job
+    from signoff.runtime.bus.redis import RedisBus
+    from signoff.runtime.keys import Keys
+    from signoff.runtime.metrics_server import InboxStats
+    from tests import services
+
+    keys = Keys(f"so-t-{secrets.token_hex(4)}:")
+    bus = RedisBus.from_url(services.redis_url(), keys)
+    try:
+        assert await bus.inbox_stats() == (0, 0)  # no stream yet
+        assert await bus.take("c1", 0.01) == []  # makes the group
+        for i in range(3):
+            await bus.enqueue(
+                Job(
+                    tenant="t",
+                    thread_id="th",
+                    text="x",
+                    user="u",
+                    channel="http",
+                    message_id=f"m{i}",
+                )
+            )
+        assert await bus.inbox_stats() == (3, 0)
+        taken = await bus.take("c1", 0.1)
+        assert await bus.inbox_stats() == (3 - len(taken), len(taken))
+        stats = InboxStats(bus)
+        await stats.refresh()
+        assert [v for _, _, v in stats.gauges()] == [3 - len(taken), len(taken)]
+        await bus.ack(taken[0].id)
+        assert await bus.inbox_stats() == (3 - len(taken), len(taken) - 1)
+    finally:
+        await bus.client.redis.delete(keys.inbox)
+        await bus.close()
