@@ -96,7 +96,7 @@ async def test_sigterm_moves_200_sockets_to_the_other_gateway_losing_no_event(
         tmp_path,
         gateways=2,
         workers=1,
-        SIGNOFF_DRAIN_SECONDS="1",
+        SIGNOFF_DRAIN_SECONDS="3",  # time for the test to see /readyz fail on a busy machine
         SIGNOFF_QUOTA_TURNS_IN_FLIGHT="0",
         SIGNOFF_QUOTA_THREADS_PER_MINUTE="0",
         SIGNOFF_POOL_SIZE="4",  # the machine's Postgres is shared
@@ -141,10 +141,28 @@ async def scenario(c: Cluster, lb: Balancer) -> None:
         for n in range(ROUNDS):
             await asyncio.gather(*(say(user, n) for user in users))
             if n == 1:
+                # A request in flight on the stopping gateway: headers and half its body now,
+                # the rest once the gateway no longer accepts connections.
+                reader, writer = await asyncio.open_connection("127.0.0.1", gw0.port)
+                body = json.dumps({"text": "saldo in flight"}).encode()
+                writer.write(
+                    f"POST /v1/threads/{threads[users[0]]}/messages HTTP/1.1\r\n"
+                    f"Host: x\r\nAuthorization: Bearer {c.token(users[0])}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body[:5]
+                )
+                await writer.drain()
+                await asyncio.sleep(0.2)
                 gw0.signal(signal.SIGTERM)
                 async with httpx.AsyncClient(base_url=gw0.url, timeout=5) as probe:
                     r = await probe.get("/readyz")  # fails at once, before sockets close
                     draining_seen = r.status_code == 503 and r.json()["error"] == "draining"
+                await until_refused(gw0.port)
+                writer.write(body[5:])
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
+                assert head.startswith(b"HTTP/1.1 202"), head  # finished, then closed
+                writer.close()
             await asyncio.sleep(0.4)
         assert draining_seen
         assert await asyncio.to_thread(gw0.wait, 60) == 0  # drained and exited cleanly
@@ -198,3 +216,16 @@ async def scenario(c: Cluster, lb: Balancer) -> None:
 
 def owners(users: list[str]) -> list[str]:
     return [user for user in users for _ in range(SOCKETS_PER_USER)]
+
+
+async def until_refused(port: int, timeout: float = 20) -> None:
+    """Wait until nothing accepts connections on ``port`` any more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return
+        writer.close()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"port {port} still accepts connections")
