@@ -23,7 +23,14 @@ from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import NotFound, RunInactive, SignoffError, Unavailable, UnknownTool
+from signoff.runtime.errors import (
+    NotFound,
+    RunInactive,
+    SignoffError,
+    Unavailable,
+    UnknownTool,
+    error_text,
+)
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
@@ -48,14 +55,6 @@ HAND_OVER_RETRY_MAX_SECONDS = 60.0
 APPROVED_ORPHAN_REASON = (
     "its conversation moved on before this approved action started; nothing was executed"
 )
-
-
-def error_text(exc: BaseException) -> str:
-    """What a client is told when a run fails on an error: a typed error's own message,
-    only the kind of anything else (the log has the traceback)."""
-    if isinstance(exc, SignoffError):
-        return f"{exc.code}: {exc.message}"
-    return f"internal error ({type(exc).__name__})"
 
 
 class Worker:

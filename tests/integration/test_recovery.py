@@ -47,7 +47,7 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
         assert model_a.calls == 1
 
     model_b = Scripted(pix("42"))
-    adopted = COUNTERS.values["signoff_runs_adopted_total"]
+    adoptions = COUNTERS.values["signoff_runs_adopted_total"]
     async with harness(database_url, model=model_b, settings=fast) as b:
         b.provider = b.provider  # same database, another process's worker
         deadline = asyncio.get_running_loop().time() + 10
@@ -56,7 +56,7 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
             await asyncio.sleep(0.1)
         final = await b.store.get_card(card.id)
         assert final.status is Status.EXECUTED
-        assert COUNTERS.values["signoff_runs_adopted_total"] >= adopted + 1  # the metric
+        assert COUNTERS.values["signoff_runs_adopted_total"] >= adoptions + 1  # the metric
         charges = await b.provider.pool.fetchval(
             "SELECT count(*) FROM demo_charges WHERE tenant = $1", tenant
         )
