@@ -22,7 +22,7 @@ from signoff.gateway.errors import Internal
 from signoff.gateway.feed import Feeds
 from signoff.gateway.http import HttpApi, error_response, json_response
 from signoff.gateway.openapi import build_openapi
-from signoff.gateway.overload import Admission, AdmissionMiddleware
+from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import Quotas, SocketGate, SocketSlots
 from signoff.gateway.service import GatewayService
 from signoff.gateway.ws import websocket_endpoint
@@ -176,7 +176,7 @@ def build_app(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(Total), Middleware(AdmissionMiddleware, admission=admission)],
+        middleware=[Middleware(Total)],
         exception_handlers={HTTPException: http_error},
     )
     app.state.feeds = feeds

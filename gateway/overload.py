@@ -1,11 +1,12 @@
 """Back-pressure: a gateway works on at most ``SIGNOFF_MAX_IN_FLIGHT`` things at once.
 
-The things counted are API requests (``/v1/...`` over HTTP) and the WebSocket frames that
-write (``message``, ``resolve``). Past the limit the next one is refused at once with a
-typed 503 ``overloaded`` and ``Retry-After: 1`` (a WebSocket frame gets the same as an
-``error`` frame; the socket stays open), before it touches Postgres, and the refusal is
-counted in ``signoff_overload_refusals_total{reason="in_flight"}``;
-``signoff_gateway_in_flight`` shows how close a gateway is.
+The things counted are API requests (``/v1/...`` over HTTP, from the moment the whole
+request has arrived, so a slow client holds no slot) and the WebSocket frames that write
+(``message``, ``resolve``). Past the limit the next one is refused at once with a typed
+503 ``overloaded`` and ``Retry-After: 1`` (a WebSocket frame gets the same as an ``error``
+frame; the socket stays open), before it touches Postgres, and the refusal is counted in
+``signoff_overload_refusals_total{reason="in_flight"}``; ``signoff_gateway_in_flight``
+shows how close a gateway is.
 
 Why this measure: under overload a gateway's latency collapses because its requests queue
 for the Postgres pool (``SIGNOFF_POOL_SIZE`` connections, each request holding one for a
@@ -16,8 +17,6 @@ later (design note 25).
 """
 
 from __future__ import annotations
-
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from signoff.runtime.errors import Overloaded
 from signoff.runtime.metrics import OVERLOAD
@@ -50,28 +49,3 @@ class Admission:
 
     def __exit__(self, *exc: object) -> None:
         self.leave()
-
-
-class AdmissionMiddleware:
-    """Admits ``/v1/`` HTTP requests through :class:`Admission` (WebSockets are admitted
-    frame by frame in ``gateway.ws``)."""
-
-    def __init__(self, app: ASGIApp, admission: Admission) -> None:
-        self.app = app
-        self.admission = admission
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
-            await self.app(scope, receive, send)
-            return
-        try:
-            self.admission.enter()
-        except Overloaded as exc:
-            from signoff.gateway.http import error_response  # (http imports the service)
-
-            await error_response(exc)(scope, receive, send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.admission.leave()

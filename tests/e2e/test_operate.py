@@ -201,3 +201,19 @@ async def test_an_overloaded_gateway_answers_typed_503s_and_counts_them(
             assert counted == len(refused)
             # Back under the limit: answered again.
             assert (await http.get(f"/v1/threads/{thread}")).status_code == 200
+            # Slow clients (bodies still arriving) hold no slot: others are still served.
+            slow = []
+            for _ in range(6):
+                reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+                writer.write(
+                    f"POST /v1/threads/{thread}/messages HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: {headers['Authorization']}\r\n"
+                    "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+                )
+                await writer.drain()
+                slow.append(writer)
+            await asyncio.sleep(0.5)
+            assert (await http.get(f"/v1/threads/{thread}")).status_code == 200
+            assert value(c, gw, "signoff_gateway_in_flight") == 0
+            for writer in slow:
+                writer.close()
