@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from signoff.runtime.errors import ConfigError
 from signoff.runtime.metrics import LatencySamples
 
 log = logging.getLogger("signoff.metrics")
@@ -153,15 +155,20 @@ class MetricsServer:
             log_level="warning",
             access_log=False,
         )
+        try:  # bound here, so a taken port is a clear error (uvicorn would sys.exit)
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            sock = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
         server = _QuietServer(config)
         self._server = server
-        self._task = asyncio.create_task(server.serve(), name="signoff-metrics")
+        self._task = asyncio.create_task(server.serve([sock]), name="signoff-metrics")
         while not server.started and not self._task.done():
             await asyncio.sleep(0.01)
         if self._task.done():
             await self._task  # raises what failed (e.g. the port is taken)
             raise OSError(f"metrics server on {host}:{port} stopped at once")
-        self.port = server.servers[0].sockets[0].getsockname()[1]
+        self.port = sock.getsockname()[1]
         return self.port
 
     async def close(self) -> None:

@@ -177,3 +177,39 @@ async def test_inbox_lag_and_pending_for_the_metrics_port() -> None:
     finally:
         await bus.client.redis.delete(keys.inbox)
         await bus.close()
+
+
+async def test_the_metrics_server_serves_the_registry_and_refuses_a_taken_port() -> None:
+    import socket
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from signoff.runtime.errors import ConfigError
+    from signoff.runtime.metrics import LatencySamples
+    from signoff.runtime.metrics_server import MetricsServer
+
+    samples = LatencySamples()
+    samples.append(2_000_000)
+    server = MetricsServer(samples)
+    server.add(lambda: [("signoff_test_gauge", "A gauge read when scraped.", 7.0)])
+    port = await server.start("127.0.0.1", 0)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            r = await http.get("/metrics")
+            assert r.headers["content-type"].startswith("text/plain")
+            families = {f.name: f for f in text_string_to_metric_families(r.text)}
+            assert families["signoff_test_gauge"].samples[0].value == 7.0
+            assert "signoff_decision_latency_seconds" in families
+            raw = (await http.get("/metrics/decision-latency", params={"after": 0})).json()
+            assert raw["samples_ns"][-1] == 2_000_000 and raw["count"] == samples.count
+            assert (await http.get("/nothing")).status_code == 404
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            with pytest.raises(ConfigError, match="cannot serve metrics"):
+                await MetricsServer().start("127.0.0.1", taken.getsockname()[1])
+    finally:
+        await server.close()
+    # Its gauges leave the registry with it.
+    assert REGISTRY.get_sample_value("signoff_test_gauge") is None
