@@ -185,10 +185,23 @@ async def test_an_overloaded_gateway_answers_typed_503s_and_counts_them(
         headers = {"Authorization": f"Bearer {c.token('ol')}"}
         async with httpx.AsyncClient(base_url=gw.url, headers=headers, timeout=30) as http:
             thread = (await http.post("/v1/threads")).json()["thread"]["id"]
+            ws = await websockets.connect(gw.ws_url)
+            await ws.send(json.dumps({"type": "auth", "token": c.token("ol")}))
+            assert json.loads(await ws.recv())["type"] == "ready"
             pg.delay(up=0.5)
             t0 = time.monotonic()
-            answers = await asyncio.gather(*(http.get(f"/v1/threads/{thread}") for _ in range(12)))
+            gets = asyncio.gather(*(http.get(f"/v1/threads/{thread}") for _ in range(12)))
+            await asyncio.sleep(0.25)  # four requests hold the four slots now
+            frame = {"type": "message", "id": "w", "thread_id": thread, "text": "saldo"}
+            await ws.send(json.dumps(frame))
+            refusal = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            answers = await gets
             pg.heal()
+            # A WebSocket write is refused the same way, as an error frame; the socket stays.
+            assert refusal["type"] == "error" and refusal["id"] == "w", refusal
+            assert (refusal["status"], refusal["error"]) == (503, "overloaded"), refusal
+            assert refusal["detail"]["retry_after"] == 1
+            await ws.close()
             codes = sorted(r.status_code for r in answers)
             assert codes.count(200) >= 4, codes
             refused = [r for r in answers if r.status_code == 503]
@@ -198,13 +211,13 @@ async def test_an_overloaded_gateway_answers_typed_503s_and_counts_them(
                 assert r.headers["retry-after"] == "1"
             assert time.monotonic() - t0 < 20
             counted = value(c, gw, "signoff_overload_refusals_total", reason="in_flight")
-            assert counted == len(refused)
+            assert counted == len(refused) + 1  # and the WebSocket frame
             # Back under the limit: answered again.
             assert (await http.get(f"/v1/threads/{thread}")).status_code == 200
             # Slow clients (bodies still arriving) hold no slot: others are still served.
             slow = []
             for _ in range(6):
-                reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+                _, writer = await asyncio.open_connection("127.0.0.1", gw.port)
                 writer.write(
                     f"POST /v1/threads/{thread}/messages HTTP/1.1\r\nHost: x\r\n"
                     f"Authorization: {headers['Authorization']}\r\n"
