@@ -197,11 +197,13 @@ def machine_busy(seconds: float = 1.0) -> dict[str, float]:
 
 
 # A load generator is a few identities doing many people's work: per-user quotas off (a
-# script's env may set them back).
+# script's env may set them back). The gateways' in-flight bound (back-pressure) is off
+# too: the closed loops measure saturation, with up to 1000 users deciding at once.
 QUOTAS_OFF = {
     "SIGNOFF_QUOTA_THREADS_PER_MINUTE": "0",
     "SIGNOFF_QUOTA_TURNS_IN_FLIGHT": "0",
     "SIGNOFF_QUOTA_SOCKETS": "0",
+    "SIGNOFF_MAX_IN_FLIGHT": "0",
 }
 
 

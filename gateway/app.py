@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from importlib import resources
 from typing import Any
@@ -21,6 +22,7 @@ from signoff.gateway.errors import Internal
 from signoff.gateway.feed import Feeds
 from signoff.gateway.http import HttpApi, error_response, json_response
 from signoff.gateway.openapi import build_openapi
+from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import Quotas, SocketGate, SocketSlots
 from signoff.gateway.service import GatewayService
 from signoff.gateway.workflows import WorkflowRoutes
@@ -30,11 +32,12 @@ from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions
 from signoff.runtime.errors import ConfigError, SignoffError
 from signoff.runtime.keys import Keys
-from signoff.runtime.metrics import COUNTERS, gauge, process_lines
 from signoff.runtime.store import Store
 from signoff.runtime.workflows.service import WorkflowService
 
 log = logging.getLogger("signoff.gateway")
+
+READY_TIMEOUT = 2.0  # /readyz: how long Redis may take to answer a PING
 
 
 class Total:
@@ -94,7 +97,10 @@ def build_app(
     workflows: WorkflowService | None = None,
 ) -> Starlette:
     quotas = Quotas.from_settings(settings, store, bus)
-    service = GatewayService(store=store, bus=bus, decisions=decisions, quotas=quotas)
+    admission = Admission(settings.max_in_flight)
+    service = GatewayService(
+        store=store, bus=bus, decisions=decisions, quotas=quotas, admission=admission
+    )
     feeds = Feeds(bus, Keys(settings.key_prefix))
     api = HttpApi(service, tokens, body_timeout=settings.body_timeout_seconds)
     slots = SocketSlots(settings.quota_sockets)  # open WebSockets per user, this process
@@ -104,9 +110,15 @@ def build_app(
         return json_response({"ok": True})
 
     async def readyz(request: Request) -> Response:
+        """Ready: not stopping (gateway/drain.py), Postgres and Redis both answer."""
+        if getattr(request.app.state, "draining", False):
+            return json_response({"ok": False, "error": "draining"}, 503)
+        ping_bus = getattr(bus, "ping", None)
         try:
             await store.ping()
-        except (SignoffError, OSError) as exc:
+            if ping_bus is not None:
+                await asyncio.wait_for(ping_bus(), READY_TIMEOUT)
+        except (SignoffError, OSError) as exc:  # (TimeoutError is an OSError)
             return json_response({"ok": False, "error": str(exc)}, 503)
         return json_response({"ok": True})
 
@@ -123,7 +135,7 @@ def build_app(
             )
         return HTMLResponse(page.read_text(), headers=headers)
 
-    sockets = [0]  # open WebSockets, for /metrics
+    sockets = [0]  # open WebSockets, for the metrics port
 
     async def ws(websocket: WebSocket) -> None:
         sockets[0] += 1
@@ -140,16 +152,6 @@ def build_app(
             )
         finally:
             sockets[0] -= 1
-
-    async def metrics(request: Request) -> Response:
-        lines = [
-            *gauge("signoff_websockets", "Open WebSocket connections.", sockets[0]),
-            *COUNTERS.render(),
-            *process_lines(),
-        ]
-        return Response(
-            "\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
 
     whatsapp = None
     if settings.whatsapp_enabled:
@@ -171,7 +173,6 @@ def build_app(
         Route("/", index),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
-        Route("/metrics", metrics),
         Route("/openapi.json", openapi_json),
         # The first frame takes one of the user's socket slots (a 429 frame and 4429 over it).
         WebSocketRoute("/v1/ws", SocketGate(slots, tokens, ws)),
@@ -191,5 +192,14 @@ def build_app(
     app.state.service = service
     app.state.workflows = workflows
     app.state.socket_slots = slots
+    app.state.draining = False  # set by a stopping gateway (gateway/drain.py)
+    app.state.gauges = lambda: [
+        ("signoff_websockets", "Open WebSocket connections.", sockets[0]),
+        (
+            "signoff_gateway_in_flight",
+            "API requests and WebSocket writes this gateway works on now.",
+            admission.in_flight,
+        ),
+    ]
     app.state.whatsapp = whatsapp  # its courier is started by the process (runtime/node.py)
     return app

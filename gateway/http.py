@@ -52,6 +52,8 @@ class HttpApi:
         async def endpoint(request: Request) -> Response:
             try:
                 who = self.tokens.verify(bearer(request.headers.get("authorization")))
+                if not _has_body(request):  # (a body is admitted once it has arrived)
+                    self._admit(request)
                 return await handler(request, who)
             except ClientDisconnect:
                 raise  # nobody to answer: gateway.app ends the request quietly
@@ -60,8 +62,18 @@ class HttpApi:
                 if isinstance(error, Internal):
                     log.exception("%s %s failed", request.method, request.url.path)
                 return error_response(error)
+            finally:
+                if request.scope.get("signoff.admitted"):
+                    self.service.admission.leave()
 
         return endpoint
+
+    def _admit(self, request: Request) -> None:
+        """Take one of the gateway's in-flight slots (gateway/overload.py) or raise
+        Overloaded (503). Taken once the request is whole, so a slow client holds none."""
+        if not request.scope.get("signoff.admitted"):
+            self.service.admission.enter()
+            request.scope["signoff.admitted"] = True
 
     async def body(self, request: Request) -> bytes:
         size = request.headers.get("content-length")
@@ -78,6 +90,7 @@ class HttpApi:
             raise RequestTimeout(
                 f"request body not received within {self.body_timeout:g}s"
             ) from None
+        self._admit(request)
         return bytes(data)
 
     # -- endpoints ----------------------------------------------------------------------
@@ -145,3 +158,8 @@ class HttpApi:
             Route("/v1/cards/{card_id}/resolve", a(self.resolve), methods=["POST"]),
             Route("/v1/runs/{run_id}/decisions", a(self.batch), methods=["POST"]),
         ]
+
+
+def _has_body(request: Request) -> bool:
+    headers = request.headers
+    return headers.get("content-length", "0") != "0" or "transfer-encoding" in headers

@@ -22,7 +22,8 @@ ERRORS = {
     "410": "the card expired (database clock)",
     "422": "invalid payload (reserved_key: a workflow payload setting an engine-owned key)",
     "429": "over a per-user quota (threads a minute, turns in flight); see Retry-After",
-    "503": "a backing service is unavailable; retry",
+    "503": "a backing service is unavailable (unavailable), or this gateway is at its "
+    "in-flight limit (overloaded, SIGNOFF_MAX_IN_FLIGHT); retry after Retry-After",
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from signoff.gateway.auth import Principal
+from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import MemoryLedger, Quotas
 from signoff.gateway.views import Views
 from signoff.runtime.bus import Bus, Job
@@ -98,10 +99,13 @@ class GatewayService:
         bus: Bus,
         decisions: Decisions,
         quotas: Quotas | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
         self.decisions = decisions
+        # Writes in flight on this gateway (gateway/overload.py); none given: no limit.
+        self.admission = admission or Admission(0)
         # No quotas given: none enforced (tests that drive the service directly).
         self.quotas = quotas or Quotas(store=store, ledger=MemoryLedger(), keys=Keys())
         self.views = Views(getattr(decisions, "tools", None))

@@ -253,11 +253,13 @@ class Connection:
             frame_id = frame.id
             who = self.authorise()
             if frame.type == "message":
-                await self.on_message(frame, who)
+                with self.service.admission:  # back-pressure (gateway/overload.py)
+                    await self.on_message(frame, who)
             elif frame.type == "resume":
                 await self.on_resume(frame, who)
             elif frame.type == "resolve":
-                await self.on_resolve(frame, who)
+                with self.service.admission:
+                    await self.on_resolve(frame, who)
             elif frame.type == "threads":
                 threads = await self.watch.list(who)
                 await self.send({"type": "threads", "id": frame.id, "threads": threads})

@@ -40,6 +40,7 @@ from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry, Run, RunStatus
 from signoff.runtime.store import Store
+from signoff.runtime.telemetry import span
 from signoff.runtime.tools import Registry, ToolContext
 
 log = logging.getLogger("signoff.agent")
@@ -217,9 +218,13 @@ class Agent:
                 async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
                     await self.notify.delta(_run.thread_id, _pos, delta, _run.id)
 
-                reply = await self.model.respond(
-                    system=self.system, messages=messages, tools=self.tools.specs(), on_text=on_text
-                )
+                with span("model", run_id=run.id):
+                    reply = await self.model.respond(
+                        system=self.system,
+                        messages=messages,
+                        tools=self.tools.specs(),
+                        on_text=on_text,
+                    )
                 uses = reply.tool_uses()
                 assistant = ("assistant", {"content": reply.content})
                 if not uses:
@@ -353,6 +358,8 @@ class Agent:
             )
         )
         if entry is not None:
+            ids = {"card_id": card.id, "run_id": run.id, "thread_id": run.thread_id}
+            log.info("card proposed", extra={**ids, "tool": card.tool})
             await self.notify.thread(run.thread_id, [entry])
         elif card.status is Status.REJECTED:
             return outcomes.refused_again(use_id, card)

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import signal
 import sys
 import time
@@ -53,7 +52,18 @@ def _app(settings: cfg.Settings, command: str) -> App:
 
 def _settings(args: argparse.Namespace) -> cfg.Settings:
     overrides: dict[str, Any] = {}
-    for name in ("host", "port", "database_url", "redis_url", "worker_id", "data_dir", "app"):
+    for name in (
+        "host",
+        "port",
+        "database_url",
+        "redis_url",
+        "worker_id",
+        "data_dir",
+        "app",
+        "metrics_port",
+        "log_level",
+        "log_format",
+    ):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
@@ -67,7 +77,13 @@ def _settings(args: argparse.Namespace) -> cfg.Settings:
 async def _dev(args: argparse.Namespace) -> int:
     from signoff.embedded import redacted
     from signoff.gateway.auth import Tokens
-    from signoff.runtime.node import dev_secret, embedded_urls, running, serve_gateway
+    from signoff.runtime.node import (
+        dev_secret,
+        embedded_urls,
+        running,
+        serve_gateway,
+        start_metrics,
+    )
 
     t0 = time.monotonic()
     settings = _settings(args)
@@ -79,8 +95,9 @@ async def _dev(args: argparse.Namespace) -> int:
         async with running(settings, app) as node:
             token = tokens.issue("demo", settings.tenant)
             started = asyncio.Event()
+            metrics = await start_metrics(node)
             serve = asyncio.create_task(
-                serve_gateway(node, tokens, settings.host, settings.port, started)
+                serve_gateway(node, tokens, settings.host, settings.port, started, metrics)
             )
             await asyncio.wait(
                 [serve, asyncio.create_task(started.wait())], return_when=asyncio.FIRST_COMPLETED
@@ -99,30 +116,65 @@ async def _dev(args: argparse.Namespace) -> int:
                 f"  app:      {app.name} ({settings.app or 'the built-in demo, ' + DEMO_APP})\n"
                 f"  model:    {model}\n"
                 f"  database: {redacted(settings.database_url or '')}\n"
-                f"  bus:      {'redis ' + redis if redis else 'in-process'}",
+                f"  bus:      {'redis ' + redis if redis else 'in-process'}\n"
+                f"  metrics:  {_metrics_where(settings, metrics)}",
                 flush=True,
             )
             await serve
+            if metrics is not None:
+                await metrics.close()
     finally:
         for closer in closers:
             closer.stop()
     return 0
 
 
+def _metrics_where(settings: cfg.Settings, metrics: Any) -> str:
+    if metrics is None:
+        return "off (set SIGNOFF_METRICS_PORT or --metrics-port)"
+    return f"http://{settings.metrics_host or settings.host}:{metrics.port}/metrics"
+
+
+def _bus_where(settings: cfg.Settings) -> str:
+    from signoff.embedded import redacted
+
+    if not settings.redis_url:
+        return "in-process"
+    return f"redis {redacted(settings.redis_url)} (key prefix {settings.key_prefix!r})"
+
+
 async def _gateway(args: argparse.Namespace) -> int:
     from signoff.gateway.auth import Tokens
-    from signoff.runtime.node import running, serve_gateway
+    from signoff.runtime.node import running, serve_gateway, start_metrics
 
     settings = _settings(args)
     app = _app(settings, "gateway")
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
     async with running(settings, app, worker=False) as node:
-        await serve_gateway(node, tokens, settings.host, settings.port)
+        metrics = await start_metrics(node)
+        started = asyncio.Event()
+        serve = asyncio.create_task(
+            serve_gateway(node, tokens, settings.host, settings.port, started, metrics)
+        )
+        await asyncio.wait(
+            [serve, asyncio.create_task(started.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+        if not serve.done():
+            print(
+                f"signoff gateway listening on http://{settings.host}:{settings.port} "
+                f"(WebSocket /v1/ws, API /v1, probes /healthz /readyz); "
+                f"metrics: {_metrics_where(settings, metrics)}; app {app.name}; "
+                f"bus {_bus_where(settings)}",
+                flush=True,
+            )
+        await serve
+        if metrics is not None:
+            await metrics.close()
     return 0
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from signoff.runtime.node import running
+    from signoff.runtime.node import running, start_metrics
 
     settings = _settings(args)
     app = _app(settings, "worker")
@@ -131,22 +183,17 @@ async def _worker(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with running(settings, app, gateway=False) as node:
-        metrics = None
-        if settings.metrics_port and node.worker is not None:
-            from signoff.runtime import metrics as m
-
-            worker = node.worker
-            metrics = await m.serve(
-                settings.host,
-                settings.metrics_port,
-                lambda: m.worker_text(worker),
-                worker.decision_latency_ns,
-                worker.workflows.wake_latency_ns,
-            )
-        print(f"signoff worker {settings.worker_id} running app {app.name}", flush=True)
+        metrics = await start_metrics(node)
+        model = node.model.name if node.model else "-"
+        print(
+            f"signoff worker {settings.worker_id} running app {app.name} "
+            f"({settings.app}); model {model}; bus {_bus_where(settings)}; "
+            f"metrics: {_metrics_where(settings, metrics)}",
+            flush=True,
+        )
         await stop.wait()
         if metrics is not None:
-            metrics.close()
+            await metrics.close()
     return 0
 
 
@@ -266,6 +313,25 @@ def parser() -> argparse.ArgumentParser:
             "returning one; the current directory is on the import path) (SIGNOFF_APP)",
         )
 
+    def observe_flags(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--metrics-port",
+            type=int,
+            help="serve Prometheus /metrics on this port, apart from the public one "
+            "(SIGNOFF_METRICS_PORT; 0 or unset: off)",
+        )
+        sp.add_argument(
+            "--log-level",
+            choices=["debug", "info", "warning", "error"],
+            help="SIGNOFF_LOG_LEVEL (info)",
+        )
+        sp.add_argument(
+            "--log-format",
+            choices=["json", "human"],
+            help="one JSON object per line, or human text (SIGNOFF_LOG_FORMAT; json for "
+            "gateway and worker, human for dev)",
+        )
+
     def skew_flag(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--allow-app-skew",
@@ -281,6 +347,7 @@ def parser() -> argparse.ArgumentParser:
     )
     common(dev)
     app_flags(dev)
+    observe_flags(dev)
     skew_flag(dev)
     dev.add_argument("--host", help="bind address (SIGNOFF_HOST, 127.0.0.1)")
     dev.add_argument("--port", type=int, help="port (SIGNOFF_PORT, 8000)")
@@ -290,12 +357,14 @@ def parser() -> argparse.ArgumentParser:
     )
     common(gw)
     app_flags(gw)
+    observe_flags(gw)
     skew_flag(gw)
     gw.add_argument("--host")
     gw.add_argument("--port", type=int)
     wk = sub.add_parser("worker", help="run agent turns of --app (needs Postgres and Redis)")
     common(wk)
     app_flags(wk)
+    observe_flags(wk)
     skew_flag(wk)
     wk.add_argument("--worker-id", help="stable worker id (SIGNOFF_WORKER_ID)")
     wk.add_argument("--offline", action="store_true")
@@ -328,10 +397,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _observe(args: argparse.Namespace) -> None:
+    """Logs (JSON for gateway/worker, human for dev and the operator commands), and
+    traces when configured, before anything else runs."""
+    from signoff.runtime import logs, telemetry
+
+    settings = _settings(args)
+    serving = args.command in ("gateway", "worker")
+    fmt = settings.log_format or ("json" if serving else "human")
+    level = settings.log_level if serving or args.command == "dev" else "warning"
+    static = {"role": args.command}
+    if args.command == "worker":
+        static["worker_id"] = args.worker_id = settings.worker_id  # the same id from now on
+    logs.setup(fmt, level, **static)
+    if args.command in ("gateway", "worker", "dev"):
+        telemetry.setup(settings.otel, f"signoff-{args.command}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
+        _observe(args)
         if args.command == "token":
             return _token(args)
         if args.command == "check-policy":

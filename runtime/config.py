@@ -55,7 +55,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ws_burst: int = 40  # frames a socket may send at once before it is rate limited
     claim_idle_ms: int = 30_000  # inbox entries of a dead consumer idle this long are reclaimed
     faults: tuple[str, ...] = ()  # armed fault points (tests only), see runtime/faults.py
-    metrics_port: int = 0  # `signoff worker` serves /metrics on this port (0: off)
+    # /metrics (prometheus-client) on a port of its own, never the public one (0: off);
+    # bound on metrics_host (default: host). runtime/metrics_server.py, design note 27.
+    metrics_port: int = 0
+    metrics_host: str = ""
+    # Logs (runtime/logs.py): json (gateway, worker) or human (dev); "" picks by command.
+    log_format: str = ""
+    log_level: str = "info"
+    # OpenTelemetry traces (runtime/telemetry.py): on with SIGNOFF_OTEL=1 or when
+    # OTEL_EXPORTER_OTLP_ENDPOINT is set; needs the `otel` extra.
+    otel: bool = False
+    # A gateway told to stop (SIGTERM) fails /readyz for this long before it stops
+    # accepting, so a load balancer sends new clients elsewhere first (gateway/drain.py).
+    drain_seconds: float = 2.0
+    # Back-pressure: API requests and WebSocket message/resolve frames one gateway works
+    # on at once; past it a typed 503 `overloaded` with Retry-After (0: no limit).
+    max_in_flight: int = 200
     adopt_batch: int = 1000  # lapsed runs one worker adopts per lease tick
     # Per-user quotas (per tenant + user; 0: no limit), gateway/quotas.py. Refusals are
     # typed 429s (`rate_limited`, Retry-After) that change nothing.
@@ -133,6 +148,12 @@ _ENV: dict[str, str] = {
     "claim_idle_ms": "SIGNOFF_CLAIM_IDLE_MS",
     "faults": "SIGNOFF_FAULTS",
     "metrics_port": "SIGNOFF_METRICS_PORT",
+    "metrics_host": "SIGNOFF_METRICS_HOST",
+    "log_format": "SIGNOFF_LOG_FORMAT",
+    "log_level": "SIGNOFF_LOG_LEVEL",
+    "otel": "SIGNOFF_OTEL",
+    "drain_seconds": "SIGNOFF_DRAIN_SECONDS",
+    "max_in_flight": "SIGNOFF_MAX_IN_FLIGHT",
     "adopt_batch": "SIGNOFF_ADOPT_BATCH",
     "quota_threads_per_minute": "SIGNOFF_QUOTA_THREADS_PER_MINUTE",
     "quota_turns_in_flight": "SIGNOFF_QUOTA_TURNS_IN_FLIGHT",
@@ -157,7 +178,7 @@ _ENV: dict[str, str] = {
 }
 
 
-_BOOLS = frozenset({"offline_model", "allow_app_skew", "whatsapp_text_confirm"})
+_BOOLS = frozenset({"offline_model", "allow_app_skew", "whatsapp_text_confirm", "otel"})
 
 
 def env_names() -> dict[str, str]:
@@ -177,6 +198,8 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
             elif name in _BOOLS:
                 value = value.lower() in ("1", "true", "yes")
             raw[name] = value
+    if source.get("OTEL_EXPORTER_OTLP_ENDPOINT") and "otel" not in raw:
+        raw["otel"] = True  # the standard OpenTelemetry variable turns tracing on too
     raw.update({k: v for k, v in overrides.items() if v is not None})
     try:
         settings = msgspec.convert(raw, Settings, strict=False)

@@ -26,11 +26,13 @@ from signoff.runtime.errors import (
 )
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import decided
 from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry
 from signoff.runtime.store import Store
+from signoff.runtime.telemetry import span, traceparent
 from signoff.runtime.tools import Registry, ToolContext
 
 log = logging.getLogger("signoff.decisions")
@@ -83,8 +85,41 @@ class Decisions:
         channel: str,
         tenant: str | None = None,
     ) -> Outcome:
-        """``tenant``: the principal's (I3: the same user name in another tenant is not the owner)."""
+        """``tenant``: the principal's (I3: the same user name in another tenant is not the owner).
+
+        Counted in ``signoff_decisions_total{channel,outcome}``, timed as the ``resolve``
+        span (traced when configured: the trace goes on to the worker in the signal)."""
         received = time.time_ns()
+        with span("resolve", card_id=card_id, channel=channel):
+            try:
+                outcome = await self._resolve(card_id, res, principal, channel, tenant, received)
+            except SignoffError as exc:
+                decided(channel, exc.code)
+                raise
+        decided(channel, str(res.decision))
+        card = outcome.card
+        log.info(
+            "card decided",
+            extra={
+                "card_id": card_id,
+                "run_id": card.get("run_id"),
+                "thread_id": card.get("thread_id"),
+                "decision": str(res.decision),
+                "channel": channel,
+                "user": principal,
+            },
+        )
+        return outcome
+
+    async def _resolve(
+        self,
+        card_id: str,
+        res: Resolution,
+        principal: str,
+        channel: str,
+        tenant: str | None,
+        received: int,
+    ) -> Outcome:
         if res.reason is not None and len(res.reason) > MAX_REASON:
             raise InvalidInput(f"reason longer than {MAX_REASON} characters")
         if res.decision is Decision.EDIT:
@@ -125,7 +160,9 @@ class Decisions:
         that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6);
         the notifier never raises."""
         self.faults.hit("decide.before_publish")
-        await self.notify.card(card, at_ns=received, holder=holder, entry=entry)
+        await self.notify.card(
+            card, at_ns=received, holder=holder, entry=entry, trace=traceparent()
+        )
 
     async def _edit(
         self, card_id: str, res: Resolution, *, principal: str, channel: str, tenant: str | None

@@ -162,6 +162,13 @@ class Unavailable(SignoffError):
     code = "unavailable"
 
 
+class Overloaded(Unavailable):
+    """A gateway at its in-flight limit (``SIGNOFF_MAX_IN_FLIGHT``) refused the request
+    before working on it: retry after ``Retry-After`` (503, nothing changed)."""
+
+    code = "overloaded"
+
+
 class ConfigError(SignoffError):
     code = "config"
 

@@ -18,6 +18,7 @@ from signoff.runtime.errors import Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.notify import Notifier
 from signoff.runtime.store import Store
+from signoff.runtime.telemetry import span
 from signoff.runtime.tools import Registry, ToolContext
 
 log = logging.getLogger("signoff.agent")
@@ -50,7 +51,14 @@ class Executor:
 
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
-        the card as it ends up."""
+        the card as it ends up (timed and traced as the ``execute`` span, logged)."""
+        with span("execute", card_id=card.id, run_id=card.run_id, tool=card.tool):
+            done = await self._execute(card, ctx)
+        ids = {"card_id": card.id, "run_id": card.run_id, "thread_id": card.thread_id}
+        log.info("card %s", done.status, extra={**ids, "tool": card.tool, "status": done.status})
+        return done
+
+    async def _execute(self, card: Card, ctx: ToolContext) -> Card:
         actor = self.actor
         tool = self.tools.get(card.tool)
         if tool is None:

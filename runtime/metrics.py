@@ -1,29 +1,32 @@
-"""Process metrics: Prometheus text for ``/metrics`` and raw decision-latency samples.
+"""Process metrics with prometheus-client, and raw decision-latency samples for the bench.
 
-No client library: the text exposition format is a few lines, and the one
-histogram signoff keeps is observed on the decision hot path, where a plain
-bucket search is cheaper than a registry with locks.
+Every series lives in prometheus-client's default registry; ``runtime/metrics_server.py``
+serves it on the metrics port (``SIGNOFF_METRICS_PORT``), never on the gateway's public
+port (design note 25). Incremented where the event happens:
 
-The gateway serves ``/metrics`` on its own port (``gateway.app``). A worker has
-no HTTP server of its own, so ``signoff worker`` serves the same on
-``SIGNOFF_METRICS_PORT`` when it is set (off by default), plus
-``/metrics/decision-latency?after=N``: the raw samples (ns) recorded after the
-N-th one, which is how ``bench/decisions.py`` reads exact percentiles per phase.
+* ``signoff_card_transitions_total{status,tool}``: cards entering a status (``pending``
+  when proposed), counted where the store reads a committed transition back.
+* ``signoff_decisions_total{channel,outcome}``: decisions a gateway took or refused
+  (``outcome`` is the decision, or the refusal's error code).
+* ``signoff_click_to_executed_seconds``: a card's decision -> its ``executed`` row
+  (both Postgres clock times); ``signoff_decision_latency_seconds``: a decision received
+  by a gateway -> the parked run's future resolved on its worker.
+* ``signoff_span_seconds{span}``: server-side spans (``resolve``, ``continue``, ``execute``,
+  ``model``), the same spans OpenTelemetry traces when configured (``runtime/telemetry.py``).
+* counters of Redis and Postgres errors and retries, pub/sub reconnects, adoptions,
+  hints that failed after their commit, and the rest of :data:`HELP`.
+
+Gauges of one worker or gateway (parked runs, inbox lag, open sockets) are collected when
+scraped (``metrics_server``), so nothing is kept up to date on the hot path.
 """
 
 from __future__ import annotations
 
-import asyncio
-import bisect
-import contextlib
-import os
-import resource
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlsplit
 
-import msgspec
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 # Seconds. Dense where signoff should live (sub-millisecond to tens of milliseconds).
 LATENCY_BUCKETS = (
@@ -46,59 +49,152 @@ LATENCY_BUCKETS = (
     1.0,
     2.5,
     5.0,
+    10.0,
+    30.0,
 )
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+CARD_TRANSITIONS = Counter(
+    "signoff_card_transitions_total",
+    "Cards that entered a status (pending: proposed), by status and tool.",
+    ["status", "tool"],
+)
+DECISIONS = Counter(
+    "signoff_decisions_total",
+    "Decisions a gateway took (outcome approve/reject/edit) or refused (outcome: the "
+    "error code), by channel.",
+    ["channel", "outcome"],
+)
+CLICK_TO_EXECUTED = Histogram(
+    "signoff_click_to_executed_seconds",
+    "A card's decision -> its executed row (both Postgres clock).",
+    buckets=LATENCY_BUCKETS,
+)
+DECISION_LATENCY = Histogram(
+    "signoff_decision_latency_seconds",
+    "Decision received by a gateway -> the parked run's future resolved on this worker.",
+    buckets=LATENCY_BUCKETS,
+)
+SPANS = Histogram(
+    "signoff_span_seconds",
+    "Server-side spans: resolve (gateway), continue, execute, model (worker).",
+    ["span"],
+    buckets=LATENCY_BUCKETS,
+)
+OVERLOAD = Counter(
+    "signoff_overload_refusals_total",
+    "Requests a gateway refused with 503 overloaded, by reason.",
+    ["reason"],
+)
 
 
-class Histogram:
-    """A cumulative Prometheus histogram (seconds)."""
+class Counters:
+    """Named process-wide counters (prometheus-client counters without labels), e.g. hints
+    that could not be published after a commit. ``inc`` where the event happens;
+    ``values[name]`` reads one back (tests)."""
 
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = LATENCY_BUCKETS):
-        self.name = name
-        self.help = help_text
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self.count = 0
+    HELP: ClassVar[dict[str, str]] = {
+        "signoff_hints_failed_total": "Publishes, wait-token writes or deletes that failed "
+        "after their commit (Redis is a hint: the step went on).",
+        "signoff_handler_errors_total": "Inbox messages or continuations that raised.",
+        "signoff_runs_failed_by_error_total": "Runs settled as failed after an error.",
+        "signoff_inbox_released_total": "Inbox entries handed back for a later retry.",
+        "signoff_approved_stale_total": "Approved cards the sweeper found not yet started.",
+        "signoff_runs_handed_over_total": "Runs handed to another worker: an approved card "
+        "named a tool this worker does not serve (another version of the app).",
+        "signoff_store_races_retried_total": "Statements or transactions Postgres rolled "
+        "back as a deadlock or serialization victim, tried again.",
+        "signoff_postgres_errors_total": "Postgres calls that failed (unreachable, timed "
+        "out, connection lost): answered 503 or tried again by the caller.",
+        "signoff_redis_retries_total": "Redis calls tried again after a connection error "
+        "or timeout.",
+        "signoff_redis_errors_total": "Redis calls that failed after their retries.",
+        "signoff_pubsub_reconnects_total": "Times the Redis pub/sub connection was opened "
+        "again after it was lost.",
+        "signoff_runs_adopted_total": "Runs whose holder's lease lapsed, adopted here.",
+        "signoff_whatsapp_sent_total": "WhatsApp messages the Graph API accepted.",
+        "signoff_whatsapp_failed_total": "WhatsApp messages given up after their attempts.",
+    }
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
-        self.sum += seconds
-        self.count += 1
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self._registry = registry
+        self._counters: dict[str, Counter] = {}
+        for name in self.HELP:
+            self._make(name)
 
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        running = 0
-        for bound, n in zip(self.buckets, self.counts, strict=False):
-            running += n
-            lines.append(f'{self.name}_bucket{{le="{bound}"}} {running}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{self.name}_sum {self.sum:.9f}")
-        lines.append(f"{self.name}_count {self.count}")
-        return lines
+    def _make(self, name: str) -> Counter:
+        counter = self._counters.get(name)
+        if counter is None:
+            counter = Counter(name, self.HELP.get(name, name), registry=self._registry)
+            self._counters[name] = counter
+        return counter
+
+    def inc(self, name: str, n: int = 1) -> None:
+        counter = self._counters.get(name) or self._make(name)
+        counter.inc(n)
+
+    @property
+    def values(self) -> Mapping[str, int]:
+        """The current value of every counter, by name."""
+        return _Values(self)
+
+
+class _Values(Mapping[str, int]):
+    def __init__(self, counters: Counters) -> None:
+        self._c = counters
+
+    def __getitem__(self, name: str) -> int:
+        if name not in self._c._counters:
+            raise KeyError(name)
+        value = self._c._registry.get_sample_value(name)
+        return int(value or 0)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._c._counters))
+
+    def __len__(self) -> int:
+        return len(self._c._counters)
+
+
+COUNTERS = Counters()
+
+
+# Labelled children looked up once (``labels()`` costs ~1 µs a call, a child's inc ~0.3 µs).
+_cards: dict[tuple[str, str], Any] = {}
+_decisions: dict[tuple[str, str], Any] = {}
+
+
+def card_moved(status: str, tool: str) -> None:
+    """A card entered ``status`` (counted where the store reads a transition back)."""
+    child = _cards.get((status, tool))
+    if child is None:
+        child = _cards[(status, tool)] = CARD_TRANSITIONS.labels(status, tool)
+    child.inc()
+
+
+def decided(channel: str, outcome: str) -> None:
+    """A gateway took (``outcome``: the decision) or refused (the error code) a decision."""
+    child = _decisions.get((channel, outcome))
+    if child is None:
+        child = _decisions[(channel, outcome)] = DECISIONS.labels(channel, outcome)
+    child.inc()
 
 
 class LatencySamples:
-    """Decision latency in ns: the last ``maxlen`` raw samples, a running count and a histogram.
+    """Decision latency in ns: the last ``maxlen`` raw samples, a running count and the
+    ``signoff_decision_latency_seconds`` histogram.
 
     Appended to like a deque (``append``); ``after(n)`` returns the samples recorded
-    after the n-th one that are still held.
+    after the n-th one that are still held (the bench reads exact percentiles from them).
     """
 
     def __init__(self, maxlen: int = 100_000) -> None:
         self._samples: deque[int] = deque(maxlen=maxlen)
         self.count = 0
-        self.histogram = Histogram(
-            "signoff_decision_latency_seconds",
-            "Decision received by a gateway -> the parked run's future resolved on this worker.",
-        )
 
     def append(self, ns: int) -> None:
         self._samples.append(ns)
         self.count += 1
-        self.histogram.observe(ns / 1e9)
+        DECISION_LATENCY.observe(ns / 1e9)
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -112,152 +208,3 @@ class LatencySamples:
         if held == 0:
             return []
         return list(self._samples)[-held:]
-
-
-class Counters:
-    """Process-wide event counters (Prometheus counters), e.g. hints that could not be
-    published after a commit. Incremented where the event happens, read by /metrics."""
-
-    HELP: ClassVar[dict[str, str]] = {
-        "signoff_hints_failed_total": "Publishes, wait-token writes or deletes that failed "
-        "after their commit (Redis is a hint: the step went on).",
-        "signoff_handler_errors_total": "Inbox messages or continuations that raised.",
-        "signoff_runs_failed_by_error_total": "Runs settled as failed after an error.",
-        "signoff_inbox_released_total": "Inbox entries handed back for a later retry.",
-        "signoff_approved_stale_total": "Approved cards the sweeper found not yet started.",
-        "signoff_runs_handed_over_total": "Runs handed to another worker: an approved card "
-        "named a tool this worker does not serve (another version of the app).",
-        "signoff_store_races_retried_total": "Statements or transactions Postgres rolled "
-        "back as a deadlock or serialization victim, tried again.",
-    }
-
-    def __init__(self) -> None:
-        self.values: dict[str, int] = dict.fromkeys(self.HELP, 0)
-
-    def inc(self, name: str, n: int = 1) -> None:
-        self.values[name] = self.values.get(name, 0) + n
-
-    def render(self) -> list[str]:
-        lines: list[str] = []
-        for name, value in self.values.items():
-            lines += [
-                f"# HELP {name} {self.HELP.get(name, name)}",
-                f"# TYPE {name} counter",
-                f"{name} {value}",
-            ]
-        return lines
-
-
-COUNTERS = Counters()
-
-
-def process_lines() -> list[str]:
-    """RSS, CPU time and open descriptors of this process (Linux /proc; best effort)."""
-    lines: list[str] = []
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * _PAGE
-        lines += [
-            "# HELP process_resident_memory_bytes Resident memory size in bytes.",
-            "# TYPE process_resident_memory_bytes gauge",
-            f"process_resident_memory_bytes {rss}",
-        ]
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    lines += [
-        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.",
-        "# TYPE process_cpu_seconds_total counter",
-        f"process_cpu_seconds_total {usage.ru_utime + usage.ru_stime:.3f}",
-    ]
-    with contextlib.suppress(OSError):
-        fds = len(os.listdir("/proc/self/fd"))
-        lines += [
-            "# HELP process_open_fds Number of open file descriptors.",
-            "# TYPE process_open_fds gauge",
-            f"process_open_fds {fds}",
-        ]
-    return lines
-
-
-def gauge(name: str, help_text: str, value: float) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
-
-
-def worker_text(worker: Any) -> str:
-    """The worker's metrics (``worker`` is a :class:`runtime.worker.Worker`)."""
-    lines = [
-        *gauge("signoff_parked_runs", "Runs parked on this worker.", len(worker.waits)),
-        *gauge(
-            "signoff_parked_cards",
-            "Cards this worker waits on.",
-            len(worker.waits.parked_cards()),
-        ),
-        *gauge("signoff_steps_in_flight", "Agent steps running now.", len(worker._tasks)),
-        *gauge(
-            "signoff_workflow_runs_in_flight",
-            "Workflow runs whose steps run on this worker now (parked ones hold nothing).",
-            worker.workflows.in_flight,
-        ),
-    ]
-    lines += COUNTERS.render()
-    samples = worker.decision_latency_ns
-    if isinstance(samples, LatencySamples):
-        lines += samples.histogram.render()
-    lines += process_lines()
-    return "\n".join(lines) + "\n"
-
-
-_json = msgspec.json.Encoder()
-
-
-def samples_json(samples: LatencySamples, query: str) -> bytes:
-    raw = parse_qs(query).get("after", ["0"])[0]
-    after = int(raw) if raw.lstrip("-").isdigit() else 0
-    return _json.encode({"count": samples.count, "samples_ns": samples.after(after)})
-
-
-async def serve(
-    host: str,
-    port: int,
-    text: Callable[[], str],
-    samples: LatencySamples | None = None,
-    workflow_samples: LatencySamples | None = None,
-) -> asyncio.Server:
-    """A minimal HTTP/1.1 server for ``GET /metrics`` (and the raw samples); one request per
-    connection. For a process with no web server of its own (the worker).
-    ``/metrics/workflow-latency?after=N``: a gateway received a resume or an event -> this
-    worker claimed the run to run its next step (ns)."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            url = urlsplit(target)
-            status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
-            if method == "GET" and url.path == "/metrics":
-                status, body = "200 OK", text().encode()
-                ctype = "text/plain; version=0.0.4; charset=utf-8"
-            elif (
-                method == "GET" and url.path == "/metrics/decision-latency" and samples is not None
-            ):
-                status, ctype, body = "200 OK", "application/json", samples_json(samples, url.query)
-            elif url.path == "/metrics/workflow-latency" and workflow_samples is not None:
-                body = samples_json(workflow_samples, url.query)
-                status, ctype = "200 OK", "application/json"
-            elif method == "GET" and url.path == "/healthz":
-                status, ctype, body = "200 OK", "application/json", b'{"ok":true}'
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                f"Connection: close\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
-        except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
-        except TimeoutError:
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    return await asyncio.start_server(handle, host, port)

@@ -184,13 +184,43 @@ async def running(
         await store.close()
 
 
+async def start_metrics(node: Node) -> Any:
+    """Serve the metrics port (``SIGNOFF_METRICS_PORT``) for this process's worker and,
+    once :func:`serve_gateway` adds its gauges, its gateway; None when not configured."""
+    s = node.settings
+    if not s.metrics_port:
+        return None
+    from signoff.runtime.metrics_server import InboxStats, MetricsServer, worker_gauges
+
+    worker = node.worker
+    server = MetricsServer(
+        worker.decision_latency_ns if worker is not None else None,
+        worker.workflows.wake_latency_ns if worker is not None else None,
+    )
+    if worker is not None:
+        server.add(lambda: worker_gauges(worker))
+        inbox = InboxStats(node.bus)
+        server.add(inbox.gauges)
+        server.refreshers.append(inbox.refresh)
+    await server.start(s.metrics_host or s.host, s.metrics_port)
+    return server
+
+
 async def serve_gateway(
-    node: Node, tokens: Any, host: str, port: int, started: asyncio.Event | None = None
+    node: Node,
+    tokens: Any,
+    host: str,
+    port: int,
+    started: asyncio.Event | None = None,
+    metrics: Any = None,
 ) -> None:
-    """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped."""
+    """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped;
+    a SIGTERM drains it first (``gateway/drain.py``). ``metrics``: the process's
+    :class:`~signoff.runtime.metrics_server.MetricsServer`, given the gateway's gauges."""
     import uvicorn
 
     from signoff.gateway.app import build_app
+    from signoff.gateway.drain import DrainingServer
     from signoff.gateway.timeouts import http_protocol
 
     assert node.decisions is not None
@@ -202,6 +232,8 @@ async def serve_gateway(
         tokens=tokens,
         workflows=node.workflows,
     )
+    if metrics is not None:
+        metrics.add(app.state.gauges)
     config = uvicorn.Config(
         app,
         host=host,
@@ -211,13 +243,16 @@ async def serve_gateway(
         http=http_protocol(node.settings),
         lifespan="off",
         log_level="warning",
+        log_config=None,  # uvicorn's lines go through signoff's handler (runtime/logs.py)
+        access_log=False,
+        timeout_graceful_shutdown=30,  # requests in flight get this long after the drain
         ws_per_message_deflate=False,
         # Outlive clients' idle pooled connections (load balancers, httpx: 5-60 s), so a
         # client never sends on a connection the server is closing at the same moment.
         timeout_keep_alive=75,
         ws_max_size=node.settings.max_ws_message_bytes,  # refuse big frames while they stream
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state, node.settings.drain_seconds)
     task = asyncio.create_task(server.serve())
     # The WhatsApp courier (design note 24) runs beside the server, as long as it does.
     whatsapp = getattr(app.state, "whatsapp", None)

@@ -39,6 +39,7 @@ class CardSignal(msgspec.Struct, frozen=True):
     status: str
     at_ns: int = 0  # wall time the gateway received the decision, for latency measurement
     run_id: str = ""  # a workflow run to continue
+    trace: str = ""  # the deciding span's W3C traceparent when tracing is on (telemetry.py)
 
 
 log = logging.getLogger("signoff.notify")
@@ -131,6 +132,7 @@ class Notifier:
         at_ns: int = 0,
         holder: str | None = None,
         entry: Entry | None = None,
+        trace: str = "",
     ) -> int:
         """Signal the worker holding the card's run, then hint the thread; how many
         workers heard the signal.
@@ -142,7 +144,7 @@ class Notifier:
         """
         heard = 0
         try:
-            heard = await self._signal_holder(card, at_ns, holder)
+            heard = await self._signal_holder(card, at_ns, holder, trace)
         except Exception as exc:  # never fail the caller after its commit (I6)
             COUNTERS.inc("signoff_hints_failed_total")
             log.warning(
@@ -158,8 +160,10 @@ class Notifier:
     async def clear_wait(self, card_id: str) -> bool:
         return await quietly(self.bus.clear_wait(card_id), f"wait token delete for {card_id}")
 
-    async def _signal_holder(self, card: Card, at_ns: int, holder: str | None) -> int:
-        signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns))
+    async def _signal_holder(
+        self, card: Card, at_ns: int, holder: str | None, trace: str = ""
+    ) -> int:
+        signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns, trace))
         heard = 0
         if holder:
             heard = await self.bus.publish(self.keys.worker_channel(holder), signal)

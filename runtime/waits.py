@@ -72,6 +72,10 @@ class WaitRegistry:
             heapq.heappush(self._heap, (deadline, run_id))
             self._arm(loop)
 
+    def run_of(self, card_id: str) -> str | None:
+        """The run parked on this card, if any."""
+        return self._card_run.get(card_id)
+
     def resolve(self, card_id: str, status: str = "") -> bool:
         """The fast path: a decision for a parked card. False if nothing here waits on it.
 

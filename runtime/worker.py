@@ -1,9 +1,8 @@
 """The worker: consumes the inbox, runs turns, parks runs, resumes them.
 
-Parked runs are plain futures keyed by card id (``runtime.waits``), each
-registered as an expiring wait token on the bus. A decision reaches the worker
-on its channel; the slow poll and every (re)subscribe re-read Postgres, so a
-lost message costs latency, never a decision (I6).
+Parked runs are plain futures keyed by card id (``runtime.waits``), each registered as an
+expiring wait token on the bus. A decision reaches the worker on its channel; the slow poll
+and every (re)subscribe re-read Postgres, so a lost message costs latency, never a decision.
 """
 
 from __future__ import annotations
@@ -14,10 +13,11 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
+from contextvars import Context
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.runtime import presence
+from signoff.runtime import logs, presence, telemetry
 from signoff.runtime.agent import Agent
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
@@ -100,6 +100,7 @@ class Worker:
         # Decision latency samples in ns: the gateway received the decision -> this worker's
         # future resolved (wall clocks of one machine; read by the bench and /metrics).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
+        self._traces: dict[str, str] = {}  # run -> traceparent of its decision
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -135,10 +136,13 @@ class Worker:
             await self.bus.clear_waits(parked)
         with contextlib.suppress(Exception):
             await self.store.workflows.release_workflow_runs(self.worker_id)
+        with contextlib.suppress(Exception):
             await self.store.release_runs(self.worker_id)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro)
+    def spawn(
+        self, coro: Coroutine[Any, Any, Any], context: Context | None = None
+    ) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -297,7 +301,8 @@ class Worker:
             self.waits.resolve(card_id, status)
 
     def _on_ready(self, run_id: str) -> None:
-        self.spawn(self._wake(run_id))
+        trace = self._traces.pop(run_id, "") if self._traces else ""
+        self.spawn(self._wake(run_id), telemetry.context_of(trace))
 
     async def _wake(self, run_id: str, attempt: int = 0) -> None:
         try:
@@ -305,7 +310,9 @@ class Worker:
             # connection, and one that waits past the store timeout fails mid-step (after
             # the provider acted, a card is then left `executing` for an operator).
             async with self._step_slots:
-                run = await self.agent.continue_run(run_id)
+                logs.bind(run_id=run_id)  # this task's lines carry the run's id
+                with telemetry.span("continue", run_id=run_id):
+                    run = await self.agent.continue_run(run_id)
         except UnknownTool as exc:
             await self._hand_over(run_id, exc, attempt)
             return
@@ -384,7 +391,10 @@ class Worker:
                             continue
                         if signal.run_id:
                             self.workflows.wake(signal.run_id, signal.at_ns)
-                        elif self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
+                            continue
+                        if signal.trace and (run := self.waits.run_of(signal.card_id)):
+                            self._traces[run] = signal.trace  # continued under its trace
+                        if self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
                             self.decision_latency_ns.append(time.time_ns() - signal.at_ns)
             except asyncio.CancelledError:
                 raise
@@ -420,6 +430,7 @@ class Worker:
             adopted.append(run.id)
             self._adopting += 1
             self.spawn(self._adopted(run.id))
+        COUNTERS.inc("signoff_runs_adopted_total", len(adopted))
         return adopted
 
     async def _adopted(self, run_id: str) -> None:

@@ -170,6 +170,7 @@ def _translated(exc: Exception) -> Exception | None:
     """The error callers see for a driver error; ``None`` for anything else (a
     SignoffError raised inside a transaction, a bug), which goes on as it is."""
     if isinstance(exc, GONE):
+        COUNTERS.inc("signoff_postgres_errors_total")
         # (TimeoutError is an OSError: a statement or pool wait ran past the timeout.)
         return Unavailable(f"Postgres unavailable: {exc}")
     if isinstance(exc, asyncpg.DataError):

@@ -9,6 +9,7 @@ import msgspec
 
 from signoff.runtime.cards import Card
 from signoff.runtime.errors import Conflict, NotFound
+from signoff.runtime.metrics import CLICK_TO_EXECUTED, card_moved
 from signoff.runtime.records import Entry, Moved, Run, Thread
 from signoff.store.connector import Row
 
@@ -50,6 +51,10 @@ def moved(row: Row, kind: str = "card_update") -> Moved:
         body=row["body"],
         created_at=row["log_at"],
     )
+    # Every committed card transition is read back here: the one place to count them.
+    card_moved(moved_card.status, moved_card.tool)
+    if moved_card.status == "executed" and moved_card.decided_at is not None:
+        CLICK_TO_EXECUTED.observe((entry.created_at - moved_card.decided_at).total_seconds())
     return Moved(moved_card, entry, row["holder"])
 
 

@@ -13,6 +13,8 @@
 
   var TOKEN_KEY = 'signoff.token';
   var THREAD_KEY = 'signoff.thread';
+  // Close code of a gateway that stops (docs/websocket.md): reconnect at once, elsewhere.
+  var RECONNECT_ELSEWHERE = 1012;
   var BACKOFF_MIN = 500;
   var BACKOFF_MAX = 10000;
 
@@ -41,6 +43,7 @@
     attempt: 0,
     reconnectTimer: null,
     authFailed: false,
+    moved: false, // closed with 1012 (the gateway stops): continue from lastSeq elsewhere
     nextId: 1,
     requests: new Map(), // frame id -> {kind, cardId?}
     awaitingThread: false, // a first message was sent; its thread is not known yet
@@ -239,6 +242,14 @@
         showLogin(t('login.refused'));
         return;
       }
+      if (ev.code === RECONNECT_ELSEWHERE) {
+        // The gateway is stopping: reconnect now to the same URL (the load balancer sends
+        // us to another gateway) and continue after the last event shown.
+        state.moved = true;
+        setConn('connecting', 'conn.connecting');
+        state.reconnectTimer = window.setTimeout(connect, Math.round(Math.random() * 250));
+        return;
+      }
       scheduleReconnect();
     };
     ws.onerror = function () { /* a close event follows */ };
@@ -279,6 +290,8 @@
   }
 
   function onReady(f) {
+    var moved = state.moved;
+    state.moved = false;
     state.ready = true;
     state.attempt = 0;
     state.user = f.user || state.user;
@@ -286,7 +299,12 @@
     state.seenThreads.clear();
     setConn('online', 'conn.online');
     askThreads();
-    if (state.threadId) {
+    if (state.threadId && moved) {
+      // After a 1012 the view is kept: only the events after the last one shown follow.
+      var cid = frameId();
+      state.requests.set(cid, { kind: 'continue' });
+      send({ type: 'resume', id: cid, thread_id: state.threadId, after_seq: state.lastSeq });
+    } else if (state.threadId) {
       var id = frameId();
       state.requests.set(id, { kind: 'resume' });
       send({ type: 'resume', id: id, thread_id: state.threadId, after_seq: 0 });
@@ -304,6 +322,9 @@
       // Rebuild everything from the server's log, which follows this ack.
       resetView();
       state.liveFrom = (f.state && typeof f.state.last_seq === 'number') ? f.state.last_seq : 0;
+    } else if (req.kind === 'continue') {
+      // Events after the resume point happened while we were away: announce them.
+      if (f.thread_id === state.threadId) state.liveFrom = Math.min(state.liveFrom, state.lastSeq);
     } else if (req.kind === 'message') {
       if (!state.threadId) {
         // A new thread: everything in it arrives live.
@@ -392,7 +413,7 @@
       // next change signal or reconnect; the conversation itself is unaffected.
       return;
     }
-    if (req && req.kind === 'resume') {
+    if (req && (req.kind === 'resume' || req.kind === 'continue')) {
       if (f.status === 404 || f.status === 403) {
         // The thread is gone or not ours: start a new one.
         state.threadId = null;

@@ -28,6 +28,7 @@ from redis.backoff import NoBackoff
 
 from signoff.runtime.bus.pipe import Pipe, supported
 from signoff.runtime.errors import ConfigError, InvalidInput, Unavailable
+from signoff.runtime.metrics import COUNTERS
 
 log = logging.getLogger("signoff.bus")
 
@@ -91,12 +92,15 @@ class Client:
                 return await fn()
             except RETRYABLE as exc:
                 if delay is None or self.closed:
+                    COUNTERS.inc("signoff_redis_errors_total")
                     raise Unavailable(
                         f"Redis {what} failed after {attempt} tries: {exc}", command=what
                     ) from exc
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
+                COUNTERS.inc("signoff_redis_retries_total")
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.RedisError as exc:
+                COUNTERS.inc("signoff_redis_errors_total")
                 raise Unavailable(f"Redis {what} failed: {exc}", command=what) from exc
             except UnicodeEncodeError as exc:  # e.g. a str with a lone surrogate
                 raise InvalidInput(f"Redis {what}: an argument cannot be encoded") from exc

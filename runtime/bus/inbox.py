@@ -107,6 +107,29 @@ class Inbox:
         await self._client.call("XACK", ack_and_delete)
         self._inflight.discard(delivery_id)
 
+    async def stats(self) -> tuple[int, int]:
+        """(lag, pending): entries no consumer has read yet, and entries read but not acked
+        (acked entries are deleted, so the stream's length is their sum)."""
+        inbox, group = self._keys.inbox, self._keys.inbox_group
+
+        async def info() -> list[dict[str, Any]]:
+            try:
+                found: list[dict[str, Any]] = await self._client.redis.xinfo_groups(inbox)
+            except rx.ResponseError as exc:
+                if "no such key" not in str(exc).lower():
+                    raise
+                return []  # no stream yet: nothing queued
+            return found
+
+        groups = await self._client.call("XINFO", info)
+        length = await self._client.call("XLEN", lambda: self._client.redis.xlen(inbox))
+        for g in groups:
+            if text(g.get("name", b"")) == group:
+                pending = int(g.get("pending") or 0)
+                lag = g.get("lag")
+                return (int(lag) if lag is not None else max(length - pending, 0)), pending
+        return int(length), 0
+
     def release(self, delivery: Delivery) -> None:
         """Forget we hold it: our own next claim round takes it back once it is idle for
         ``claim_idle_ms`` (another consumer takes it if we die first)."""

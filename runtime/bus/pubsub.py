@@ -27,6 +27,7 @@ from redis.asyncio.connection import AbstractConnection
 from signoff.runtime.bus.client import Client
 from signoff.runtime.bus.protocol import Subscription
 from signoff.runtime.errors import Unavailable
+from signoff.runtime.metrics import COUNTERS
 
 log = logging.getLogger("signoff.bus")
 
@@ -170,6 +171,7 @@ class PubSub:
         self._link_lock = asyncio.Lock()
         self._readers: set[asyncio.Task[None]] = set()
         self._connect_failures = 0
+        self._links_made = 0  # the second and later are reconnects (a metric)
         self._reconnect_at = 0.0
         self._closed = False
 
@@ -249,6 +251,9 @@ class PubSub:
             self._readers.add(link.reader)
             link.reader.add_done_callback(self._readers.discard)
             self._link = link
+            if self._links_made:
+                COUNTERS.inc("signoff_pubsub_reconnects_total")
+            self._links_made += 1
             return link
 
     async def _connect(self) -> AbstractConnection:

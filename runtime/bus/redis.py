@@ -90,6 +90,14 @@ class RedisBus:
     def release(self, delivery: Delivery) -> None:
         self.inbox.release(delivery)
 
+    async def inbox_stats(self) -> tuple[int, int]:
+        """(lag, pending) of the inbox, for the metrics port."""
+        return await self.inbox.stats()
+
+    async def ping(self) -> None:
+        """One PING (``/readyz``); raises :class:`Unavailable` when Redis does not answer."""
+        await self.client.call("PING", lambda: self.client.redis.ping())
+
     # -- per-user quota windows (gateway/quotas.py's Ledger) -----------------------------
 
     async def window_add(self, key: str, member: str, now_ms: int, window_ms: int) -> list[str]:

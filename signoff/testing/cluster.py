@@ -14,8 +14,8 @@ output to ``workdir/<name>.log`` (:meth:`Proc.output`).
 
 ``app`` (``module:attribute``) is handed to the processes as ``SIGNOFF_APP``; by default
 they serve the demo with the offline model (``SIGNOFF_OFFLINE_MODEL=1``). Workers serve
-``/metrics`` on a port of their own (:attr:`Proc.metrics_port`), read by
-:meth:`Cluster.worker_gauge` and the decision-latency helpers.
+``/metrics`` on a port of their own (:attr:`Proc.metrics_port`; gateways too), read by
+:meth:`Cluster.scrape`, :meth:`Cluster.worker_gauge` and the decision-latency helpers.
 """
 
 from __future__ import annotations
@@ -169,13 +169,15 @@ class Cluster:
     def add_gateway(self, wait: bool = True, **extra: str) -> Proc:
         """Start ``signoff gateway`` on a free port; with ``wait``, until ``/readyz`` is 200."""
         port = free_port()
+        mport = free_port()
         n = len(self.gateways)
         proc = Proc(
             f"gw{n}",
             [sys.executable, "-m", "signoff", "gateway", "--port", str(port)],
-            self.env(**extra),
+            self.env(SIGNOFF_METRICS_PORT=str(mport), **extra),
             self.workdir / f"gw{n}-{port}.log",
             port=port,
+            metrics_port=mport,
             cwd=self.cwd,
         )
         proc.start()
@@ -275,6 +277,10 @@ class Cluster:
                 if line.startswith(name + " "):
                     total += float(line.split()[1])
         return total
+
+    def scrape(self, proc: Proc) -> str:
+        """A gateway's or worker's ``/metrics`` (its metrics port), as text."""
+        return _get(_metrics(proc)).decode()
 
     def steps_in_flight(self) -> int:
         return int(self.worker_gauge("signoff_steps_in_flight"))

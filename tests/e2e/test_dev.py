@@ -73,7 +73,7 @@ class Dev:
             m = re.match(r"\s+token:\s+(\S+)", line)
             if m:
                 self.token = m.group(1)
-            if self.token and "bus:" in line:
+            if self.token and "metrics:" in line:  # the banner's last line
                 self.output = "".join(lines)
                 return
         raise AssertionError("signoff dev did not start:\n" + "".join(lines))
@@ -228,3 +228,22 @@ def test_dev_servers_refuse_other_local_users_and_the_cli_uses_the_data_dir(dev:
     with httpx.Client(base_url=dev.url, timeout=10) as http:
         headers = {"Authorization": f"Bearer {token.stdout.strip()}"}
         assert http.get(f"/v1/cards/{card['id']}", headers=headers).status_code == 200
+
+
+def test_dev_serves_metrics_only_on_the_metrics_port(dev: Dev) -> None:
+    mport = free_port()
+    dev.start(args=("--metrics-port", str(mport)))
+    assert f"metrics:  http://127.0.0.1:{mport}/metrics" in dev.output
+    with dev.client() as c:
+        assert c.get("/metrics").status_code == 404  # never on the public port
+    text = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=10).text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {f.name for f in text_string_to_metric_families(text)}
+    # One port for both of dev's roles: the worker's and the gateway's series.
+    assert {"signoff_parked_runs", "signoff_websockets", "signoff_decisions"} <= names
+
+
+def test_dev_says_metrics_are_off_by_default(dev: Dev) -> None:
+    dev.start()
+    assert "metrics:  off (set SIGNOFF_METRICS_PORT or --metrics-port)" in dev.output

@@ -51,6 +51,8 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
 
             h.store.begin_execution = begin_then_cut
             failed_before = COUNTERS.values["signoff_hints_failed_total"]
+            errors_before = COUNTERS.values["signoff_redis_errors_total"]
+            reconnects_before = COUNTERS.values["signoff_pubsub_reconnects_total"]
             await h.decide(card, Decision.APPROVE)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 10
@@ -61,8 +63,14 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
             final = await h.store.get_card(card.id)
             assert not final.needs_reconciliation
             assert COUNTERS.values["signoff_hints_failed_total"] > failed_before
+            assert COUNTERS.values["signoff_redis_errors_total"] > errors_before
             proxy.heal()
             await h.settle()
+            # The worker's subscription was lost with the connection: once Redis is back
+            # it is opened again, and the metric says so.
+            while COUNTERS.values["signoff_pubsub_reconnects_total"] == reconnects_before:
+                assert loop.time() < deadline + 20, "no pub/sub reconnect counted"
+                await asyncio.sleep(0.05)
             await invariants.check()
 
 

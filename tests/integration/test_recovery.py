@@ -12,6 +12,7 @@ from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions, Resolution
 from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.policy import Policy
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
@@ -46,6 +47,7 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
         assert model_a.calls == 1
 
     model_b = Scripted(pix("42"))
+    adoptions = COUNTERS.values["signoff_runs_adopted_total"]
     async with harness(database_url, model=model_b, settings=fast) as b:
         b.provider = b.provider  # same database, another process's worker
         deadline = asyncio.get_running_loop().time() + 10
@@ -54,6 +56,7 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
             await asyncio.sleep(0.1)
         final = await b.store.get_card(card.id)
         assert final.status is Status.EXECUTED
+        assert COUNTERS.values["signoff_runs_adopted_total"] >= adoptions + 1  # the metric
         charges = await b.provider.pool.fetchval(
             "SELECT count(*) FROM demo_charges WHERE tenant = $1", tenant
         )

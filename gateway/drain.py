@@ -1,0 +1,72 @@
+"""A graceful gateway stop: drain, then let uvicorn close what is left.
+
+On SIGTERM (or SIGINT) a gateway:
+
+1. fails ``/readyz`` (503 ``draining``) at once, so a load balancer or Kubernetes stops
+   sending it new clients, and keeps serving for ``SIGNOFF_DRAIN_SECONDS`` (default 2) while
+   they notice;
+2. stops accepting connections (its listening socket is closed);
+3. closes every WebSocket with code **1012** ("service restart"), which the chat page and
+   ``docs/websocket.md`` define as *reconnect now, elsewhere*: the client reconnects to the
+   same URL at once (the proxy in front sends it to another gateway) and sends
+   ``resume{after_seq}`` with the last seq it applied, so it loses and repeats nothing;
+4. finishes the HTTP requests in flight (idle keep-alive connections are closed), then
+   exits. A second signal stops at once.
+
+Steps 2-4 are uvicorn's own shutdown (``Server.shutdown``: it sends 1012 on open
+WebSockets); what this module adds is step 1 and its delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+log = logging.getLogger("signoff.gateway")
+
+CLOSE_RECONNECT = 1012  # the close code a stopping gateway sends (uvicorn's, standard)
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first SIGTERM/SIGINT drains (``state.draining``, the flag
+    ``/readyz`` reads) for ``drain_seconds`` before the usual shutdown."""
+
+    def __init__(self, config: uvicorn.Config, state: Any, drain_seconds: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_seconds = drain_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # The signal is not re-raised after the shutdown (uvicorn's default): the process
+        # goes on to close its node (presence row, bus, pool) and exits 0.
+        if getattr(self.state, "draining", False) or self._loop is None:
+            self.should_exit = True  # a second signal: stop now
+            self.force_exit = True
+            return
+        self.drain()
+
+    def drain(self) -> None:
+        """Fail /readyz now, stop after the drain delay (callable from a signal handler)."""
+        self.state.draining = True
+        log.warning(
+            "stopping: /readyz fails now; no new connections in %.1fs, then WebSockets "
+            "closed with %d (reconnect elsewhere) and requests in flight finished",
+            self.drain_seconds,
+            CLOSE_RECONNECT,
+        )
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(
+            self._loop.call_later, max(self.drain_seconds, 0.0), self._exit
+        )
+
+    def _exit(self) -> None:
+        self.should_exit = True
