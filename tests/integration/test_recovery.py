@@ -28,6 +28,8 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
         run = await a.say(thread, "cobre 42", "alice")
         assert run is not None and run.status == "waiting"
         (card,) = await a.store.pending_cards(thread)
+        # (a step retried after an Unavailable store on a loaded machine calls it again)
+        calls = model_a.calls
         tenant = a.tenant
         # the process dies: no drain, no release of leases or tokens
         await a.worker.stop(drain=False, release=False)
@@ -44,7 +46,7 @@ async def test_run_continues_after_restart_with_decision_made_while_down(databas
         )
         assert (await a.store.get_card(card.id)).status is Status.APPROVED
         assert await a.charges() == 0
-        assert model_a.calls == 1
+        assert model_a.calls == calls  # the stopped worker did not continue the run
 
     model_b = Scripted(pix("42"))
     adoptions = COUNTERS.values["signoff_runs_adopted_total"]
