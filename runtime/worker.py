@@ -445,8 +445,9 @@ class Worker:
                 card = moved.card
                 expired.append(card)
                 if not self.waits.resolve(card.id, "expired"):
-                    await self.notify.card(card, entry=moved.entry)
+                    await self.notify.card(card, entry=moved.entry)  # deletes its wait token
                 else:
+                    await self.notify.clear_wait(card.id)
                     await self.notify.thread(card.thread_id, [moved.entry])
         await self.sweep_approved()
         stuck = await self.store.flag_stuck(self.settings.stuck_after_seconds)

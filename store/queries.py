@@ -96,6 +96,18 @@ class Queries:
     wa_in_window: str
     card_refusal_insert: str
     card_refusals_of_card: str
+    # retention (store/retention.py)
+    retention_pick: str
+    retention_recheck: str
+    retention_counts: str
+    retention_audit: str
+    retention_delete: str
+    retention_dry_run: str
+    retention_lock: str
+    # operators (store/operator.py)
+    cards_find: str
+    card_ids_between: str
+    thread_ids_between: str
 
 
 def parse(text: str) -> dict[str, str]:

@@ -181,3 +181,16 @@ CREATE TABLE card_refusals (
     at       timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX card_refusals_card ON card_refusals (card_id, id);
+
+-- Retention (migration 0008, `signoff prune`): ON DELETE CASCADE needs an index on every
+-- referencing column; threads are picked oldest first.
+CREATE INDEX threads_created ON threads (created_at);
+CREATE INDEX runs_thread ON runs (thread_id);
+CREATE INDEX cards_thread ON cards (thread_id);
+CREATE INDEX cards_superseded_by ON cards (superseded_by) WHERE superseded_by IS NOT NULL;
+CREATE INDEX interrupts_run ON interrupts (run_id);
+ALTER TABLE messages SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE runs SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE cards SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE card_events SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE threads SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
