@@ -36,6 +36,12 @@ DAY = 86_400.0
 DEFAULT_RULE = "*"  # the label of the rule for every tenant without one of its own
 
 
+class ArchiveFailed(SignoffError):
+    """The audit could not be written to the archive folder: the batch is rolled back."""
+
+    code = "archive_failed"
+
+
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """Days to keep a quiet thread: ``default_days`` for every tenant, ``tenants`` for
     those with a rule of their own. 0 keeps forever."""
@@ -126,7 +132,12 @@ class JsonlArchive:
         return self.folder / f"audit-{datetime.now(UTC):%Y-%m-%d}.jsonl"
 
     async def __call__(self, rows: list[dict[str, Any]]) -> None:
-        await asyncio.to_thread(self._write, rows)
+        try:
+            await asyncio.to_thread(self._write, rows)
+        except OSError as exc:
+            raise ArchiveFailed(
+                f"cannot write the audit to {self.folder} ({exc}); nothing was deleted"
+            ) from exc
         self.written += len(rows)
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
