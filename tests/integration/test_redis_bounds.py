@@ -61,7 +61,11 @@ async def test_a_call_that_waits_past_the_pool_timeout_is_unavailable() -> None:
     bus = RedisBus.from_url(named_url(name), Keys(f"{name}:"), max_connections=1, pool_timeout=0.05)
     try:
         redis = bus.client.redis
-        hold = asyncio.create_task(redis.blpop([f"{name}:none"], 1))
+
+        async def blocking() -> object:
+            return await redis.blpop([f"{name}:none"], 1)
+
+        hold = asyncio.create_task(blocking())
         await asyncio.sleep(0.1)
         with pytest.raises(Unavailable):
             await bus.client.call("GET", lambda: redis.get(f"{name}:k"))

@@ -63,11 +63,11 @@ async def rows_of(store: PostgresStore, thread_ids: list[str]) -> dict[str, int]
     out = {}
     for table in ("threads", "messages", "runs", "cards"):
         column = "id" if table == "threads" else "thread_id"
-        out[table] = int(
-            await store.pool.fetchval(  # type: ignore[arg-type]
-                f"SELECT count(*) FROM {table} WHERE {column} = ANY($1::uuid[])", thread_ids
-            )
+        n = await store.pool.fetchval(
+            f"SELECT count(*) FROM {table} WHERE {column} = ANY($1::uuid[])", thread_ids
         )
+        assert isinstance(n, int)
+        out[table] = n
     return out
 
 
@@ -294,7 +294,7 @@ async def test_a_prune_killed_between_batches_is_finished_by_the_next(
         assert len({line["id"] for line in audit_lines(tmp_path)}) == 5
         # no orphans of the deleted threads anywhere
         for table in ("card_events", "operations"):
-            n = await h.store.pool.fetchval(  # type: ignore[arg-type]
+            n = await h.store.pool.fetchval(
                 f"SELECT count(*) FROM {table} t LEFT JOIN cards c ON c.id = t.card_id "
                 "WHERE c.id IS NULL"
             )
