@@ -17,7 +17,7 @@ import pytest
 
 from signoff.runtime import retention
 from signoff.runtime.cards import Decision, Status
-from signoff.runtime.errors import NotFound, SignoffError
+from signoff.runtime.errors import NotFound, SignoffError, Unavailable
 from signoff.runtime.records import PruneCounts
 from signoff.store.postgres import PostgresStore
 from tests.harness import Harness, harness
@@ -357,3 +357,32 @@ def test_a_bad_rule_is_a_clear_error() -> None:
     assert (
         msgspec.to_builtins(PruneCounts(threads=1) + PruneCounts(threads=2, runs=1))["threads"] == 3
     )
+
+
+async def test_a_prune_stalled_behind_a_lock_times_out_and_deletes_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Postgres slow: a row of the thread is held by another transaction; the prune's
+    statement runs past its timeout, the batch is rolled back whole (a retriable
+    Unavailable), and the next prune does the job."""
+    async with harness(database_url, model=Scripted(pix())) as h:
+        thread, card_id = await executed_thread(h)
+        await age(h, [thread])
+        slow = await PostgresStore.connect(database_url, timeout=0.5)
+        try:
+            async with h.store.db.tx() as conn:
+                await conn.execute("SELECT 1 FROM cards WHERE id = $1::uuid FOR UPDATE", card_id)
+                with pytest.raises(Unavailable):
+                    await retention.prune(
+                        slow.retention,
+                        policy_for(h.tenant),
+                        archive=retention.JsonlArchive(tmp_path),
+                        only=h.tenant,
+                    )
+                assert (await rows_of(h.store, [thread]))["cards"] == 1
+        finally:
+            await slow.close()
+        assert (await prune(h, tmp_path)).threads == 1
+        assert (await rows_of(h.store, [thread]))["threads"] == 0
+        # The rolled-back batch had exported its audit already: at least once, by card id.
+        assert {line["id"] for line in audit_lines(tmp_path)} == {card_id}
