@@ -10,7 +10,7 @@ approving it and seeing it ``executed``; a person has ``--per-session`` conversa
 then closes the page (as people do; sockets do not live for the whole soak).
 
 Retention is on and short so that it shows within the soak: threads quiet for
-``--retention-seconds`` (default 120 s; ``SIGNOFF_RETENTION_DAYS`` as a fraction) are
+``--retention-seconds`` (default 60 s; ``SIGNOFF_RETENTION_DAYS`` as a fraction) are
 pruned by the workers every ``--prune-interval`` seconds (default 15), the audit of
 executed cards exported to JSONL first (kept under bench/results/tmp, then removed).
 
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=10.0, help="how long the load runs")
     p.add_argument("--rate", type=float, default=20.0, help="conversations per second")
     p.add_argument("--per-session", type=int, default=10, help="conversations per person")
-    p.add_argument("--retention-seconds", type=float, default=120.0)
+    p.add_argument("--retention-seconds", type=float, default=60.0)
     p.add_argument("--prune-interval", type=float, default=15.0)
     p.add_argument("--sample-seconds", type=float, default=10.0)
     p.add_argument("--warmup-fraction", type=float, default=0.4)
