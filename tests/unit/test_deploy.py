@@ -139,9 +139,10 @@ def test_kubernetes_pools_scale_apart_drain_and_stay_available() -> None:
     assert gateway["terminationGracePeriodSeconds"] >= 35  # preStop + the drain
     assert worker["terminationGracePeriodSeconds"] >= 15  # in-flight steps get 10 s
     assert "readinessProbe" in worker["containers"][0]
-    sources = (ROOT / "runtime" / "metrics.py").read_text() + (
-        ROOT / "gateway" / "app.py"
-    ).read_text()
+    # the series the autoscalers read must be exported somewhere in signoff's source
+    sources = "".join(
+        p.read_text() for folder in ("runtime", "gateway") for p in (ROOT / folder).rglob("*.py")
+    )
     for target in ("Deployment/signoff-gateway", "StatefulSet/signoff-worker"):
         kind, name = target.split("/")
         (hpa,) = [
