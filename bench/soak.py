@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -385,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             res = asyncio.run(soak(c, svc, args))
         check = asyncio.run(exactly_once(svc.database_url))
         archived = archive_check(workdir / "audit")
+        shutil.rmtree(workdir / "audit", ignore_errors=True)
     # Retention deleted the pruned cards (their audit is in the archive) but not the demo
     # provider's charges: exactly once = live executed cards + archived executed cards
     # == charges, no card executed twice, none lost.
