@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from signoff.runtime import cli_runs
+from signoff.runtime import cli_cards, cli_ops, cli_prune, cli_runs
 from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.errors import ConfigError, SignoffError
@@ -107,6 +107,14 @@ async def _dev(args: argparse.Namespace) -> int:
                 return 1
             model = node.model.name if node.model else "-"
             url = f"http://{settings.host}:{settings.port}"
+            assert settings.database_url is not None
+            record = cli_ops.DevRecord(
+                pid=os.getpid(),
+                database_url=settings.database_url,
+                redis_url=settings.redis_url,
+                url=url,
+            )
+            cli_ops.write_record(settings, record)  # operator commands find us here
             redis = redacted(settings.redis_url) if settings.redis_url else None
             print(
                 f"signoff dev ready in {time.monotonic() - t0:.2f}s\n"
@@ -124,6 +132,7 @@ async def _dev(args: argparse.Namespace) -> int:
             if metrics is not None:
                 await metrics.close()
     finally:
+        cli_ops.remove_record(settings)
         for closer in closers:
             closer.stop()
     return 0
@@ -197,19 +206,11 @@ async def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-_NO_DATABASE = (
-    "set SIGNOFF_DATABASE_URL or --database-url (or run `signoff dev` on this --data-dir)"
-)
-
-
 async def _migrate(args: argparse.Namespace) -> int:
-    from signoff.runtime.node import database_url
     from signoff.store.postgres import PostgresStore
 
-    url = database_url(_settings(args))
-    if url is None:
-        print(_NO_DATABASE, file=sys.stderr)
-        return 2
+    url = cli_ops.operator_settings(_settings(args)).database_url
+    assert url is not None
     store = await PostgresStore.connect(url)
     try:
         applied = await store.migrate()
@@ -221,59 +222,19 @@ async def _migrate(args: argparse.Namespace) -> int:
 
 def _token(args: argparse.Namespace) -> int:
     from signoff.gateway.auth import Tokens
-    from signoff.runtime.node import dev_secret
 
     settings = _settings(args)
-    secret = settings.secret or dev_secret(settings)
-    tokens = Tokens(secret, settings.token_ttl_seconds)
+    tokens = Tokens(cli_ops.data_secret(settings), settings.token_ttl_seconds)
     print(tokens.issue(args.user, args.tenant or settings.tenant, args.role, args.ttl))
     return 0
 
 
 async def _cards(args: argparse.Namespace) -> int:
-    import msgspec
+    return await cli_cards.run(args, _settings(args))
 
-    from signoff.runtime.node import database_url
-    from signoff.store.postgres import PostgresStore
 
-    url = database_url(_settings(args))
-    if url is None:
-        print(_NO_DATABASE, file=sys.stderr)
-        return 2
-    store = await PostgresStore.connect(url)
-    try:
-        if args.action == "list":
-            for card in await store.list_cards(args.status, None, args.limit):
-                flag = " RECONCILE" if card.needs_reconciliation else ""
-                print(f"{card.id}  {card.status:<11} {card.owner:<12} {card.summary}{flag}")
-        elif args.action == "show":
-            card = await store.get_card(args.card_id)
-            events = await store.card_events(args.card_id)
-            print(
-                json.dumps(
-                    {"card": card.public(), "events": msgspec.to_builtins(events)},
-                    indent=2,
-                    ensure_ascii=False,
-                    default=str,
-                )
-            )
-        elif args.action == "reconcile":
-            if args.outcome is None:
-                print(
-                    "--outcome executed|failed is required (check the provider first)",
-                    file=sys.stderr,
-                )
-                return 2
-            card = await store.reconcile(
-                args.card_id,
-                executed=args.outcome == "executed",
-                actor="operator",
-                note=args.note,
-            )
-            print(f"{card.id} reconciled as {card.status}: {args.note}")
-    finally:
-        await store.close()
-    return 0
+async def _prune(args: argparse.Namespace) -> int:
+    return await cli_prune.run(args, _settings(args))
 
 
 async def _runs(args: argparse.Namespace) -> int:
@@ -359,36 +320,35 @@ def parser() -> argparse.ArgumentParser:
     app_flags(gw)
     observe_flags(gw)
     skew_flag(gw)
-    gw.add_argument("--host")
-    gw.add_argument("--port", type=int)
+    gw.add_argument("--host", help="bind address (SIGNOFF_HOST, 127.0.0.1)")
+    gw.add_argument("--port", type=int, help="port (SIGNOFF_PORT, 8000)")
     wk = sub.add_parser("worker", help="run agent turns of --app (needs Postgres and Redis)")
     common(wk)
     app_flags(wk)
     observe_flags(wk)
     skew_flag(wk)
     wk.add_argument("--worker-id", help="stable worker id (SIGNOFF_WORKER_ID)")
-    wk.add_argument("--offline", action="store_true")
+    wk.add_argument(
+        "--offline",
+        action="store_true",
+        help="use the app's offline model, not Claude (SIGNOFF_OFFLINE_MODEL)",
+    )
     mg = sub.add_parser("migrate", help="apply SQL migrations")
     common(mg)
-    tk = sub.add_parser("token", help="print a signed bearer token for development")
-    common(tk)
-    tk.add_argument("--user", required=True)
-    tk.add_argument("--tenant")
-    tk.add_argument("--role", default="user")
-    tk.add_argument("--ttl", type=int, default=None, help="seconds")
-    cd = sub.add_parser("cards", help="list, show or reconcile cards")
-    common(cd)
-    cd.add_argument("action", choices=["list", "show", "reconcile"])
-    cd.add_argument("card_id", nargs="?")
-    cd.add_argument("--status")
-    cd.add_argument("--limit", type=int, default=50)
-    cd.add_argument("--note", default="checked with the provider")
-    cd.add_argument(
-        "--outcome",
-        choices=["executed", "failed"],
-        help="reconcile: what the provider says happened",
+    tk = sub.add_parser(
+        "token",
+        help="print a signed bearer token (SIGNOFF_SECRET, else the data folder's dev secret)",
     )
     cli_runs.add_parser(sub, common)  # signoff runs list|show
+    common(tk)
+    tk.add_argument("--user", required=True, help="the user the token authenticates")
+    tk.add_argument("--tenant", help="the user's tenant (SIGNOFF_TENANT, demo)")
+    tk.add_argument("--role", default="user", help="the user's role (user)")
+    tk.add_argument(
+        "--ttl", type=int, default=None, help="lifetime in seconds (SIGNOFF_TOKEN_TTL_SECONDS)"
+    )
+    cli_cards.add_parser(sub, common)
+    cli_prune.add_parser(sub, common)
     cp = sub.add_parser(
         "check-policy", help="list the write tools of --app without an explicit policy rule"
     )
@@ -422,9 +382,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _token(args)
         if args.command == "check-policy":
             return _check_policy(args)
-        if args.command in ("cards",) and args.action in ("show", "reconcile") and not args.card_id:
-            print("card_id is required", file=sys.stderr)
-            return 2
         runner = {
             "dev": _dev,
             "gateway": _gateway,
@@ -432,12 +389,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "migrate": _migrate,
             "cards": _cards,
             "runs": _runs,
+            "prune": _prune,
         }[args.command]
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(runner(args))
         return 130
     except NoApp as exc:
         print(f"signoff {exc.message}", file=sys.stderr)
+        return 2
+    except (cli_ops.NoDatabase, cli_ops.NoSecret) as exc:  # nothing to work on: say where
+        print(f"signoff {args.command}: {exc.message}", file=sys.stderr)
         return 2
     except SignoffError as exc:
         print(f"signoff: {exc.message}", file=sys.stderr)

@@ -103,6 +103,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # A claim never marked sent/failed after this long is taken over by a live gateway
     # (its claimer died between claim and send; a rare duplicate, design note 24).
     whatsapp_claim_lease_seconds: float = 30.0
+    # Redis client pool (runtime/bus/client.py): at most this many pooled connections per
+    # process (the pub/sub and pipelined connections are one more each); a call beyond it
+    # waits up to redis_pool_timeout_seconds for a free one, then fails as Unavailable.
+    redis_max_connections: int = 32
+    redis_pool_timeout_seconds: float = 5.0
+    # Retention (runtime/retention.py, `signoff prune`, design note 28): threads whose last
+    # activity is older than this many days (fractions allowed) are deleted with their
+    # messages, runs and cards; 0 keeps everything. retention_tenants overrides it per
+    # tenant ("acme=30,demo=0.5"; 0 keeps that tenant's threads). The audit of executed
+    # cards is exported to JSONL files in retention_archive_dir (default <data_dir>/audit)
+    # before they are deleted. Workers prune every retention_interval_seconds, one at a time.
+    retention_days: float = 0.0
+    retention_tenants: tuple[str, ...] = ()
+    retention_archive_dir: str = ""
+    retention_interval_seconds: float = 3600.0
+    retention_batch: int = 200
 
     @property
     def whatsapp_enabled(self) -> bool:
@@ -175,6 +191,13 @@ _ENV: dict[str, str] = {
     "whatsapp_poll_seconds": "SIGNOFF_WHATSAPP_POLL_SECONDS",
     "whatsapp_send_attempts": "SIGNOFF_WHATSAPP_SEND_ATTEMPTS",
     "whatsapp_claim_lease_seconds": "SIGNOFF_WHATSAPP_CLAIM_LEASE_SECONDS",
+    "redis_max_connections": "SIGNOFF_REDIS_MAX_CONNECTIONS",
+    "redis_pool_timeout_seconds": "SIGNOFF_REDIS_POOL_TIMEOUT_SECONDS",
+    "retention_days": "SIGNOFF_RETENTION_DAYS",
+    "retention_tenants": "SIGNOFF_RETENTION_TENANTS",
+    "retention_archive_dir": "SIGNOFF_RETENTION_ARCHIVE_DIR",
+    "retention_interval_seconds": "SIGNOFF_RETENTION_INTERVAL_SECONDS",
+    "retention_batch": "SIGNOFF_RETENTION_BATCH",
 }
 
 
@@ -193,7 +216,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     for name, var in _ENV.items():
         if var in source and source[var] != "":
             value: Any = source[var]
-            if name in ("allowed_origins", "faults"):
+            if name in ("allowed_origins", "faults", "retention_tenants"):
                 value = tuple(o.strip() for o in value.split(",") if o.strip())
             elif name in _BOOLS:
                 value = value.lower() in ("1", "true", "yes")

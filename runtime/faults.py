@@ -9,6 +9,8 @@ step. The points, and where they are hit:
   the call, ``executed`` not yet recorded.
 * ``decide.before_publish`` (gateway, ``Decisions._notify``): the decision is
   committed with its audit row, not yet published to the worker.
+* ``prune.after_batch`` (``signoff prune`` or a worker, ``retention.prune``): one batch
+  of threads is deleted and committed, the next not started.
 
 Tests: ``tests/faults/test_crashes.py``, ``tests/e2e/test_pools.py``.
 """
@@ -21,7 +23,9 @@ import signal
 
 log = logging.getLogger("signoff.faults")
 
-POINTS = frozenset({"inbox.before_ack", "execute.after_provider", "decide.before_publish"})
+POINTS = frozenset(
+    {"inbox.before_ack", "execute.after_provider", "decide.before_publish", "prune.after_batch"}
+)
 
 
 class Faults:

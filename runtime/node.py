@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from signoff.runtime import presence
+from signoff.runtime import presence, retention
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
 from signoff.runtime.bus.memory import MemoryBus
@@ -110,7 +110,11 @@ def make_bus(settings: Settings) -> Bus:
         from signoff.runtime.bus.redis import RedisBus
 
         bus: Bus = RedisBus.from_url(
-            settings.redis_url, Keys(settings.key_prefix), claim_idle_ms=settings.claim_idle_ms
+            settings.redis_url,
+            Keys(settings.key_prefix),
+            claim_idle_ms=settings.claim_idle_ms,
+            max_connections=settings.redis_max_connections,
+            pool_timeout=settings.redis_pool_timeout_seconds,
         )
         return bus
     return MemoryBus()
@@ -139,6 +143,7 @@ async def running(
     roles = [r for r, on in ((presence.GATEWAY, gateway), (presence.WORKER, worker)) if on]
     process_id = settings.worker_id if worker else f"gateway-{settings.worker_id}"
     stack = contextlib.AsyncExitStack()
+    pruner: asyncio.Task[None] | None = None  # the scheduled prune (retention on)
     try:
         if migrate:
             await store.migrate()
@@ -167,8 +172,16 @@ async def running(
             node.model = model or pick_model(settings, app)
             node.worker = Worker(settings=settings, store=store, bus=bus, app=app, model=node.model)
             await node.worker.start()
+            if retention.Policy.from_settings(settings).enabled:
+                pruner = asyncio.create_task(
+                    retention.prune_loop(store.retention, settings, Faults(settings.faults))
+                )
         yield node
     finally:
+        if pruner is not None:
+            pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pruner
         if node.worker is not None:
             await node.worker.stop()
         if app.teardown is not None:

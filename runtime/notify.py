@@ -22,7 +22,7 @@ import msgspec
 
 from signoff.runtime import hints
 from signoff.runtime.bus import Bus, Job
-from signoff.runtime.cards import Card
+from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
@@ -150,6 +150,10 @@ class Notifier:
             log.warning(
                 "card %s changed; could not signal its worker (%s): Postgres has it", card.id, exc
             )
+        if card.status is not Status.PENDING:
+            # The card left pending (decided, expired, superseded): its wait token has
+            # served (the signal above read it if it needed to). Deleted, not left to expire.
+            await self.clear_wait(card.id)
         await self.thread(card.thread_id, [entry] if entry is not None else ())
         return heard
 

@@ -122,3 +122,23 @@ class ToolUseOutcome(msgspec.Struct, frozen=True):
     status: str
     result: Any = None
     reason: str | None = None
+
+
+class PruneCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a prune deleted (or, dry, would delete): threads and the rows that went with
+    them; ``audited``: cards that reached the provider, whose audit was exported first."""
+
+    threads: int = 0
+    messages: int = 0
+    runs: int = 0
+    cards: int = 0
+    audited: int = 0
+
+    def __add__(self, other: PruneCounts) -> PruneCounts:
+        return PruneCounts(
+            threads=self.threads + other.threads,
+            messages=self.messages + other.messages,
+            runs=self.runs + other.runs,
+            cards=self.cards + other.cards,
+            audited=self.audited + other.audited,
+        )

@@ -41,8 +41,9 @@ class Sweeper:
                 card = moved.card
                 expired.append(card)
                 if not w.waits.resolve(card.id, "expired"):
-                    await w.notify.card(card, entry=moved.entry)
+                    await w.notify.card(card, entry=moved.entry)  # deletes its wait token
                 else:
+                    await w.notify.clear_wait(card.id)
                     await w.notify.thread(card.thread_id, [moved.entry])
         await self.sweep_approved()
         stuck = await w.store.flag_stuck(w.settings.stuck_after_seconds)

@@ -45,6 +45,11 @@ class Pool:
         self._size = 0  # open or opening connections
         self._closed = False
 
+    @property
+    def url(self) -> str:
+        """The server's URL (for a dedicated connection outside the pool)."""
+        return self._url
+
     @classmethod
     async def create(
         cls,

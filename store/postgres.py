@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 from signoff.store.apps import Apps
 from signoff.store.cards import Cards
 from signoff.store.connector import Connector
+from signoff.store.operator import Operator
 from signoff.store.queries import SQL
+from signoff.store.retention import Retention
 from signoff.store.runs import Runs
 from signoff.store.schema import migrate
 from signoff.store.sweeps import Sweeps
@@ -50,6 +52,8 @@ class PostgresStore:
         self.apps = apps = Apps(db)
         self.whatsapp = WhatsAppRows(db)  # the WhatsApp channel's rows (not the engine's)
         self.workflows = WorkflowRows(db)  # workflow runs, interrupts, kept events
+        self.retention = Retention(db)  # `signoff prune` and the workers' scheduled prune
+        self.operator = Operator(db)  # `signoff cards`: filters, ids by prefix
 
         self.create_thread = threads.create_thread
         self.create_thread_within_quota = threads.create_thread_within_quota

@@ -123,6 +123,18 @@ class Queries:
     wf_event_insert: str
     wf_event_take: str
     wf_pass_gate: str
+    # retention (store/retention.py)
+    retention_pick: str
+    retention_recheck: str
+    retention_counts: str
+    retention_audit: str
+    retention_delete: str
+    retention_dry_run: str
+    retention_lock: str
+    # operators (store/operator.py)
+    cards_find: str
+    card_ids_between: str
+    thread_ids_between: str
 
 
 def parse(text: str) -> dict[str, str]:

@@ -1063,7 +1063,7 @@ SELECT card_id::text, actor, channel, reason, detail, at
 FROM card_refusals WHERE card_id = $1 ORDER BY id;
 
 -- ---------------------------------------------------------------------------------------
--- Durable workflows (store/workflows.py, design note 25). Locks: the run row first, then
+-- Durable workflows (store/workflows.py, design note 26). Locks: the run row first, then
 -- its interrupts and buffered events. A holder is live while its row in workers has a
 -- future lease (a worker that stopped gracefully has no row any more).
 
@@ -1299,3 +1299,112 @@ SELECT passed.*, to_jsonb(intr) AS interrupt,
     EXISTS (SELECT 1 FROM workers k WHERE k.id = passed.holder AND k.lease_until > now())
         AS holder_live
 FROM passed, intr;
+-- == retention (store/retention.py, `signoff prune`, design note 28) ====================
+-- A thread is prunable when it was created and last written to before now() - $2 seconds
+-- and nothing in it is live: no active run, no card pending, approved or executing.
+-- $1: the tenant (NULL: every tenant but those listed in $4, which have rules of their own).
+
+-- name: retention_pick
+-- Up to $3 prunable threads, oldest first, locked FOR UPDATE (a delete's lock); a thread a
+-- writer holds is skipped (SKIP LOCKED) and left for the next run.
+SELECT t.id FROM threads t
+WHERE (($1::text IS NULL AND NOT (t.tenant = ANY($4::text[]))) OR t.tenant = $1)
+    AND t.created_at < now() - make_interval(secs => $2::float8)
+    AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = t.id AND m.seq = t.last_seq
+        AND m.created_at >= now() - make_interval(secs => $2::float8))
+    AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.id
+        AND r.status IN ('running', 'waiting'))
+    AND NOT EXISTS (SELECT 1 FROM cards c WHERE c.thread_id = t.id
+        AND c.status IN ('pending', 'approved', 'executing'))
+ORDER BY t.created_at LIMIT $3
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: retention_recheck
+-- The threads $1 (locked by this transaction) still prunable, seen by a fresh statement:
+-- whatever committed before the lock was granted (a new message, a new run) counts.
+SELECT t.id FROM threads t
+WHERE t.id = ANY($1::uuid[])
+    AND t.created_at < now() - make_interval(secs => $2::float8)
+    AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = t.id AND m.seq = t.last_seq
+        AND m.created_at >= now() - make_interval(secs => $2::float8))
+    AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.id
+        AND r.status IN ('running', 'waiting'))
+    AND NOT EXISTS (SELECT 1 FROM cards c WHERE c.thread_id = t.id
+        AND c.status IN ('pending', 'approved', 'executing'));
+
+-- name: retention_counts
+-- What deleting the threads $1 deletes with them.
+SELECT cardinality($1::uuid[]) AS threads,
+    (SELECT count(*) FROM messages WHERE thread_id = ANY($1::uuid[])) AS messages,
+    (SELECT count(*) FROM runs WHERE thread_id = ANY($1::uuid[])) AS runs,
+    (SELECT count(*) FROM cards WHERE thread_id = ANY($1::uuid[])) AS cards,
+    (SELECT count(*) FROM cards WHERE thread_id = ANY($1::uuid[])
+        AND status IN ('executed', 'failed')) AS audited;
+
+-- name: retention_audit
+-- The audit of the cards of threads $1 that reached the provider (executed or failed):
+-- the card as decided and every transition, for the JSONL export.
+SELECT c.id::text AS id, c.tenant, c.owner, c.tool, c.thread_id::text AS thread_id,
+    c.run_id::text AS run_id, c.risk, c.args_snapshot, c.summary, c.impact, c.snapshot_hash,
+    c.operation_id::text AS operation_id, c.status, c.decided_at, c.decided_by, c.channel,
+    c.result, c.needs_reconciliation, c.created_at,
+    (SELECT coalesce(jsonb_agg(jsonb_build_object('id', e.id, 'from', e.from_status,
+        'to', e.to_status, 'actor', e.actor, 'channel', e.channel, 'hash_seen', e.hash_seen,
+        'at', e.at, 'detail', e.detail) ORDER BY e.id), '[]'::jsonb)
+     FROM card_events e WHERE e.card_id = c.id) AS events
+FROM cards c
+WHERE c.thread_id = ANY($1::uuid[]) AND c.status IN ('executed', 'failed')
+ORDER BY c.created_at, c.id;
+
+-- name: retention_delete
+-- The threads $1 and, by ON DELETE CASCADE, their messages, runs, cards, card events,
+-- operations, interrupts, refusals and WhatsApp contacts.
+DELETE FROM threads WHERE id = ANY($1::uuid[]);
+
+-- name: retention_dry_run
+-- What retention_pick would find without a limit, counted (no lock taken, nothing changed).
+WITH doomed AS (
+    SELECT t.id FROM threads t
+    WHERE (($1::text IS NULL AND NOT (t.tenant = ANY($3::text[]))) OR t.tenant = $1)
+        AND t.created_at < now() - make_interval(secs => $2::float8)
+        AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = t.id
+            AND m.seq = t.last_seq AND m.created_at >= now() - make_interval(secs => $2::float8))
+        AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.id
+            AND r.status IN ('running', 'waiting'))
+        AND NOT EXISTS (SELECT 1 FROM cards c WHERE c.thread_id = t.id
+            AND c.status IN ('pending', 'approved', 'executing'))
+)
+SELECT (SELECT count(*) FROM doomed) AS threads,
+    (SELECT count(*) FROM messages WHERE thread_id IN (SELECT id FROM doomed)) AS messages,
+    (SELECT count(*) FROM runs WHERE thread_id IN (SELECT id FROM doomed)) AS runs,
+    (SELECT count(*) FROM cards WHERE thread_id IN (SELECT id FROM doomed)) AS cards,
+    (SELECT count(*) FROM cards WHERE thread_id IN (SELECT id FROM doomed)
+        AND status IN ('executed', 'failed')) AS audited;
+
+-- name: retention_lock
+-- One scheduled prune at a time across the workers: a session advisory lock, taken on a
+-- dedicated connection (never a pooled one, DESIGN.md §9) and released when it closes.
+SELECT pg_try_advisory_lock(hashtext('signoff.retention'));
+
+-- == operators (store/operator.py, `signoff cards`) ======================================
+
+-- name: cards_find
+-- `signoff cards list`: newest first; every filter optional (NULL): status $1, thread $2,
+-- tool $3, created more than $4 seconds ago, created less than $5 seconds ago; $6 at most.
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at
+FROM cards
+WHERE ($1::text IS NULL OR status = $1) AND ($2::uuid IS NULL OR thread_id = $2)
+    AND ($3::text IS NULL OR tool = $3)
+    AND ($4::float8 IS NULL OR created_at < now() - make_interval(secs => $4))
+    AND ($5::float8 IS NULL OR created_at >= now() - make_interval(secs => $5))
+ORDER BY created_at DESC, id LIMIT $6;
+
+-- name: card_ids_between
+-- Card ids in [$1, $2] (a prefix's range on the primary key), at most $3.
+SELECT id::text FROM cards WHERE id BETWEEN $1::uuid AND $2::uuid ORDER BY id LIMIT $3;
+
+-- name: thread_ids_between
+SELECT id::text FROM threads WHERE id BETWEEN $1::uuid AND $2::uuid ORDER BY id LIMIT $3;

@@ -169,7 +169,7 @@ CREATE TABLE card_refusals (
 );
 CREATE INDEX card_refusals_card ON card_refusals (card_id, id);
 
--- Durable workflows (0008, design note 25): runs, their interrupts (gates), early events.
+-- Durable workflows (0008, design note 26): runs, their interrupts (gates), early events.
 CREATE TABLE workflow_runs (
     id          uuid PRIMARY KEY,
     tenant      text NOT NULL,
@@ -226,3 +226,14 @@ CREATE TABLE workflow_events (
     consumed_at   timestamptz
 );
 CREATE INDEX workflow_events_waiting ON workflow_events (run_id, name, delivered_at) WHERE consumed_at IS NULL;
+-- Retention (migration 0009, `signoff prune`): ON DELETE CASCADE needs an index on every
+-- referencing column; threads are picked oldest first.
+CREATE INDEX threads_created ON threads (created_at);
+CREATE INDEX runs_thread ON runs (thread_id);
+CREATE INDEX cards_thread ON cards (thread_id);
+CREATE INDEX cards_superseded_by ON cards (superseded_by) WHERE superseded_by IS NOT NULL;
+ALTER TABLE messages SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE runs SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE cards SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE card_events SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE threads SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);

@@ -60,11 +60,30 @@ def socket_timeout(client: aioredis.Redis) -> float | None:
     return None
 
 
-def redis_from_url(url: str) -> aioredis.Redis:
+# Pooled connections per process (the pub/sub and pipelined connections are one more each).
+MAX_CONNECTIONS = 32
+POOL_TIMEOUT = 5.0  # seconds a call waits for a pooled connection before it fails
+
+
+def redis_from_url(
+    url: str, *, max_connections: int = MAX_CONNECTIONS, pool_timeout: float = POOL_TIMEOUT
+) -> aioredis.Redis:
     """A redis-py client on ``redis://``/``rediss://``/``unix://`` (hiredis parses when
     installed): RESP2 (redis-py 8 defaults to RESP3) and no retries (ours are in
-    :meth:`Client.call`)."""
-    return aioredis.Redis.from_url(url, protocol=2, retry=Retry(NoBackoff(), 0))
+    :meth:`Client.call`).
+
+    Its pool is bounded: at most ``max_connections`` connections, and a call beyond them
+    *waits* (up to ``pool_timeout`` seconds) for one to be released instead of opening
+    another (redis-py's default pool is unbounded and never shrinks). A wait that runs
+    out is a ``ConnectionError``: retried by :meth:`Client.call`, then ``Unavailable``."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max(max_connections, 1),
+        timeout=pool_timeout,
+        protocol=2,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 class Client:

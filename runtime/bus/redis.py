@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager
 
 import redis.asyncio as aioredis
 
-from signoff.runtime.bus.client import Client, redis_from_url
+from signoff.runtime.bus.client import MAX_CONNECTIONS, POOL_TIMEOUT, Client, redis_from_url
 from signoff.runtime.bus.inbox import Inbox
 from signoff.runtime.bus.protocol import Delivery, Job, Subscription
 from signoff.runtime.bus.pubsub import PubSub
@@ -41,9 +41,19 @@ class RedisBus:
         self._closed = False
 
     @classmethod
-    def from_url(cls, url: str, keys: Keys, *, claim_idle_ms: int = 30_000) -> RedisBus:
-        """A bus on ``redis://``/``rediss://``/``unix://`` (RESP2, no redis-py retries)."""
-        return cls(redis_from_url(url), keys, claim_idle_ms=claim_idle_ms)
+    def from_url(
+        cls,
+        url: str,
+        keys: Keys,
+        *,
+        claim_idle_ms: int = 30_000,
+        max_connections: int = MAX_CONNECTIONS,
+        pool_timeout: float = POOL_TIMEOUT,
+    ) -> RedisBus:
+        """A bus on ``redis://``/``rediss://``/``unix://`` (RESP2, no redis-py retries), its
+        pool bounded to ``max_connections`` (:func:`~.client.redis_from_url`)."""
+        client = redis_from_url(url, max_connections=max_connections, pool_timeout=pool_timeout)
+        return cls(client, keys, claim_idle_ms=claim_idle_ms)
 
     # -- pub/sub -------------------------------------------------------------------------
 

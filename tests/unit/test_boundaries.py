@@ -30,7 +30,18 @@ FORBIDDEN = (
 )
 
 # The composition root: the only runtime modules that wire everything together.
-COMPOSITION_ROOT = frozenset({"runtime/cli.py", "runtime/cli_runs.py", "runtime/node.py"})
+# The command line's commands live in modules of their own (runtime/cli_*.py), registered
+# from cli.py: they are the composition root as much as cli.py is.
+COMPOSITION_ROOT = frozenset(
+    {
+        "runtime/cli.py",
+        "runtime/node.py",
+        "runtime/cli_cards.py",
+        "runtime/cli_ops.py",
+        "runtime/cli_prune.py",
+        "runtime/cli_runs.py",
+    }
+)
 
 # Known offenders: none since the Store protocol (runtime/store.py) landed.
 KNOWN_OFFENDERS: frozenset[str] = frozenset()

@@ -1,0 +1,95 @@
+"""Retention's rows: prunable threads picked, locked, exported and deleted in batches.
+
+A batch is one transaction (:meth:`Retention.prune_batch`): up to ``limit`` prunable
+threads are locked ``FOR UPDATE SKIP LOCKED`` (oldest first), re-checked by a fresh
+statement, the audit of their executed and failed cards is handed to ``archive``
+(written and synced before anything is deleted), then the threads are deleted and their
+rows go by ``ON DELETE CASCADE``. Two prunes at once take disjoint threads; a prune
+killed between batches leaves every batch it committed done and nothing half-done, and
+a re-run finishes the job. The SQL is in ``store/queries.sql`` (``retention_*``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+
+from signoff.runtime.records import PruneCounts
+from signoff.store.connector import Conn, Connector
+from signoff.store.queries import SQL
+
+Archive = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+def _counts(row: Any) -> PruneCounts:
+    return PruneCounts(
+        threads=int(row["threads"]),
+        messages=int(row["messages"]),
+        runs=int(row["runs"]),
+        cards=int(row["cards"]),
+        audited=int(row["audited"]),
+    )
+
+
+class Retention:
+    def __init__(self, db: Connector) -> None:
+        self._db = db
+
+    async def dry_run(
+        self, tenant: str | None, older_than_seconds: float, exclude: list[str]
+    ) -> PruneCounts:
+        """What a prune with this rule would delete now (no lock, nothing changed)."""
+        row = await self._db.fetchrow(SQL.retention_dry_run, tenant, older_than_seconds, exclude)
+        assert row is not None
+        return _counts(row)
+
+    async def prune_batch(
+        self,
+        tenant: str | None,
+        older_than_seconds: float,
+        exclude: list[str],
+        limit: int,
+        archive: Archive,
+    ) -> tuple[PruneCounts, int]:
+        """Prune up to ``limit`` threads in one transaction; (what was deleted, how many
+        threads were picked). Fewer picked than ``limit``: nothing more to do now.
+
+        ``archive`` gets the audit rows first; if it raises, nothing is deleted. (A
+        transaction retried after a lost race exports its rows again: at least once.)"""
+
+        async def go(conn: Conn) -> tuple[PruneCounts, int]:
+            picked = [
+                r["id"]
+                for r in await conn.fetch(
+                    SQL.retention_pick, tenant, older_than_seconds, limit, exclude
+                )
+            ]
+            if not picked:
+                return PruneCounts(), 0
+            ids = [
+                r["id"] for r in await conn.fetch(SQL.retention_recheck, picked, older_than_seconds)
+            ]
+            if not ids:
+                return PruneCounts(), len(picked)
+            counts = _counts(await conn.fetchrow(SQL.retention_counts, ids))
+            if counts.audited:
+                await archive([dict(r) for r in await conn.fetch(SQL.retention_audit, ids)])
+            await conn.execute(SQL.retention_delete, ids)
+            return counts, len(picked)
+
+        return await self._db.transaction(go)
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[bool]:
+        """Whether this process may run the scheduled prune now (one at a time across the
+        workers): a session advisory lock on a dedicated connection, held while the
+        context is open and released when the connection closes (a killed process's
+        connection dies with it, and so does its lock)."""
+        conn = await asyncpg.connect(self._db.pool.url, timeout=self._db.timeout or 60.0)
+        try:
+            yield bool(await conn.fetchval(SQL.retention_lock))
+        finally:
+            await conn.close()
