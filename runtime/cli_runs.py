@@ -20,6 +20,10 @@ from signoff.runtime.errors import NotFound, WorkflowNotFound
 
 NO_DATABASE = "set SIGNOFF_DATABASE_URL or --database-url (or run `signoff dev` on this --data-dir)"
 KINDS = ("workflow", "agent")
+STATUSES = sorted(
+    {"running", "awaiting_human", "awaiting_event", "completed", "failed", "cancelled"}
+    | {"running", "waiting", "done", "failed", "superseded"}
+)
 
 
 def add_parser(
@@ -29,11 +33,18 @@ def add_parser(
         "runs", help="list or show runs (workflow runs and agent runs) and where each stands"
     )
     common(rp)
-    rp.add_argument("action", choices=["list", "show"])
-    rp.add_argument("run_id", nargs="?")
+    rp.add_argument(
+        "action", choices=["list", "show"], help="list runs, or show one run (with run_id)"
+    )
+    rp.add_argument("run_id", nargs="?", help="the run to show (show only)")
     rp.add_argument("--kind", choices=KINDS, help="only workflow runs or only agent runs")
-    rp.add_argument("--status", help="e.g. awaiting_human, running, waiting, failed")
-    rp.add_argument("--limit", type=int, default=50)
+    rp.add_argument(
+        "--status",
+        choices=STATUSES,
+        help="only runs in this status (workflow: running, awaiting_human, awaiting_event, "
+        "completed, failed, cancelled; agent: running, waiting, done, failed, superseded)",
+    )
+    rp.add_argument("--limit", type=int, default=50, help="at most this many runs (50)")
     return rp
 
 

@@ -69,7 +69,7 @@ async def wake_workflow(
     it went: ``signal``, ``inbox`` or ``lost``."""
     try:
         if holder:
-            signal = _enc.encode(CardSignal("", "workflow", at_ns, run_id))
+            signal = _enc.encode(CardSignal("", "workflow", at_ns, run_id=run_id))
             if await bus.publish(keys.worker_channel(holder), signal):
                 return "signal"
         job = Job(thread_id="", text="", user=owner, tenant=tenant, workflow_run=run_id)
@@ -167,7 +167,7 @@ class Notifier:
     async def _signal_holder(
         self, card: Card, at_ns: int, holder: str | None, trace: str = ""
     ) -> int:
-        signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns, trace))
+        signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns, trace=trace))
         heard = 0
         if holder:
             heard = await self.bus.publish(self.keys.worker_channel(holder), signal)

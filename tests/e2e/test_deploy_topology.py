@@ -101,7 +101,7 @@ def test_the_compose_topology_runs_as_local_processes(empty_database: str, tmp_p
     migrate = procs.pop("migrate")
     once = subprocess.run(migrate.argv, env=migrate.env, capture_output=True, text=True, timeout=60)
     assert once.returncode == 0, once.stderr
-    assert "0001_init" in once.stdout and "0008_retention" in once.stdout
+    assert "0001_init" in once.stdout and "0009_retention" in once.stdout
 
     running = list(procs.values())
     try:
