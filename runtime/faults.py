@@ -9,6 +9,8 @@ step. The points, and where they are hit:
   the call, ``executed`` not yet recorded.
 * ``decide.before_publish`` (gateway, ``Decisions._notify``): the decision is
   committed with its audit row, not yet published to the worker.
+* ``workflow.after_first_decision`` (worker, ``AgentSteps.apply``): the first decision
+  of a workflow resume's decision map is applied, the others not yet.
 
 Tests: ``tests/faults/test_crashes.py``, ``tests/e2e/test_pools.py``.
 """
@@ -21,7 +23,14 @@ import signal
 
 log = logging.getLogger("signoff.faults")
 
-POINTS = frozenset({"inbox.before_ack", "execute.after_provider", "decide.before_publish"})
+POINTS = frozenset(
+    {
+        "inbox.before_ack",
+        "execute.after_provider",
+        "decide.before_publish",
+        "workflow.after_first_decision",
+    }
+)
 
 
 class Faults:
