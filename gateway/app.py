@@ -23,6 +23,7 @@ from signoff.gateway.http import HttpApi, error_response, json_response
 from signoff.gateway.openapi import build_openapi
 from signoff.gateway.quotas import Quotas, SocketGate, SocketSlots
 from signoff.gateway.service import GatewayService
+from signoff.gateway.workflows import WorkflowRoutes
 from signoff.gateway.ws import websocket_endpoint
 from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
@@ -31,6 +32,7 @@ from signoff.runtime.errors import ConfigError, SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, gauge, process_lines
 from signoff.runtime.store import Store
+from signoff.runtime.workflows.service import WorkflowService
 
 log = logging.getLogger("signoff.gateway")
 
@@ -89,6 +91,7 @@ def build_app(
     decisions: Decisions,
     tokens: Tokens,
     extra_routes: list[Any] | None = None,
+    workflows: WorkflowService | None = None,
 ) -> Starlette:
     quotas = Quotas.from_settings(settings, store, bus)
     service = GatewayService(store=store, bus=bus, decisions=decisions, quotas=quotas)
@@ -171,6 +174,7 @@ def build_app(
         Mount("/static", StaticFiles(packages=[("signoff.gateway", "static")]), name="static"),
         *api.routes(),
         *(whatsapp.routes() if whatsapp is not None else []),
+        *(WorkflowRoutes(api, workflows).routes() if workflows is not None else []),
         *(extra_routes or []),
     ]
     app = Starlette(
@@ -180,6 +184,7 @@ def build_app(
     )
     app.state.feeds = feeds
     app.state.service = service
+    app.state.workflows = workflows
     app.state.socket_slots = slots
     app.state.whatsapp = whatsapp  # its courier is started by the process (runtime/node.py)
     return app

@@ -7,16 +7,19 @@ from typing import Any
 import msgspec
 
 from signoff.gateway.service import BatchIn, MessageIn, ResolveIn
+from signoff.gateway.workflows import EventIn, ResumeIn, StartIn, openapi_paths
 
 ERRORS = {
     "401": "missing, expired or forged token",
     "403": "not the owner",
-    "404": "unknown thread, card or run",
+    "404": "unknown thread, card, run, workflow or workflow run",
     "408": "the request body did not arrive in time (SIGNOFF_BODY_TIMEOUT_SECONDS)",
     "409": "already decided, stale snapshot_hash, or a card of a tool this gateway does not "
-    "serve (unknown_tool)",
+    "serve (unknown_tool); a workflow run not parked at that gate (not_parked), another "
+    "event awaited (wrong_event), not failed at a gate (not_retriable), already over "
+    "(run_inactive)",
     "410": "the card expired (database clock)",
-    "422": "invalid payload",
+    "422": "invalid payload (reserved_key: a workflow payload setting an engine-owned key)",
     "429": "over a per-user quota (threads a minute, turns in flight); see Retry-After",
     "503": "a backing service is unavailable; retry",
 }
@@ -46,7 +49,8 @@ def _param(name: str, where: str = "path") -> dict[str, Any]:
 
 def build_openapi() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        [MessageIn, ResolveIn, BatchIn], ref_template="#/components/schemas/{name}"
+        [MessageIn, ResolveIn, BatchIn, StartIn, ResumeIn, EventIn],
+        ref_template="#/components/schemas/{name}",
     )
     components["Error"] = {
         "type": "object",
@@ -138,6 +142,7 @@ def build_openapi() -> dict[str, Any]:
                     "responses": _responses("results"),
                 }
             },
+            **openapi_paths(sec, _responses, _body, _param),
             "/healthz": {
                 "get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}
             },

@@ -189,3 +189,11 @@ class UnknownTool(SignoffError):
     def __init__(self, message: str, *, tool: str, **detail: Any) -> None:
         self.tool = tool
         super().__init__(message, tool=tool, **detail)
+
+
+def error_text(exc: BaseException) -> str:
+    """What a client is told when a run fails on an error: a typed error's own message,
+    only the kind of anything else (the log has the traceback)."""
+    if isinstance(exc, SignoffError):
+        return f"{exc.code}: {exc.message}"
+    return f"internal error ({type(exc).__name__})"

@@ -27,6 +27,7 @@ from signoff.runtime.keys import Keys
 from signoff.runtime.models.base import Model
 from signoff.runtime.secret_file import read_or_create
 from signoff.runtime.worker import Worker
+from signoff.runtime.workflows.service import WorkflowService
 from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff")
@@ -43,6 +44,7 @@ class Node:
     model: Model | None
     worker: Worker | None = None
     decisions: Decisions | None = None
+    workflows: WorkflowService | None = None  # what gateways call for workflow runs
     closers: list[Any] = field(default_factory=list)
 
 
@@ -160,6 +162,7 @@ async def running(
                 services=app.services,
                 faults=Faults(settings.faults),
             )
+            node.workflows = WorkflowService.of(store.workflows, bus, keys, app)
         if worker:
             node.model = model or pick_model(settings, app)
             node.worker = Worker(settings=settings, store=store, bus=bus, app=app, model=node.model)
@@ -197,6 +200,7 @@ async def serve_gateway(
         bus=node.bus,
         decisions=node.decisions,
         tokens=tokens,
+        workflows=node.workflows,
     )
     config = uvicorn.Config(
         app,

@@ -21,7 +21,7 @@ from typing import Protocol
 import msgspec
 
 from signoff.runtime import hints
-from signoff.runtime.bus import Bus
+from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Card
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
@@ -30,11 +30,15 @@ from signoff.runtime.records import Entry, Moved, Run
 
 
 class CardSignal(msgspec.Struct, frozen=True):
-    """What the holder of a card's run is sent on its channel (``Keys.worker_channel``)."""
+    """What the holder of a card's run is sent on its channel (``Keys.worker_channel``).
+
+    A workflow run's holder gets one with ``run_id`` set (and no card): a gate of the run
+    was passed; it continues the run from Postgres."""
 
     card_id: str
     status: str
     at_ns: int = 0  # wall time the gateway received the decision, for latency measurement
+    run_id: str = ""  # a workflow run to continue
 
 
 log = logging.getLogger("signoff.notify")
@@ -46,6 +50,34 @@ class Runs(Protocol):
     """What the notifier reads of the store: a run, for its holder."""
 
     async def get_run(self, run_id: str) -> Run: ...
+
+
+async def wake_workflow(
+    bus: Bus,
+    keys: Keys,
+    run_id: str,
+    holder: str | None,
+    *,
+    tenant: str,
+    owner: str,
+    at_ns: int = 0,
+) -> str:
+    """After a workflow run was made runnable (started, a gate passed) and committed: tell
+    its live holder on its channel, else put it on the inbox for any worker. Never raises:
+    without Redis the holder's poll (or adoption) finds the run in Postgres. Returns how
+    it went: ``signal``, ``inbox`` or ``lost``."""
+    try:
+        if holder:
+            signal = _enc.encode(CardSignal("", "workflow", at_ns, run_id))
+            if await bus.publish(keys.worker_channel(holder), signal):
+                return "signal"
+        job = Job(thread_id="", text="", user=owner, tenant=tenant, workflow_run=run_id)
+        await bus.enqueue(job)
+        return "inbox"
+    except Exception as exc:  # whatever Redis did, the commit stands
+        COUNTERS.inc("signoff_hints_failed_total")
+        log.warning("workflow run %s: no hint sent (%s); Postgres has it", run_id, exc)
+        return "lost"
 
 
 async def quietly(step: Awaitable[object], what: str) -> bool:

@@ -23,14 +23,121 @@ one to it):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread
+from signoff.runtime.workflows.records import GateOpening, Interrupt, Passed, WorkflowRun
+
+# A gate's payload validated for the gate at a step index (raises InvalidInput).
+PayloadFor = Callable[[int], dict[str, Any]]
+
+
+class WorkflowStore(Protocol):
+    """Workflow runs, their interrupts (gates) and early events (``store/workflows.py``).
+
+    Every method that changes a run locks the run row first, then its interrupts; a gate
+    is resolved by one conditional transaction (the open interrupt and the run's status),
+    so of two racing resolutions one commits and the other gets ``NotParked``. A step's
+    completion (state merge, step + 1) is one statement fenced by holder and step index.
+    """
+
+    async def create_run(
+        self, run_id: str, *, tenant: str, owner: str, app: str, workflow: str, input: Any
+    ) -> WorkflowRun: ...
+
+    async def get_workflow_run(self, run_id: str) -> WorkflowRun: ...
+
+    async def interrupts(self, run_id: str) -> list[Interrupt]: ...
+
+    async def list_workflow_runs(
+        self,
+        *,
+        tenant: str | None = None,
+        owner: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+    ) -> list[WorkflowRun]: ...
+
+    async def claim(
+        self, run_id: str, holder: str, app: str, workflows: list[str]
+    ) -> WorkflowRun | None: ...
+
+    async def complete_step(
+        self, run_id: str, holder: str, step: int, name: str, update: dict[str, Any], n_steps: int
+    ) -> WorkflowRun: ...
+
+    async def fail_run(self, run_id: str, holder: str, error: str) -> WorkflowRun | None: ...
+
+    async def open_gate(
+        self, run_id: str, holder: str, step: int, gate: GateOpening, n_steps: int
+    ) -> tuple[WorkflowRun, Interrupt]: ...
+
+    async def resolve_gate(
+        self,
+        run_id: str,
+        *,
+        kind: str,
+        payload_for: PayloadFor,
+        by: str,
+        n_steps: int,
+        automatic: bool = False,
+    ) -> Passed: ...
+
+    async def deliver_event(
+        self,
+        run_id: str,
+        name: str,
+        *,
+        payload_for: PayloadFor,
+        lookback_steps: list[int],
+        by: str,
+        n_steps: int,
+    ) -> Passed: ...
+
+    async def time_out(
+        self,
+        interrupt_id: str,
+        run_id: str,
+        *,
+        response_for: Callable[[Interrupt], dict[str, Any] | None],
+        n_steps: int,
+    ) -> Passed | None: ...
+
+    async def retry_gate(
+        self, run_id: str, *, timeout_for: Callable[[int], float | None]
+    ) -> tuple[WorkflowRun, Interrupt]: ...
+
+    async def cancel_run(self, run_id: str, by: str) -> WorkflowRun: ...
+
+    async def due_runs(self, holder: str, limit: int = 1000) -> list[str]: ...
+
+    async def adopt_workflow_runs(
+        self,
+        holder: str,
+        lease_seconds: float,
+        app: str,
+        workflows: list[str],
+        limit: int = 1000,
+        *,
+        own: bool = False,
+    ) -> list[str]: ...
+
+    async def release_workflow_runs(self, holder: str) -> None: ...
+
+    async def overdue_interrupts(
+        self, app: str, workflows: list[str], limit: int = 500
+    ) -> list[tuple[str, str]]: ...
 
 
 class Store(Protocol):
     """Threads and their log, runs and their holders, cards and their audit."""
+
+    @property
+    def workflows(self) -> WorkflowStore:
+        """Workflow runs and their gates."""
+        ...
 
     async def ping(self) -> None:
         """Answer or raise ``Unavailable`` (readiness)."""

@@ -23,7 +23,14 @@ from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import NotFound, RunInactive, SignoffError, Unavailable, UnknownTool
+from signoff.runtime.errors import (
+    NotFound,
+    RunInactive,
+    SignoffError,
+    Unavailable,
+    UnknownTool,
+    error_text,
+)
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
@@ -32,6 +39,7 @@ from signoff.runtime.notify import quietly, signal_decoder
 from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
 from signoff.runtime.store import Store
 from signoff.runtime.waits import WaitRegistry
+from signoff.runtime.workflows.engine import WorkflowEngine
 
 log = logging.getLogger("signoff.worker")
 
@@ -48,14 +56,6 @@ HAND_OVER_RETRY_MAX_SECONDS = 60.0
 APPROVED_ORPHAN_REASON = (
     "its conversation moved on before this approved action started; nothing was executed"
 )
-
-
-def error_text(exc: BaseException) -> str:
-    """What a client is told when a run fails on an error: a typed error's own message,
-    only the kind of anything else (the log has the traceback)."""
-    if isinstance(exc, SignoffError):
-        return f"{exc.code}: {exc.message}"
-    return f"internal error ({type(exc).__name__})"
 
 
 class Worker:
@@ -90,6 +90,7 @@ class Worker:
             **kwargs,
         )
         self.notify = self.agent.notify
+        self.workflows = WorkflowEngine.of(self)  # workflow runs (runtime/workflows)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._subscribed = asyncio.Event()
@@ -110,13 +111,13 @@ class Worker:
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         for coro in (self._inbox_loop(), self._lease_loop(), self._poll_loop(), self._sweep_loop()):
             self._loops.append(asyncio.create_task(coro))
+        self._loops.append(asyncio.create_task(self.workflows.loop()))
 
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
-        """Stop taking work; finish in-flight steps; hand parked runs over (release leases).
-
-        ``release=False`` leaves tokens and leases as they are, like a crash would.
-        """
+        """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
+        ``release=False`` leaves tokens and leases as they are, like a crash would)."""
         self._draining = True
+        await self.workflows.stop(release=release)
         for task in self._loops:
             task.cancel()
         for task in self._loops:
@@ -232,6 +233,10 @@ class Worker:
         """One inbox entry: run it, then ack it. Acked once its run exists (a redelivery
         finds that run, I5); handed back when it could not be started nor acked."""
         job = delivery.job
+        if job.workflow_run:  # claimed by whoever runs it; adoption covers a crash after ack
+            self.workflows.wake(job.workflow_run)
+            await quietly(self.bus.ack(delivery.id), "inbox ack")
+            return
         for wait in (*START_RETRIES, None):
             try:
                 await self.run_message(
@@ -370,13 +375,16 @@ class Worker:
                 async with self.bus.subscribe(channel) as sub:
                     self._subscribed.set()
                     await self._recheck(self.waits.parked_cards())
+                    await self.workflows.recheck()
                     async for raw in sub:
                         try:
                             signal = signal_decoder.decode(raw)
                         except Exception:
                             log.warning("ignored a malformed signal on %s", channel)
                             continue
-                        if self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
+                        if signal.run_id:
+                            self.workflows.wake(signal.run_id, signal.at_ns)
+                        elif self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
                             self.decision_latency_ns.append(time.time_ns() - signal.at_ns)
             except asyncio.CancelledError:
                 raise

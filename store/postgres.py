@@ -28,6 +28,7 @@ from signoff.store.sweeps import Sweeps
 from signoff.store.threads import Threads
 from signoff.store.whatsapp import WhatsAppRows
 from signoff.store.workers import Workers
+from signoff.store.workflows import WorkflowRows
 
 if TYPE_CHECKING:
     from signoff.runtime.store import Store
@@ -48,6 +49,7 @@ class PostgresStore:
         self.sweeps = sweeps = Sweeps(db)
         self.apps = apps = Apps(db)
         self.whatsapp = WhatsAppRows(db)  # the WhatsApp channel's rows (not the engine's)
+        self.workflows = WorkflowRows(db)  # workflow runs, interrupts, kept events
 
         self.create_thread = threads.create_thread
         self.create_thread_within_quota = threads.create_thread_within_quota

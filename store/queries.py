@@ -96,6 +96,30 @@ class Queries:
     wa_in_window: str
     card_refusal_insert: str
     card_refusals_of_card: str
+    # durable workflows (store/workflows.py)
+    wf_run_insert: str
+    wf_run_get: str
+    wf_run_lock: str
+    wf_runs_list: str
+    agent_runs_list: str
+    wf_claim: str
+    wf_step_done: str
+    wf_gate_passed: str
+    wf_set_status: str
+    wf_fail: str
+    wf_runs_due: str
+    wf_runs_adopt: str
+    wf_release: str
+    wf_interrupt_insert: str
+    wf_interrupts_of_run: str
+    wf_interrupt_open_lock: str
+    wf_interrupt_last: str
+    wf_interrupt_resolve: str
+    wf_interrupt_time_out: str
+    wf_interrupts_cancel: str
+    wf_interrupts_overdue: str
+    wf_event_insert: str
+    wf_event_take: str
 
 
 def parse(text: str) -> dict[str, str]:

@@ -1038,3 +1038,195 @@ VALUES ($1, $2, $3, $4, $5);
 -- name: card_refusals_of_card
 SELECT card_id::text, actor, channel, reason, detail, at
 FROM card_refusals WHERE card_id = $1 ORDER BY id;
+
+-- ---------------------------------------------------------------------------------------
+-- Durable workflows (store/workflows.py, design note 25). Locks: the run row first, then
+-- its interrupts and buffered events. A holder is live while its row in workers has a
+-- future lease (a worker that stopped gracefully has no row any more).
+
+-- name: wf_run_insert
+INSERT INTO workflow_runs (id, tenant, owner, app, workflow, status, input)
+VALUES ($1, $2, $3, $4, $5, 'running', $6)
+RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at;
+
+-- name: wf_run_get
+SELECT id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at
+FROM workflow_runs WHERE id = $1;
+
+-- name: wf_run_lock
+SELECT r.id::text, r.tenant, r.owner, r.app, r.workflow, r.status, r.step, r.state, r.input,
+    r.steps, r.worker_id AS holder, r.error, r.created_at, r.updated_at,
+    EXISTS (SELECT 1 FROM workers w WHERE w.id = r.worker_id AND w.lease_until > now())
+        AS holder_live
+FROM workflow_runs r WHERE r.id = $1
+FOR UPDATE OF r;
+
+-- name: wf_runs_list
+-- Newest first; $1 tenant, $2 owner, $3 status (NULL: any), $4 at most.
+SELECT id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at
+FROM workflow_runs
+WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR owner = $2)
+  AND ($3::text IS NULL OR status = $3)
+ORDER BY updated_at DESC LIMIT $4;
+
+-- name: agent_runs_list
+-- Agent runs (one per user message) for `signoff runs list`; $1 status (NULL: any).
+SELECT id::text, thread_id::text, tenant, owner, status, worker_id AS holder, error,
+    created_at, updated_at
+FROM runs WHERE ($1::text IS NULL OR status = $1)
+ORDER BY updated_at DESC LIMIT $2;
+
+-- name: wf_claim
+-- Worker $2 takes run $1 to run its next steps: only a running run of a workflow it
+-- serves (app $3, workflows $4) held by nobody, by itself, or by a worker whose lease
+-- lapsed (or who let go of it).
+UPDATE workflow_runs r SET worker_id = $2
+WHERE r.id = $1 AND r.status = 'running' AND r.app = $3 AND r.workflow = ANY ($4::text[])
+  AND (r.worker_id IS NULL OR r.worker_id = $2
+       OR NOT EXISTS (SELECT 1 FROM workers w
+                      WHERE w.id = r.worker_id AND w.lease_until > now()))
+RETURNING r.id::text, r.tenant, r.owner, r.app, r.workflow, r.status, r.step, r.state,
+    r.input, r.steps, r.worker_id AS holder, r.error, r.created_at, r.updated_at;
+
+-- name: wf_step_done
+-- Step $3 of run $1 (held by $2) finished: its update $4 merged, step + 1, the step ($5)
+-- logged; the run completes with its last step ($6 = the workflow's step count). One
+-- statement: a completed step is never run again.
+UPDATE workflow_runs
+SET state = state || $4::jsonb, step = step + 1,
+    steps = steps || jsonb_build_array(jsonb_build_object('name', $5::text, 'at', now())),
+    status = CASE WHEN step + 1 >= $6 THEN 'completed' ELSE 'running' END,
+    updated_at = now()
+WHERE id = $1 AND worker_id = $2 AND step = $3 AND status = 'running'
+RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at;
+
+-- name: wf_gate_passed
+-- The gate at run $1's current step was resolved with payload $2 (its name $3): merged,
+-- step + 1, running again (or completed after the last step, $4 = the step count).
+UPDATE workflow_runs
+SET state = state || $2::jsonb, step = step + 1,
+    steps = steps || jsonb_build_array(jsonb_build_object('name', $3::text, 'at', now())),
+    status = CASE WHEN step + 1 >= $4 THEN 'completed' ELSE 'running' END,
+    error = NULL, updated_at = now()
+WHERE id = $1
+RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at;
+
+-- name: wf_set_status
+UPDATE workflow_runs SET status = $2, error = $3, updated_at = now()
+WHERE id = $1
+RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at;
+
+-- name: wf_fail
+-- Run $1, held by $2 and running, failed with error $3.
+UPDATE workflow_runs SET status = 'failed', error = $3, updated_at = now()
+WHERE id = $1 AND worker_id = $2 AND status = 'running'
+RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at;
+
+-- name: wf_runs_due
+-- Running runs held by $1 (a resolution whose signal this worker missed is found here).
+SELECT id::text FROM workflow_runs WHERE worker_id = $1 AND status = 'running' LIMIT $2;
+
+-- name: wf_runs_adopt
+-- Worker $1 takes over (up to $3) running runs of the workflows it serves (app $5,
+-- workflows $6) that nobody live holds ($4: also its own, for a restarted worker with a
+-- stable id); its lease ($2 s) is renewed in the same statement.
+-- Parked runs are not adopted: they need no holder (a resolution goes to the inbox).
+WITH me AS (
+    INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
+    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+),
+lapsed AS (
+    SELECT r.id, r.worker_id FROM workflow_runs r
+    WHERE r.status = 'running' AND r.app = $5 AND r.workflow = ANY ($6::text[])
+      AND (r.worker_id IS NULL
+           OR ($4 AND r.worker_id = $1)
+           OR (r.worker_id <> $1 AND NOT EXISTS (
+                  SELECT 1 FROM workers w WHERE w.id = r.worker_id AND w.lease_until > now())))
+    ORDER BY r.updated_at
+    LIMIT $3
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE workflow_runs r SET worker_id = $1
+FROM lapsed WHERE r.id = lapsed.id AND r.worker_id IS NOT DISTINCT FROM lapsed.worker_id
+RETURNING r.id::text;
+
+-- name: wf_release
+-- A graceful stop: holder $1 lets go of its workflow runs.
+UPDATE workflow_runs SET worker_id = NULL
+WHERE worker_id = $1 AND status IN ('running', 'awaiting_human', 'awaiting_event');
+
+-- name: wf_interrupt_insert
+-- $9: seconds to the deadline (NULL: none), on the database clock (I7).
+INSERT INTO interrupts (id, run_id, step, step_name, kind, reason, schema, event, deadline,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+    CASE WHEN $9::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $9::float8) END,
+    $10, $11, $12, $13, CASE WHEN $11 = 'resolved' THEN now() END, $14)
+RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at;
+
+-- name: wf_interrupts_of_run
+SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at
+FROM interrupts WHERE run_id = $1 ORDER BY created_at, id;
+
+-- name: wf_interrupt_open_lock
+SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at,
+    deadline IS NOT NULL AND deadline <= now() AS overdue
+FROM interrupts WHERE run_id = $1 AND status = 'open'
+FOR UPDATE;
+
+-- name: wf_interrupt_last
+SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at
+FROM interrupts WHERE run_id = $1 AND step = $2 ORDER BY created_at DESC, id LIMIT 1;
+
+-- name: wf_interrupt_resolve
+UPDATE interrupts
+SET status = 'resolved', payload = $2, resolved_by = $3, resolved_at = now(), automatic = $4
+WHERE id = $1 AND status = 'open'
+RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at;
+
+-- name: wf_interrupt_time_out
+UPDATE interrupts
+SET status = 'timed_out', resolved_by = 'system:timeout', resolved_at = now(), automatic = true
+WHERE id = $1 AND status = 'open'
+RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at;
+
+-- name: wf_interrupts_cancel
+UPDATE interrupts SET status = 'cancelled', resolved_by = $2, resolved_at = now()
+WHERE run_id = $1 AND status = 'open';
+
+-- name: wf_interrupts_overdue
+-- Open gates whose deadline passed (database clock): (interrupt, run) for the sweeper.
+-- Only those of the workflows this worker serves (app $2, workflows $3).
+SELECT i.id::text, i.run_id::text FROM interrupts i JOIN workflow_runs r ON r.id = i.run_id
+WHERE i.status = 'open' AND i.deadline <= now() AND r.app = $2 AND r.workflow = ANY ($3::text[])
+ORDER BY i.deadline LIMIT $1;
+
+-- name: wf_event_insert
+INSERT INTO workflow_events (id, run_id, name, payload, delivered_by)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: wf_event_take
+-- The earliest event $2 delivered to run $1 within the last $3 seconds and not consumed
+-- yet, consumed now (the gate it was kept for has been reached).
+UPDATE workflow_events SET consumed_at = now()
+WHERE id = (
+    SELECT id FROM workflow_events
+    WHERE run_id = $1 AND name = $2 AND consumed_at IS NULL
+      AND delivered_at >= now() - make_interval(secs => $3::float8)
+    ORDER BY delivered_at LIMIT 1
+    FOR UPDATE
+)
+RETURNING payload, delivered_by;

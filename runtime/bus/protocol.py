@@ -28,6 +28,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     # Set by the gateway once per user message; the run id derives from it, so a
     # redelivered inbox entry finds its run instead of starting another (I5).
     message_id: str = ""
+    # Set instead of a message: a workflow run to continue (started, or a gate passed
+    # while no live worker held it); the worker that takes it claims the run.
+    workflow_run: str = ""
 
 
 class Delivery(msgspec.Struct, frozen=True):

@@ -61,3 +61,27 @@ class WorkflowRun(msgspec.Struct, frozen=True, kw_only=True):
         assert isinstance(out, dict)
         out.pop("holder", None)
         return out
+
+
+class GateOpening(msgspec.Struct, frozen=True, kw_only=True):
+    """What the engine writes when a run reaches a gate (``open_gate``)."""
+
+    kind: str
+    step_name: str
+    reason: str | None
+    schema: dict[str, Any]
+    event: str | None
+    timeout: float | None
+    timeout_response: dict[str, Any] | None
+    lookback: float | None
+
+
+class Passed(msgspec.Struct, frozen=True, kw_only=True):
+    """A gate's resolution (or an event's delivery) as committed: the run after it, the
+    interrupt (None for an event kept for a later gate), whether the run's holder is live
+    (else any worker continues it: the inbox) and whether the event was only kept."""
+
+    run: WorkflowRun
+    interrupt: Interrupt | None
+    holder_live: bool
+    buffered: bool = False

@@ -39,6 +39,7 @@ from signoff.runtime.models.base import Model
 from signoff.runtime.models.command import CommandModel
 from signoff.runtime.records import CardEvent, Run
 from signoff.runtime.worker import Worker
+from signoff.runtime.workflows.service import WorkflowService
 from signoff.store.postgres import PostgresStore
 from signoff.testing import servers
 from signoff.testing.fake_messages import FakeMessagesServer, ScriptedReply, reply, tool_use
@@ -79,6 +80,7 @@ class Harness:
     bus: Bus
     worker: Worker
     decisions: Decisions
+    workflows: WorkflowService  # start, resume, deliver events (as the HTTP API does)
     tokens: Any
     database_url: str
     base_url: str
@@ -194,6 +196,8 @@ class Harness:
             keys=Keys(self.settings.key_prefix),
             services=self.app.services,
         )
+        keys = Keys(self.settings.key_prefix)
+        self.workflows = WorkflowService.of(self.store.workflows, self.bus, keys, self.app)
         self.tokens = Tokens(self._secret)
         if self._start_worker:
             await self.worker.start()
@@ -215,6 +219,7 @@ class Harness:
             bus=self.bus,
             decisions=self.decisions,
             tokens=self.tokens,
+            workflows=self.workflows,
         )
         server = uvicorn.Server(
             uvicorn.Config(

@@ -1,0 +1,194 @@
+"""The workflow operations a gateway calls: start, get, resume, deliver an event, retry,
+cancel. Each validates first (a bad payload is a 422 that changes nothing), commits in
+Postgres, then hints (``notify.wake_workflow``: the run's live holder on its channel,
+else the inbox); a hint that fails never fails the call (Postgres has the resolution).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from signoff.runtime.app import App
+from signoff.runtime.bus import Bus
+from signoff.runtime.errors import InvalidInput, NotOwner, WorkflowNotFound
+from signoff.runtime.keys import Keys
+from signoff.runtime.notify import wake_workflow
+from signoff.runtime.store import WorkflowStore
+from signoff.runtime.workflows.definition import Gate, HumanGate, Workflow, WorkflowStatus
+from signoff.runtime.workflows.payload import validate
+from signoff.runtime.workflows.records import Interrupt, Passed, WorkflowRun
+
+# Roles that may deliver events to any run of their tenant (an integration, an operator).
+EVENT_ROLES = frozenset({"service", "admin"})
+
+
+class WorkflowService:
+    """Workflow runs for authenticated principals (the caller authenticates; ``by`` is
+    recorded as who resumed, delivered, retried or cancelled)."""
+
+    def __init__(
+        self,
+        *,
+        store: WorkflowStore,
+        bus: Bus,
+        keys: Keys,
+        app: str,
+        workflows: Mapping[str, Workflow],
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.keys = keys
+        self.app = app
+        self.workflows = dict(workflows)
+
+    @classmethod
+    def of(cls, store: WorkflowStore, bus: Bus, keys: Keys, app: App) -> WorkflowService:
+        """The service for ``app``'s workflows."""
+        return cls(store=store, bus=bus, keys=keys, app=app.name, workflows=app.workflow_map())
+
+    def workflow(self, name: str) -> Workflow:
+        found = self.workflows.get(name)
+        if found is None:
+            raise WorkflowNotFound(f"no workflow named {name!r}", workflow=name)
+        return found
+
+    async def _own(self, run_id: str, tenant: str, user: str, role: str = "user") -> WorkflowRun:
+        run = await self.store.get_workflow_run(run_id)
+        if run.tenant != tenant:
+            raise WorkflowNotFound(f"no workflow run {run_id}", run_id=run_id)
+        if run.owner != user and role not in EVENT_ROLES:
+            raise NotOwner("not your workflow run", run_id=run_id)
+        return run
+
+    async def _hint(self, passed: Passed | WorkflowRun, at_ns: int = 0) -> None:
+        run = passed.run if isinstance(passed, Passed) else passed
+        if run.status is not WorkflowStatus.RUNNING:
+            return
+        live = isinstance(passed, Passed) and passed.holder_live
+        holder = run.holder if live else None
+        await wake_workflow(
+            self.bus, self.keys, run.id, holder, tenant=run.tenant, owner=run.owner, at_ns=at_ns
+        )
+
+    async def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        tenant: str,
+        owner: str,
+        run_id: str | None = None,
+    ) -> WorkflowRun:
+        """Start a run of workflow ``name`` for ``owner``; ``input`` is validated against
+        the workflow's input type (422 otherwise). Any worker runs its first steps."""
+        workflow = self.workflow(name)
+        data: Any = None
+        if workflow.input is not None:
+            try:
+                data = msgspec.to_builtins(msgspec.convert(input or {}, workflow.input))
+            except msgspec.ValidationError as exc:
+                raise InvalidInput(f"invalid input: {exc}") from exc
+        elif input:
+            raise InvalidInput(f"workflow {name!r} takes no input")
+        run = await self.store.create_run(
+            run_id or str(uuid.uuid4()),
+            tenant=tenant,
+            owner=owner,
+            app=self.app,
+            workflow=name,
+            input=data,
+        )
+        await self._hint(run)
+        return run
+
+    async def get(
+        self, run_id: str, *, tenant: str, user: str, role: str = "user"
+    ) -> tuple[WorkflowRun, list[Interrupt]]:
+        """The run and its interrupts (the open one, if any, is last)."""
+        run = await self._own(run_id, tenant, user, role)
+        return run, await self.store.interrupts(run.id)
+
+    async def list(
+        self, *, tenant: str, owner: str, status: str | None = None
+    ) -> list[WorkflowRun]:
+        return await self.store.list_workflow_runs(tenant=tenant, owner=owner, status=status)
+
+    def _gate(self, workflow: Workflow, step: int) -> Gate | None:
+        steps = workflow.step_list
+        gate = steps[step] if 0 <= step < len(steps) else None
+        return gate if isinstance(gate, Gate) else None
+
+    async def resume(self, run_id: str, payload: Any, *, tenant: str, by: str) -> WorkflowRun:
+        """Resume a run parked at a human gate with ``payload`` (validated against the
+        gate's schema: a failing payload is 422 and the run stays parked; only declared
+        fields reach the state; who and when are recorded on the interrupt). Of two
+        racing resumes one wins, the other gets ``NotParked`` (409)."""
+        at_ns = time.time_ns()
+        run = await self._own(run_id, tenant, by)  # the owner only, as for cards (I3)
+        workflow = self.workflow(run.workflow)
+
+        def payload_for(step: int) -> dict[str, Any]:
+            gate = self._gate(workflow, step)
+            if not isinstance(gate, HumanGate):
+                return validate(None, payload)  # a custom step's gate: no schema here
+            return validate(gate.schema, payload)
+
+        passed = await self.store.resolve_gate(
+            run.id,
+            kind="human",
+            payload_for=payload_for,
+            by=by,
+            n_steps=len(workflow.step_list),
+        )
+        await self._hint(passed, at_ns)
+        return passed.run
+
+    async def deliver_event(
+        self, run_id: str, name: str, payload: Any, *, tenant: str, by: str, role: str = "user"
+    ) -> Passed:
+        """Deliver event ``name`` to a run: passes the gate it waits at for that event, or
+        is kept for a later gate with a lookback (``buffered``); else ``WrongEvent`` /
+        ``NotParked`` (409). The payload is validated against that gate's schema."""
+        at_ns = time.time_ns()
+        if not isinstance(name, str) or not name:
+            raise InvalidInput("an event needs a name")
+        run = await self._own(run_id, tenant, by, role)
+        workflow = self.workflow(run.workflow)
+
+        def payload_for(step: int) -> dict[str, Any]:
+            gate = self._gate(workflow, step)
+            return validate(gate.schema if gate is not None else None, payload)
+
+        passed = await self.store.deliver_event(
+            run.id,
+            name,
+            payload_for=payload_for,
+            lookback_steps=workflow.lookback_steps(name),
+            by=by,
+            n_steps=len(workflow.step_list),
+        )
+        await self._hint(passed, at_ns)
+        return passed
+
+    async def retry(self, run_id: str, *, tenant: str, by: str, role: str = "user") -> WorkflowRun:
+        """Re-arm the wait of a run that failed at a gate (it timed out), with a fresh
+        deadline; ``NotRetriable`` (409) otherwise."""
+        run = await self._own(run_id, tenant, by, role)
+        workflow = self.workflow(run.workflow)
+
+        def timeout_for(step: int) -> float | None:
+            gate = self._gate(workflow, step)
+            return gate.timeout if gate is not None else None
+
+        retried, _ = await self.store.retry_gate(run.id, timeout_for=timeout_for)
+        return retried
+
+    async def cancel(self, run_id: str, *, tenant: str, by: str, role: str = "user") -> WorkflowRun:
+        """Cancel an active run (its open gate too); a step in flight is not recorded."""
+        run = await self._own(run_id, tenant, by, role)
+        return await self.store.cancel_run(run.id, by)

@@ -1,0 +1,307 @@
+"""Workflows on real Postgres, in-process (worker + the service a gateway calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from signoff import NotParked, NotRetriable, ReservedKey, WorkflowRun, WrongEvent
+from signoff.runtime.bus.redis import RedisBus
+from signoff.runtime.config import Settings
+from signoff.runtime.errors import InvalidInput, NotOwner, RunInactive, WorkflowNotFound
+from signoff.runtime.keys import Keys
+from signoff.runtime.models.command import CommandModel
+from signoff.runtime.workflows.service import WorkflowService
+from signoff.testing import Harness
+from tests import services
+from tests.integration import wf_app
+from tests.integration.wf_app import calls, release
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+T = TypeVar("T")
+OWNER = "ana"
+
+
+async def until(fn: Callable[[], Awaitable[T]], timeout: float = 15.0, what: str = "") -> T:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await fn()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not met within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def h(database_url: str) -> AsyncIterator[Harness]:
+    settings = Settings(lease_seconds=2.0, poll_seconds=0.3, sweep_seconds=0.2)
+    async with Harness(
+        wf_app.build(), database_url=database_url, model=CommandModel(), settings=settings
+    ) as harness:
+        yield harness
+
+
+async def start(h: Harness, name: str, owner: str = OWNER) -> WorkflowRun:
+    return await h.workflows.start(name, tenant=h.tenant, owner=owner)
+
+
+def status_is(h: Harness, run_id: str, *statuses: str) -> Callable[[], Awaitable[Any]]:
+    async def check() -> WorkflowRun | None:
+        run = await h.store.workflows.get_workflow_run(run_id)
+        return run if str(run.status) in statuses else None
+
+    return check
+
+
+async def parked(h: Harness, name: str = "three") -> WorkflowRun:
+    run = await start(h, name)
+    return await until(status_is(h, run.id, "awaiting_human", "awaiting_event"), what="park")
+
+
+async def test_human_gate_parks_resumes_and_completes(h: Harness) -> None:
+    run = await parked(h)
+    assert run.step == 1 and run.state["extracted"] == 1
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    gate = interrupts[-1]
+    assert gate.status == "open" and gate.kind == "human" and gate.reason == "approve the payout"
+    assert gate.schema["properties"]["approved"] == {"type": "boolean"}
+    assert gate.schema["required"] == ["approved"]
+    await h.workflows.resume(
+        run.id, {"approved": True, "note": "ok", "sneaky": 1}, tenant=h.tenant, by=OWNER
+    )
+    done = await until(status_is(h, run.id, "completed"), what="completed")
+    assert done.state["approved"] is True and done.state["note"] == "ok"
+    assert "sneaky" not in done.state  # undeclared fields are dropped
+    assert "approved" in done.state["pay_saw"]  # the next step saw the gate's payload
+    assert [s["name"] for s in done.steps] == ["extract", "await_human", "pay"]
+    assert calls(run.id, "extract") == 1 and calls(run.id, "pay") == 1
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert interrupts[-1].status == "resolved" and interrupts[-1].resolved_by == OWNER
+    assert interrupts[-1].payload == {"approved": True, "note": "ok"}
+    assert interrupts[-1].automatic is False and interrupts[-1].resolved_at is not None
+
+
+async def test_invalid_payload_is_422_and_the_run_stays_parked(h: Harness) -> None:
+    run = await parked(h)
+    with pytest.raises(InvalidInput):
+        await h.workflows.resume(run.id, {"approved": "yes"}, tenant=h.tenant, by=OWNER)
+    with pytest.raises(InvalidInput):
+        await h.workflows.resume(run.id, {"note": "missing approved"}, tenant=h.tenant, by=OWNER)
+    with pytest.raises(ReservedKey):
+        await h.workflows.resume(run.id, {"approved": True, "steps": []}, tenant=h.tenant, by=OWNER)
+    with pytest.raises(NotOwner):
+        await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by="eve")
+    with pytest.raises(WorkflowNotFound):  # another tenant does not see it
+        await h.workflows.resume(run.id, {"approved": True}, tenant="other", by=OWNER)
+    await asyncio.sleep(0.3)
+    still = await h.store.workflows.get_workflow_run(run.id)
+    assert still.status == "awaiting_human" and still.step == 1
+    assert "steps" not in still.state and calls(run.id, "pay") == 0
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert [i.status for i in interrupts] == ["open"]
+
+
+async def test_two_racing_resumes_one_wins_next_step_runs_once(h: Harness) -> None:
+    for _ in range(5):
+        run = await parked(h)
+        results = await asyncio.gather(
+            *(
+                h.workflows.resume(run.id, {"approved": i % 2 == 0}, tenant=h.tenant, by=OWNER)
+                for i in range(4)
+            ),
+            return_exceptions=True,
+        )
+        won = [r for r in results if isinstance(r, WorkflowRun)]
+        lost = [r for r in results if isinstance(r, BaseException)]
+        assert len(won) == 1 and all(isinstance(e, NotParked) for e in lost), results
+        await until(status_is(h, run.id, "completed"))
+        await asyncio.sleep(0.2)
+        assert calls(run.id, "pay") == 1
+        _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+        assert len(interrupts) == 1
+
+
+async def test_timeout_with_response_resumes_automatically(h: Harness) -> None:
+    run = await start(h, "timed")
+    done = await until(status_is(h, run.id, "completed"), what="auto-resumed")
+    assert done.state["approved"] is False and done.state["note"] == "auto"
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert interrupts[-1].automatic is True and interrupts[-1].resolved_by == "system:timeout"
+    assert interrupts[-1].status == "resolved"
+    assert calls(run.id, "after") == 1
+
+
+async def test_timeout_without_response_fails_at_the_gate_and_retry_rearms(h: Harness) -> None:
+    run = await start(h, "timed_fail")
+    failed = await until(status_is(h, run.id, "failed"), what="failed at gate")
+    assert failed.step == 0 and "timed out" in (failed.error or "")
+    with pytest.raises(NotParked):
+        await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+    again = await h.workflows.retry(run.id, tenant=h.tenant, by=OWNER)
+    assert again.status == "awaiting_human" and again.error is None
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert [i.status for i in interrupts] == ["timed_out", "open"]
+    assert interrupts[1].deadline is not None and interrupts[0].deadline is not None
+    assert interrupts[1].deadline > interrupts[0].deadline  # a fresh deadline
+    await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+    await until(status_is(h, run.id, "completed"), what="completed after retry")
+    with pytest.raises(NotRetriable):
+        await h.workflows.retry(run.id, tenant=h.tenant, by=OWNER)
+
+
+async def test_retry_after_timeout_can_time_out_again(h: Harness) -> None:
+    run = await start(h, "timed_fail")
+    await until(status_is(h, run.id, "failed"))
+    await h.workflows.retry(run.id, tenant=h.tenant, by=OWNER)
+    await until(status_is(h, run.id, "failed"), what="failed again")
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert [i.status for i in interrupts] == ["timed_out", "timed_out"]
+
+
+async def test_event_gate_wrong_name_and_not_parked(h: Harness) -> None:
+    run = await start(h, "strict")
+    await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+    with pytest.raises(NotParked):  # still running its first step; no lookback
+        await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": 5}, tenant=h.tenant, by=OWNER
+        )
+    release(run.id)
+    await until(status_is(h, run.id, "awaiting_event"))
+    with pytest.raises(WrongEvent):
+        await h.workflows.deliver_event(
+            run.id, "payment.failed", {"amount": 5}, tenant=h.tenant, by=OWNER
+        )
+    with pytest.raises(InvalidInput):
+        await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": "x"}, tenant=h.tenant, by=OWNER
+        )
+    with pytest.raises(NotParked):  # a human gate's resume is not an event
+        await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+    passed = await h.workflows.deliver_event(
+        run.id,
+        "payment.confirmed",
+        {"amount": 5, "extra": 1},
+        tenant=h.tenant,
+        by="svc",
+        role="service",
+    )
+    assert not passed.buffered and passed.interrupt is not None
+    assert passed.interrupt.resolved_by == "svc"
+    done = await until(status_is(h, run.id, "completed"))
+    assert done.state["amount"] == 5 and "extra" not in done.state
+    with pytest.raises(NotParked):
+        await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": 5}, tenant=h.tenant, by=OWNER
+        )
+
+
+async def test_lookback_keeps_an_early_event_inside_the_window(h: Harness) -> None:
+    run = await start(h, "order")  # lookback 30 s
+    await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+    passed = await h.workflows.deliver_event(
+        run.id, "payment.confirmed", {"amount": 7}, tenant=h.tenant, by=OWNER
+    )
+    assert passed.buffered and passed.run.status == "running"
+    release(run.id)
+    done = await until(status_is(h, run.id, "completed"), what="early event consumed")
+    assert done.state["amount"] == 7 and calls(run.id, "ship") == 1
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert [i.status for i in interrupts] == ["resolved"]
+    assert interrupts[0].resolved_by == OWNER
+
+
+async def test_lookback_ignores_an_event_outside_the_window(database_url: str) -> None:
+    settings = Settings(lease_seconds=2.0, poll_seconds=0.3, sweep_seconds=0.2)
+    app = wf_app.build(lookback=0.5)
+    async with Harness(
+        app, database_url=database_url, model=CommandModel(), settings=settings
+    ) as h:
+        run = await start(h, "order")
+        await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+        passed = await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": 7}, tenant=h.tenant, by=OWNER
+        )
+        assert passed.buffered
+        await asyncio.sleep(1.0)  # past the 0.5 s window
+        release(run.id)
+        parked_run = await until(status_is(h, run.id, "awaiting_event"), what="parked")
+        assert "amount" not in parked_run.state
+        await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": 9}, tenant=h.tenant, by=OWNER
+        )
+        done = await until(status_is(h, run.id, "completed"))
+        assert done.state["amount"] == 9
+
+
+async def test_cancel(h: Harness) -> None:
+    run = await parked(h)
+    cancelled = await h.workflows.cancel(run.id, tenant=h.tenant, by=OWNER)
+    assert cancelled.status == "cancelled"
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert interrupts[-1].status == "cancelled"
+    with pytest.raises(NotParked):
+        await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+    with pytest.raises(RunInactive):
+        await h.workflows.cancel(run.id, tenant=h.tenant, by=OWNER)
+
+
+async def test_start_refuses_unknown_workflow_and_bad_input(h: Harness) -> None:
+    with pytest.raises(WorkflowNotFound):
+        await start(h, "nope")
+    with pytest.raises(InvalidInput):
+        await h.workflows.start("three", {"x": 1}, tenant=h.tenant, owner=OWNER)
+    with pytest.raises(WorkflowNotFound):
+        await h.store.workflows.get_workflow_run("not-a-uuid")
+
+
+async def test_redis_down_at_resume_commits_and_the_run_continues(h: Harness) -> None:
+    run = await parked(h)
+    # The resuming gateway's Redis is gone: the resolution is committed anyway, the hint
+    # is lost, and the holder's poll finds the run in Postgres.
+    dead = RedisBus.from_url("redis://127.0.0.1:1/0", Keys("so-dead:"))
+    try:
+        service = WorkflowService.of(h.store.workflows, dead, Keys("so-dead:"), h.app)
+        resumed = await service.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+        assert resumed.status == "running"
+    finally:
+        await dead.close()
+    await until(status_is(h, run.id, "completed"), what="continued through Postgres")
+    assert calls(run.id, "pay") == 1 and calls(run.id, "extract") == 1
+
+
+async def test_a_crash_mid_step_reruns_that_step_only(database_url: str) -> None:
+    """A worker killed between a step's side effect and its completion record: the next
+    worker runs that step again (at least once); completed steps never run again."""
+    settings = Settings(lease_seconds=1.0, poll_seconds=0.3, sweep_seconds=0.2)
+    app = wf_app.build()
+    async with Harness(
+        app, database_url=database_url, model=CommandModel(), settings=settings
+    ) as h:
+        run = await start(h, "crashy")
+        await until(lambda: asyncio.sleep(0, calls(run.id, "held")), what="in the held step")
+        assert calls(run.id, "first") == 1
+        await h.worker.stop(drain=False, release=False)  # like a crash: no completion
+        async with Harness(
+            app,
+            database_url=database_url,
+            model=CommandModel(),
+            settings=settings,
+            tenant=h.tenant,
+            worker_id="w2-" + secrets.token_hex(3),
+        ) as h2:
+            await until(lambda: asyncio.sleep(0, calls(run.id, "held") == 2), what="adopted")
+            release(run.id)
+            done = await until(status_is(h2, run.id, "completed"), what="completed")
+            assert calls(run.id, "first") == 1 and calls(run.id, "held") == 2
+            assert calls(run.id, "last") == 1
+            assert [s["name"] for s in done.steps] == ["first", "held", "last"]
+
+
+def test_redis_is_there() -> None:
+    assert services.redis_url()
