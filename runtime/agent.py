@@ -91,6 +91,10 @@ class Agent:
         self.faults = faults or Faults()
         self._park = park
         self._unpark = unpark
+        # Hooks of agent steps (runtime/workflows/agent_runner.py): the tools offered in a
+        # run, and what to do once a continued run settled.
+        self.tools_for: Callable[[Run], Awaitable[Registry]] | None = None
+        self.on_settled: Callable[[Run], Awaitable[None]] | None = None
         # The one publisher of this worker's hints (thread, deltas, signals, wait tokens).
         self.notify = Notifier(bus, keys, store)
         self.executor = Executor(
@@ -187,6 +191,7 @@ class Agent:
         nothing: whoever continues the run derives them again.
         """
         todo = list(pending or ())
+        tools = self.tools if self.tools_for is None else await self.tools_for(run)
         try:
             for _ in range(MAX_MODEL_CALLS):
                 if conversation is None:
@@ -213,7 +218,7 @@ class Agent:
                     await self.notify.delta(_run.thread_id, _pos, delta, _run.id)
 
                 reply = await self.model.respond(
-                    system=self.system, messages=messages, tools=self.tools.specs(), on_text=on_text
+                    system=self.system, messages=messages, tools=tools.specs(), on_text=on_text
                 )
                 uses = reply.tool_uses()
                 assistant = ("assistant", {"content": reply.content})
@@ -251,7 +256,7 @@ class Agent:
                 waiting: dict[str, str] = {}
                 proposed: dict[str, Card] = {}
                 for use in uses:
-                    outcome = await self._handle_tool_use(run, use)
+                    outcome = await self._handle_tool_use(run, use, tools)
                     if isinstance(outcome, Card):
                         waiting[use["id"]] = outcome.id
                         proposed[outcome.id] = outcome
@@ -294,10 +299,12 @@ class Agent:
         await self.notify.thread(run.thread_id, written)
         return run
 
-    async def _handle_tool_use(self, run: Run, use: dict[str, Any]) -> Card | dict[str, Any]:
+    async def _handle_tool_use(
+        self, run: Run, use: dict[str, Any], tools: Registry | None = None
+    ) -> Card | dict[str, Any]:
         """One tool call: a finished tool_result block, or the card it waits on."""
         use_id: str = use["id"]
-        tool = self.tools.get(use.get("name", ""))
+        tool = (tools or self.tools).get(use.get("name", ""))
         if tool is None:
             return outcomes.tool_result(use_id, f"Unknown tool {use.get('name')!r}.", error=True)
         ctx = self._ctx(run)
@@ -386,7 +393,15 @@ class Agent:
         return await self._resume(run, waiting, cards, conversation)
 
     async def continue_run(self, run_id: str) -> Run | None:
-        """Continue a parked run from the store (live path and recovery path alike).
+        """Continue a parked run from the store (live path and recovery path alike); then
+        ``on_settled`` (an agent step's run wakes its workflow run)."""
+        run = await self._continue(run_id)
+        if run is not None and self.on_settled is not None:
+            await self.on_settled(run)
+        return run
+
+    async def _continue(self, run_id: str) -> Run | None:
+        """Continue a parked run from the store.
 
         One read of the run and its cards, under the run's lock. (Runs of one thread in
         other processes are kept apart by Postgres alone: every step is conditional on
@@ -426,8 +441,9 @@ class Agent:
             if uses:
                 results: dict[str, dict[str, Any]] = {}
                 waiting: dict[str, str] = {}
+                tools = self.tools if self.tools_for is None else await self.tools_for(run)
                 for use in uses:
-                    outcome = await self._handle_tool_use(run, use)
+                    outcome = await self._handle_tool_use(run, use, tools)
                     if isinstance(outcome, Card):
                         waiting[use["id"]] = outcome.id
                     else:

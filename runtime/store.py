@@ -83,6 +83,7 @@ class WorkflowStore(Protocol):
         by: str,
         n_steps: int,
         automatic: bool = False,
+        advance: bool = True,
     ) -> Passed: ...
 
     async def deliver_event(

@@ -105,6 +105,7 @@ class Queries:
     wf_claim: str
     wf_step_done: str
     wf_gate_passed: str
+    wf_gate_reentered: str
     wf_set_status: str
     wf_fail: str
     wf_runs_due: str

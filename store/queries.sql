@@ -1116,6 +1116,14 @@ WHERE id = $1
 RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
     worker_id AS holder, error, created_at, updated_at;
 
+-- name: wf_gate_reentered
+-- The gate at run $1's current step (an agent step's approvals, design note 26) was
+-- resolved: the step runs again (it applies the payload itself); state and step unchanged.
+UPDATE workflow_runs SET status = 'running', error = NULL, updated_at = now()
+WHERE id = $1
+RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
+    worker_id AS holder, error, created_at, updated_at;
+
 -- name: wf_set_status
 UPDATE workflow_runs SET status = $2, error = $3, updated_at = now()
 WHERE id = $1

@@ -73,9 +73,12 @@ async def _pass(
     by: str,
     automatic: bool,
     n_steps: int,
+    advance: bool = True,
 ) -> tuple[WorkflowRun, Interrupt]:
     row = await conn.fetchrow(SQL.wf_interrupt_resolve, intr.id, payload, by, automatic)
     resolved = _interrupt(rows.some(row))
+    if not advance:  # the step runs again and applies the payload itself (design note 26)
+        return _run(rows.some(await conn.fetchrow(SQL.wf_gate_reentered, run.id))), resolved
     passed = await conn.fetchrow(SQL.wf_gate_passed, run.id, payload, intr.step_name, n_steps)
     return _run(rows.some(passed)), resolved
 
@@ -240,11 +243,14 @@ class WorkflowRows:
         by: str,
         n_steps: int,
         automatic: bool = False,
+        advance: bool = True,
     ) -> Passed:
         """Resolve the open ``kind`` gate of the run with a payload (validated for the gate
         the run waits at by ``payload_for``) and pass it: the interrupt records who and
         when, the payload is merged, the run runs again. ``NotParked`` if it waits at no
-        such gate (another resolution won)."""
+        such gate (another resolution won). ``advance=False``: the payload is only
+        recorded on the interrupt and the run's current step runs again (an agent step's
+        decision map, checkpointed before it is applied)."""
         rid = _id(run_id)
 
         async def go(conn: Conn) -> Passed:
@@ -255,7 +261,7 @@ class WorkflowRows:
             if found is None:
                 raise _not_parked(run, f"a {kind} gate")
             payload = payload_for(run.step)
-            run, intr = await _pass(conn, run, found[0], payload, by, automatic, n_steps)
+            run, intr = await _pass(conn, run, found[0], payload, by, automatic, n_steps, advance)
             return Passed(run=run, interrupt=intr, holder_live=live)
 
         return await self._db.transaction(go)

@@ -206,3 +206,18 @@ def parse_decisions(payload: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
             )
         out[card_id] = {"edit": edits}
     return out
+
+
+async def agent_decisions(
+    store: Any, workflow: Any, run: Any, payload: Any
+) -> dict[str, Any] | None:
+    """For ``WorkflowService.resume``: the checked decision map when ``run`` waits at an
+    agent step's gate (None otherwise: an ordinary human gate). Raises ``InvalidInput``
+    (422, nothing changed) for a map that does not fit the open interrupt's cards."""
+    steps = workflow.step_list
+    if not (0 <= run.step < len(steps) and isinstance(steps[run.step], AgentStep)):
+        return None
+    opened = [i for i in await store.interrupts(run.id) if i.status == "open"]
+    if not opened:
+        return None  # not parked: the store answers NotParked
+    return parse_decisions(payload, opened[-1].schema)

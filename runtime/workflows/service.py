@@ -19,6 +19,7 @@ from signoff.runtime.errors import InvalidInput, NotOwner, WorkflowNotFound
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import wake_workflow
 from signoff.runtime.store import WorkflowStore
+from signoff.runtime.workflows.agent_step import agent_decisions
 from signoff.runtime.workflows.definition import Gate, HumanGate, Workflow, WorkflowStatus
 from signoff.runtime.workflows.payload import validate
 from signoff.runtime.workflows.records import Interrupt, Passed, WorkflowRun
@@ -131,9 +132,14 @@ class WorkflowService:
         at_ns = time.time_ns()
         run = await self._own(run_id, tenant, by)  # the owner only, as for cards (I3)
         workflow = self.workflow(run.workflow)
+        # An agent step's gate: a decision map over the cards its interrupt lists, checked
+        # here, checkpointed on the interrupt, applied by the step (design note 26).
+        decisions = await agent_decisions(self.store, workflow, run, payload)
 
         def payload_for(step: int) -> dict[str, Any]:
             gate = self._gate(workflow, step)
+            if decisions is not None:
+                return decisions
             if not isinstance(gate, HumanGate):
                 return validate(None, payload)  # a custom step's gate: no schema here
             return validate(gate.schema, payload)
@@ -144,6 +150,7 @@ class WorkflowService:
             payload_for=payload_for,
             by=by,
             n_steps=len(workflow.step_list),
+            advance=decisions is None,
         )
         await self._hint(passed, at_ns)
         return passed.run
