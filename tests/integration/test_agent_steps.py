@@ -61,7 +61,11 @@ async def parked_on_cards(h: Harness) -> tuple[WorkflowRun, list[Card]]:
 
 async def executions(h: Harness) -> dict[str, tuple[int, int]]:
     """payee -> (amount, executions) of this test's payments."""
-    rows = await h.app.services.fetch("SELECT payee, amount, executions FROM agent_wf_pays")
+    rows = await h.app.services.fetch(
+        "SELECT p.payee, p.amount, p.executions FROM agent_wf_pays p JOIN cards c "
+        "ON c.operation_id::text = p.operation_id WHERE c.tenant = $1",
+        h.tenant,
+    )
     return {r["payee"]: (r["amount"], r["executions"]) for r in rows}
 
 
