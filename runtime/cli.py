@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from signoff.runtime import cli_runs
 from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.errors import ConfigError, SignoffError
@@ -227,6 +228,10 @@ async def _cards(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _runs(args: argparse.Namespace) -> int:
+    return await cli_runs.main(args, _settings(args))
+
+
 def _check_policy(args: argparse.Namespace) -> int:
     app = _app(_settings(args), "check-policy")
     missing = app.policy.unruled_writes(app.tools)
@@ -313,6 +318,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["executed", "failed"],
         help="reconcile: what the provider says happened",
     )
+    cli_runs.add_parser(sub, common)  # signoff runs list|show
     cp = sub.add_parser(
         "check-policy", help="list the write tools of --app without an explicit policy rule"
     )
@@ -338,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "worker": _worker,
             "migrate": _migrate,
             "cards": _cards,
+            "runs": _runs,
         }[args.command]
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(runner(args))

@@ -1173,28 +1173,28 @@ WHERE worker_id = $1 AND status IN ('running', 'awaiting_human', 'awaiting_event
 -- name: wf_interrupt_insert
 -- $9: seconds to the deadline (NULL: none), on the database clock (I7).
 INSERT INTO interrupts (id, run_id, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic)
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
     CASE WHEN $9::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $9::float8) END,
-    $10, $11, $12, $13, CASE WHEN $11 = 'resolved' THEN now() END, $14)
+    $10, $11, $12, $13, CASE WHEN $11 = 'resolved' THEN now() END, $14, $15)
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
 
 -- name: wf_interrupts_of_run
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at
 FROM interrupts WHERE run_id = $1 ORDER BY created_at, id;
 
 -- name: wf_interrupt_open_lock
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at,
     deadline IS NOT NULL AND deadline <= now() AS overdue
 FROM interrupts WHERE run_id = $1 AND status = 'open'
 FOR UPDATE;
 
 -- name: wf_interrupt_last
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at
 FROM interrupts WHERE run_id = $1 AND step = $2 ORDER BY created_at DESC, id LIMIT 1;
 
 -- name: wf_interrupt_resolve
@@ -1202,14 +1202,14 @@ UPDATE interrupts
 SET status = 'resolved', payload = $2, resolved_by = $3, resolved_at = now(), automatic = $4
 WHERE id = $1 AND status = 'open'
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
 
 -- name: wf_interrupt_time_out
 UPDATE interrupts
 SET status = 'timed_out', resolved_by = 'system:timeout', resolved_at = now(), automatic = true
 WHERE id = $1 AND status = 'open'
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
 
 -- name: wf_interrupts_cancel
 UPDATE interrupts SET status = 'cancelled', resolved_by = $2, resolved_at = now()

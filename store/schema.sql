@@ -206,6 +206,7 @@ CREATE TABLE interrupts (
     resolved_by       text,
     resolved_at       timestamptz,
     automatic         boolean NOT NULL DEFAULT false,
+    detail            jsonb,
     created_at        timestamptz NOT NULL DEFAULT now()
 );
 CREATE UNIQUE INDEX interrupts_one_open ON interrupts (run_id) WHERE status = 'open';

@@ -181,6 +181,7 @@ class WorkflowRows:
                     kept["payload"],
                     kept["delivered_by"],
                     False,
+                    gate.detail,
                 )
                 intr = _interrupt(rows.some(row))
                 passed = await conn.fetchrow(
@@ -199,6 +200,7 @@ class WorkflowRows:
                 None,
                 None,
                 False,
+                gate.detail,
             )
             parked = await conn.fetchrow(SQL.wf_set_status, run_id, AWAITING[gate.kind], None)
             return _run(rows.some(parked)), _interrupt(rows.some(row))
@@ -374,6 +376,7 @@ class WorkflowRows:
                 None,
                 None,
                 False,
+                old.detail,
             )
             parked = await conn.fetchrow(SQL.wf_set_status, rid, AWAITING[old.kind], None)
             return _run(rows.some(parked)), _interrupt(rows.some(row))

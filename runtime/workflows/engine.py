@@ -50,6 +50,17 @@ log = logging.getLogger("signoff.workflows")
 StepHandler = Callable[[Step, WorkflowContext], Awaitable[Mapping[str, Any] | GateOpening | None]]
 Spawn = Callable[[Coroutine[Any, Any, Any]], Any]
 
+# Extension step kinds, registered at import time by the module that defines the step
+# (``register_step_kind("agent", factory)``): every engine built afterwards runs steps of
+# that kind with ``factory(engine)``. The engine's ``host`` is its worker (its agent, its
+# store), for handlers that need more than the workflow store.
+STEP_KINDS: dict[str, Callable[[WorkflowEngine], StepHandler]] = {}
+
+
+def register_step_kind(kind: str, factory: Callable[[WorkflowEngine], StepHandler]) -> None:
+    """Have every engine built from now on run steps of ``kind`` with ``factory(engine)``."""
+    STEP_KINDS[kind] = factory
+
 
 def opening(step: Gate) -> GateOpening:
     return GateOpening(
@@ -84,6 +95,7 @@ class WorkflowEngine:
         worker_id: str,
         services: Any,
         spawn: Spawn,
+        host: Any = None,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -95,7 +107,10 @@ class WorkflowEngine:
         self.worker_id = worker_id
         self.services = services
         self._spawn = spawn
+        self.host = host  # the Worker, for extension handlers (its agent, notifier, store)
         self.handlers: dict[str, StepHandler] = {"function": run_function}
+        for kind, factory in STEP_KINDS.items():
+            self.handlers[kind] = factory(self)
         self._inflight: set[str] = set()
         self._again: set[str] = set()
         self._stopping = False
@@ -118,6 +133,7 @@ class WorkflowEngine:
             worker_id=worker.worker_id,
             services=worker.app.services,
             spawn=worker.spawn,
+            host=worker,
         )
         AgentSteps.install(worker, engine)
         return engine

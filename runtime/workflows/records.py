@@ -28,6 +28,8 @@ class Interrupt(msgspec.Struct, frozen=True, kw_only=True):
     resolved_by: str | None = None
     resolved_at: datetime | None = None
     automatic: bool = False
+    # What an extension step parked with (e.g. an agent step's pending cards); None for gates.
+    detail: dict[str, Any] | None = None
     created_at: datetime
 
     def public(self) -> dict[str, Any]:
@@ -74,6 +76,7 @@ class GateOpening(msgspec.Struct, frozen=True, kw_only=True):
     timeout: float | None
     timeout_response: dict[str, Any] | None
     lookback: float | None
+    detail: dict[str, Any] | None = None  # kept on the interrupt (an extension step's own)
 
 
 class Passed(msgspec.Struct, frozen=True, kw_only=True):

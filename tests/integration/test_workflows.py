@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
 
-from signoff import NotParked, NotRetriable, ReservedKey, WorkflowRun, WrongEvent
+from signoff import (
+    App,
+    NotParked,
+    NotRetriable,
+    Registry,
+    ReservedKey,
+    Step,
+    Workflow,
+    WorkflowContext,
+    WorkflowRun,
+    WrongEvent,
+)
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import InvalidInput, NotOwner, RunInactive, WorkflowNotFound
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.command import CommandModel
+from signoff.runtime.workflows.engine import STEP_KINDS, register_step_kind
+from signoff.runtime.workflows.records import GateOpening
 from signoff.runtime.workflows.service import WorkflowService
 from signoff.testing import Harness
 from tests import services
@@ -305,3 +322,137 @@ async def test_a_crash_mid_step_reruns_that_step_only(database_url: str) -> None
 
 def test_redis_is_there() -> None:
     assert services.redis_url()
+
+
+async def test_cli_runs_list_and_show(h: Harness) -> None:
+    run = await parked(h)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+        env["SIGNOFF_DATABASE_URL"] = h.database_url
+        return subprocess.run(
+            [sys.executable, "-m", "signoff", "runs", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listed = await asyncio.to_thread(cli, "list", "--kind", "workflow", "--limit", "500")
+    assert listed.returncode == 0, listed.stderr
+    line = next(x for x in listed.stdout.splitlines() if run.id in x)
+    assert line.startswith("workflow") and "awaiting_human" in line
+    assert "three: waiting at step 1 after 'extract'" in line
+    shown = await asyncio.to_thread(cli, "show", run.id)
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["kind"] == "workflow" and data["run"]["status"] == "awaiting_human"
+    assert data["interrupts"][0]["reason"] == "approve the payout"
+    missing = await asyncio.to_thread(cli, "show", "00000000-0000-0000-0000-000000000000")
+    assert missing.returncode == 1 and "no run" in missing.stderr
+    agents = await asyncio.to_thread(cli, "list", "--kind", "agent")
+    assert agents.returncode == 0 and agents.stdout.startswith("KIND")
+
+
+async def test_resume_signals_the_live_holder_and_parked_runs_hold_no_memory(h: Harness) -> None:
+    runs = [await start(h, "three") for _ in range(20)]
+    for run in runs:
+        await until(status_is(h, run.id, "awaiting_human"))
+    await h.worker.idle()
+    engine = h.worker.workflows
+    # Parked = a row in Postgres: no coroutine, no task, no wait entry in the worker.
+    assert not engine._inflight and not h.worker.busy()
+    before = len(engine.wake_latency_ns)
+    await h.workflows.resume(runs[0].id, {"approved": True}, tenant=h.tenant, by=OWNER)
+    await until(status_is(h, runs[0].id, "completed"))
+    assert len(engine.wake_latency_ns) == before + 1  # woken by the signal, not the poll
+
+
+async def test_an_event_racing_the_run_to_its_gate_is_never_lost(h: Harness) -> None:
+    """The event arrives while the run is on its way to the gate: kept (lookback) or
+    passing the open gate, whichever order the two transactions commit in."""
+    for i in range(8):
+        run = await start(h, "order")
+        await until(lambda run=run: asyncio.sleep(0, calls(run.id, "held")))  # type: ignore[misc]
+        if i % 2:
+            release(run.id)
+            await asyncio.sleep(0.002 * i)
+        delivered = await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": i}, tenant=h.tenant, by=OWNER
+        )
+        release(run.id)
+        done = await until(status_is(h, run.id, "completed"), what=f"iteration {i}")
+        assert done.state["amount"] == i, delivered
+        assert calls(run.id, "ship") == 1
+
+
+async def test_cancel_while_a_step_runs_stops_the_run(h: Harness) -> None:
+    run = await start(h, "crashy")
+    await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+    await h.workflows.cancel(run.id, tenant=h.tenant, by=OWNER)
+    release(run.id)
+    await asyncio.sleep(0.5)
+    after = await h.store.workflows.get_workflow_run(run.id)
+    assert after.status == "cancelled" and after.step == 1 and calls(run.id, "last") == 0
+
+
+async def test_a_resume_racing_the_timeout_resolves_the_gate_once(h: Harness) -> None:
+    outcomes = set()
+    for _ in range(6):
+        run = await start(h, "timed")  # 0.5 s timeout, automatic response approved=False
+        await until(status_is(h, run.id, "awaiting_human"))
+        await asyncio.sleep(0.45)
+        try:
+            await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+            outcomes.add("person")
+        except NotParked:
+            outcomes.add("timeout")
+        done = await until(status_is(h, run.id, "completed"))
+        _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+        assert len(interrupts) == 1 and interrupts[0].status == "resolved"
+        assert done.state["approved"] is (interrupts[0].resolved_by == OWNER)
+        await asyncio.sleep(0.1)
+        assert calls(run.id, "after") == 1
+    assert outcomes  # (which side wins each time is the clock's business)
+
+
+class Review(Step):
+    """An extension step kind: parks the run like a gate, with its own detail."""
+
+    kind = "review"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -> None:
+    async def review(step: Step, ctx: WorkflowContext) -> GateOpening:
+        return GateOpening(
+            kind="human",
+            step_name=step.name,
+            reason="review these",
+            schema={"type": "object"},
+            event=None,
+            timeout=None,
+            timeout_response=None,
+            lookback=None,
+            detail={"cards": ["c1", "c2"], "seen": sorted(ctx.state)},
+        )
+
+    register_step_kind("review", lambda engine: review)
+    try:
+        app = App(
+            name="wf-ext-" + secrets.token_hex(3),
+            tools=Registry([]),
+            workflows=[Workflow("ext", steps=[wf_app.counted("a"), Review("review")])],
+        )
+        async with Harness(app, database_url=database_url, model=CommandModel()) as h:
+            run = await start(h, "ext")
+            await until(status_is(h, run.id, "awaiting_human"))
+            _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+            assert interrupts[0].detail == {"cards": ["c1", "c2"], "seen": ["a_saw"]}
+            await h.workflows.resume(run.id, {}, tenant=h.tenant, by=OWNER)
+            done = await until(status_is(h, run.id, "completed"))
+            assert [s["name"] for s in done.steps] == ["a", "review"]
+    finally:
+        del STEP_KINDS["review"]

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
-COMPOSITION_ROOT = {"cli.py", "node.py"}
+COMPOSITION_ROOT = {"cli.py", "cli_runs.py", "node.py"}
 BACKENDS = ("signoff.store", "signoff.embedded")
 
 

@@ -1,0 +1,113 @@
+"""``signoff runs list|show``: where each run stands, workflow runs and agent runs.
+
+Registered by ``runtime/cli.py`` (:func:`add_parser`, :func:`main`); part of the CLI, so
+of the composition root; reads Postgres only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from signoff.runtime import config as cfg
+from signoff.runtime.errors import NotFound, WorkflowNotFound
+
+NO_DATABASE = "set SIGNOFF_DATABASE_URL or --database-url (or run `signoff dev` on this --data-dir)"
+KINDS = ("workflow", "agent")
+
+
+def add_parser(
+    sub: Any, common: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
+    rp: argparse.ArgumentParser = sub.add_parser(
+        "runs", help="list or show runs (workflow runs and agent runs) and where each stands"
+    )
+    common(rp)
+    rp.add_argument("action", choices=["list", "show"])
+    rp.add_argument("run_id", nargs="?")
+    rp.add_argument("--kind", choices=KINDS, help="only workflow runs or only agent runs")
+    rp.add_argument("--status", help="e.g. awaiting_human, running, waiting, failed")
+    rp.add_argument("--limit", type=int, default=50)
+    return rp
+
+
+def _when(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def where_workflow(run: Any) -> str:
+    """A workflow run's position in words: its step and what it waits for."""
+    last = run.steps[-1]["name"] if run.steps else None
+    after = f" after {last!r}" if last else ""
+    if str(run.status) in ("awaiting_human", "awaiting_event"):
+        return f"{run.workflow}: waiting at step {run.step}{after}"
+    if str(run.status) == "running":
+        return f"{run.workflow}: running step {run.step}{after}"
+    if run.error:
+        return f"{run.workflow}: at step {run.step}: {run.error}"
+    return f"{run.workflow}: {len(run.steps)} steps done"
+
+
+async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
+    from signoff.runtime.node import database_url
+    from signoff.store.postgres import PostgresStore
+
+    url = database_url(settings)
+    if url is None:
+        print(NO_DATABASE, file=sys.stderr)
+        return 2
+    if args.action == "show" and not args.run_id:
+        print("run_id is required", file=sys.stderr)
+        return 2
+    store = await PostgresStore.connect(url)
+    try:
+        if args.action == "list":
+            rows: list[tuple[datetime, str]] = []
+            if args.kind in (None, "workflow"):
+                for run in await store.workflows.list_workflow_runs(
+                    status=args.status, limit=args.limit
+                ):
+                    line = f"workflow  {run.id}  {run.status!s:<15} {run.owner:<12} "
+                    rows.append((run.updated_at, line + where_workflow(run)))
+            if args.kind in (None, "agent"):
+                for r in await store.workflows.list_agent_runs(args.status, args.limit):
+                    where = f"thread {r['thread_id']}" + (f": {r['error']}" if r["error"] else "")
+                    line = f"agent     {r['id']}  {r['status']:<15} {r['owner']:<12} "
+                    rows.append((r["updated_at"], line + where))
+            rows.sort(key=lambda x: x[0], reverse=True)
+            print(f"{'KIND':<9} {'ID':<36}  {'STATUS':<15} {'OWNER':<12} WHERE (UPDATED)")
+            for at, line in rows[: args.limit]:
+                print(f"{line}  ({_when(at)})")
+            return 0
+        out: dict[str, Any]
+        try:
+            run = await store.workflows.get_workflow_run(args.run_id)
+            interrupts = await store.workflows.interrupts(run.id)
+            out = {
+                "kind": "workflow",
+                "where": where_workflow(run),
+                "run": msgspec.to_builtins(run),
+                "interrupts": msgspec.to_builtins(interrupts),
+            }
+        except WorkflowNotFound:
+            try:
+                agent_run = await store.get_run(args.run_id)
+            except NotFound:
+                print(f"no run {args.run_id}", file=sys.stderr)
+                return 1
+            cards = await store.cards_of_run(agent_run.id)
+            out = {
+                "kind": "agent",
+                "run": msgspec.to_builtins(agent_run),
+                "cards": [c.public() for c in cards],
+            }
+        print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
+        return 0
+    finally:
+        await store.close()
