@@ -40,7 +40,7 @@ from signoff.runtime.notify import wake_workflow
 from signoff.runtime.records import Run, RunStatus
 from signoff.runtime.tools import Registry
 from signoff.runtime.workflows.agent_step import (
-    KIND,
+    CARDS_KEY,
     AgentStep,
     decision_schema,
     listed_cards,
@@ -91,8 +91,9 @@ class AgentSteps:
 
     @classmethod
     def install(cls, worker: Any, engine: Any) -> AgentSteps:
+        """Hook the worker's agent (tools offered per run, settled runs); the engine runs
+        the ``agent`` steps with :meth:`run` (``agent_step.py`` registers the kind)."""
         steps = cls(worker, engine)
-        engine.register(KIND, steps.run)
         worker.agent.tools_for = steps.tools_for
         worker.agent.on_settled = steps.settled
         return steps
@@ -178,13 +179,14 @@ class AgentSteps:
             )
         pending = [c for c in cards if c.status is Status.PENDING]
         if run.status is RunStatus.WAITING and pending:
-            n = len(pending)
+            n, schema = len(pending), decision_schema(pending)
             return GateOpening(
                 kind="human",
                 step_name=step.name,
                 reason=f"{n} action{'s' if n > 1 else ''} proposed by the agent "
                 f"await{'' if n > 1 else 's'} your decision",
-                schema=decision_schema(pending),
+                schema=schema,
+                detail={"agent_run_id": run.id, "cards": schema[CARDS_KEY]},
                 event=None,
                 timeout=None,
                 timeout_response=None,

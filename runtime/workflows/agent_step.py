@@ -1,4 +1,4 @@
-"""Agent steps: the agent loop as a workflow step; its tool approvals park the run (pure).
+"""Agent steps: the agent loop as a workflow step; its tool approvals park the run.
 
 ::
 
@@ -22,7 +22,8 @@ then the worker applies it card by card through the normal decision path, idempo
 after a crash the next worker applies it again and finds the decisions already taken,
 and each card still executes at most once (I4). When the model ends its turn, the step's
 result is merged into the state under the step's name: ``{"reply": text, "actions":
-[{card_id, tool, summary, status}]}``. Design note 26.
+[{card_id, tool, summary, status}]}``. Design note 26. This module is the definition
+(no I/O); the worker side is ``agent_runner.py``, registered here as the ``agent`` step kind.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import msgspec
 
 from signoff.runtime.errors import ConfigError, InvalidInput
 from signoff.runtime.workflows.definition import RESERVED_KEYS, Step, WorkflowContext
+from signoff.runtime.workflows.engine import StepHandler, WorkflowEngine, register_step_kind
 
 # The interrupt's schema names the cards it lists under this key (a JSON schema extension).
 CARDS_KEY = "x-signoff-cards"
@@ -221,3 +223,19 @@ async def agent_decisions(
     if not opened:
         return None  # not parked: the store answers NotParked
     return parse_decisions(payload, opened[-1].schema)
+
+
+def _handler(engine: WorkflowEngine) -> StepHandler:
+    """The engine's handler of agent steps: :class:`AgentSteps` on its worker (host)."""
+    from signoff.runtime.workflows.agent_runner import AgentSteps
+
+    if engine.host is None:  # an engine without a worker: agent steps cannot run there
+
+        async def no_worker(step: Step, ctx: WorkflowContext) -> None:
+            raise ConfigError("agent steps run on a worker (this engine has no host)")
+
+        return no_worker
+    return AgentSteps.install(engine.host, engine).run
+
+
+register_step_kind(KIND, _handler)

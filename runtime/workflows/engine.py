@@ -119,11 +119,8 @@ class WorkflowEngine:
 
     @classmethod
     def of(cls, worker: Any) -> WorkflowEngine:
-        """The engine of a :class:`~signoff.runtime.worker.Worker` (its store, bus, app),
-        with the worker's agent steps (``agent_runner.AgentSteps``) registered."""
-        from signoff.runtime.workflows.agent_runner import AgentSteps
-
-        engine = cls(
+        """The engine of a :class:`~signoff.runtime.worker.Worker` (its store, bus, app)."""
+        return cls(
             store=worker.store.workflows,
             bus=worker.bus,
             keys=worker.keys,
@@ -135,8 +132,6 @@ class WorkflowEngine:
             spawn=worker.spawn,
             host=worker,
         )
-        AgentSteps.install(worker, engine)
-        return engine
 
     def register(self, kind: str, handler: StepHandler) -> None:
         """Run steps of ``kind`` (a :class:`Step` subclass's ``kind``) with ``handler``."""

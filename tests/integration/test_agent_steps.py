@@ -81,6 +81,7 @@ async def test_the_run_parks_with_every_pending_card_on_the_interrupt(h: Harness
     assert gate.status == "open" and gate.kind == "human" and gate.step_name == "agent"
     assert gate.reason == "3 actions proposed by the agent await your decision"
     listed = {c["id"]: c for c in gate.schema[CARDS_KEY]}
+    assert gate.detail == {"agent_run_id": cards[0].run_id, "cards": gate.schema[CARDS_KEY]}
     assert set(listed) == {c.id for c in cards} == set(gate.schema["properties"])
     assert listed[cards[0].id]["summary"] == "Pay 10 to ana"
     assert listed[cards[0].id]["snapshot_hash"] == cards[0].snapshot_hash
