@@ -16,7 +16,7 @@ from signoff import Message, ModelReply, TextSink, ToolSpec
 
 RISKS: list[tuple[str, str, str]] = [
     (r"unlimited liability", "high", "liability is not capped"),
-    (r"automatic(ally)? renew", "medium", "renews automatically"),
+    (r"automatic(ally)? renew|renews? automatically", "medium", "renews automatically"),
     (r"at (its|their) sole discretion", "medium", "one party may change terms alone"),
     (r"exclusive", "low", "exclusivity limits other suppliers"),
 ]
