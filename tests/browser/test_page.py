@@ -13,7 +13,13 @@ from tests.browser.conftest import Chat, expect, needs_browser
 
 pytestmark = [pytest.mark.anyio, needs_browser]
 
-ASSETS = ["/", "/static/app.js", "/static/style.css"]
+ASSETS = [
+    "/",
+    "/static/app.js",
+    "/static/style.css",
+    "/static/gate-form.js",
+    "/static/gate-form.css",
+]
 
 
 class _Refs(HTMLParser):
