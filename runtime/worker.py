@@ -117,7 +117,7 @@ class Worker:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
         ``release=False`` leaves tokens and leases as they are, like a crash would)."""
         self._draining = True
-        await self.workflows.stop(release=release)
+        self.workflows.stop()  # takes no more wakes; its runs are released below
         for task in self._loops:
             task.cancel()
         for task in self._loops:
@@ -135,6 +135,7 @@ class Worker:
         with contextlib.suppress(Exception):
             await self.bus.clear_waits(parked)
         with contextlib.suppress(Exception):
+            await self.store.workflows.release_workflow_runs(self.worker_id)
             await self.store.release_runs(self.worker_id)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

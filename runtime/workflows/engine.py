@@ -187,7 +187,7 @@ class WorkflowEngine:
             return
         steps = workflow.step_list
         n = len(steps)
-        while run.status is WorkflowStatus.RUNNING:
+        while run.status is WorkflowStatus.RUNNING and not self._stopping:
             if run.step >= n:
                 error = f"workflow {run.workflow!r} has no step {run.step} (its definition shrank)"
                 await self.store.fail_run(run.id, self.worker_id, error)
@@ -320,10 +320,7 @@ class WorkflowEngine:
                     self.wake(run_id)
         return settled
 
-    async def stop(self, *, release: bool) -> None:
+    def stop(self) -> None:
+        """Take no more wakes (the worker drains the steps in flight, then releases its
+        runs: ``release_workflow_runs``)."""
         self._stopping = True
-        if release:
-            try:
-                await self.store.release_workflow_runs(self.worker_id)
-            except Exception as exc:
-                log.warning("could not release workflow runs: %s", exc)

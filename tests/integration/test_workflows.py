@@ -9,8 +9,10 @@ import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
 import pytest
 
 from signoff import (
@@ -456,3 +458,89 @@ async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -
             assert [s["name"] for s in done.steps] == ["a", "review"]
     finally:
         del STEP_KINDS["review"]
+
+
+async def test_the_readme_workflow_works_as_written(database_url: str) -> None:
+    text = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- workflow-example: begin", 1)[1].split("<!-- workflow-example: end")[0]
+    code = block.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    namespace: dict[str, Any] = {"__name__": "readme_workflow"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    app: App = namespace["app"]
+    async with Harness(app, database_url=database_url, model=CommandModel()) as h:
+        run = await h.workflows.start("payout", tenant=h.tenant, owner=OWNER)
+        await until(status_is(h, run.id, "awaiting_human"))
+        _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+        assert interrupts[-1].deadline is not None  # the 3-day timeout
+        await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+        await until(status_is(h, run.id, "awaiting_event"))
+        await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": 120}, tenant=h.tenant, by=OWNER
+        )
+        done = await until(status_is(h, run.id, "completed"))
+        assert done.state == {"amount": 120, "approved": True, "note": "", "paid": True}
+
+
+async def test_a_start_whose_hint_is_lost_is_adopted(h: Harness) -> None:
+    """Killed (or Redis gone) between the run's insert and its inbox entry: the run is
+    running with no holder, and a worker adopts it."""
+    dead = RedisBus.from_url("redis://127.0.0.1:1/0", Keys("so-dead:"))
+    try:
+        service = WorkflowService.of(h.store.workflows, dead, Keys("so-dead:"), h.app)
+        run = await service.start("three", tenant=h.tenant, owner=OWNER)
+    finally:
+        await dead.close()
+    assert run.holder is None
+    parked_run = await until(status_is(h, run.id, "awaiting_human"), what="adopted")
+    assert parked_run.holder == h.worker.worker_id and calls(run.id, "extract") == 1
+
+
+async def test_a_slow_postgres_at_resume_delays_it_and_changes_nothing_else(
+    h: Harness,
+) -> None:
+    run = await parked(h)
+    conn = await asyncpg.connect(h.database_url)
+    try:
+        async with conn.transaction():  # a long transaction holds the run's row
+            await conn.execute("SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE", run.id)
+            resume = asyncio.create_task(
+                h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
+            )
+            await asyncio.sleep(0.8)
+            assert not resume.done()
+            still = await h.store.workflows.get_workflow_run(run.id)
+            assert still.status == "awaiting_human"
+        resumed = await resume
+        assert resumed.status == "running"
+    finally:
+        await conn.close()
+    await until(status_is(h, run.id, "completed"))
+    await asyncio.sleep(0.2)
+    assert calls(run.id, "pay") == 1
+
+
+async def test_graceful_stop_mid_step_hands_the_run_over(database_url: str) -> None:
+    """A stopping worker finishes the step in flight, records it, runs no further step and
+    lets go of the run: another worker continues from the next step."""
+    settings = Settings(lease_seconds=1.0, poll_seconds=0.3, sweep_seconds=0.2)
+    app = wf_app.build()
+    async with Harness(
+        app, database_url=database_url, model=CommandModel(), settings=settings
+    ) as h:
+        run = await start(h, "crashy")
+        await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+        stopping = asyncio.create_task(h.worker.stop())
+        await asyncio.sleep(0.1)
+        release(run.id)
+        await stopping
+        after = await h.store.workflows.get_workflow_run(run.id)
+        assert after.step == 2 and after.holder is None and calls(run.id, "last") == 0
+        async with Harness(
+            app,
+            database_url=database_url,
+            model=CommandModel(),
+            settings=settings,
+            tenant=h.tenant,
+        ) as h2:
+            await until(status_is(h2, run.id, "completed"))
+            assert calls(run.id, "held") == 1 and calls(run.id, "last") == 1
