@@ -18,6 +18,7 @@ import asyncpg
 import httpx
 
 from bench.common import QUOTAS_OFF, Cluster, Services, gather_limited, log, summarize_ms
+from bench.rawhttp import RawClient
 
 APP = "bench.workflow_app:app"
 WORKFLOW = "wake"
@@ -79,29 +80,34 @@ async def wait_parked(database_url: str, ids: list[str], timeout: float) -> floa
 
 
 async def deliver_all(
-    http: httpx.AsyncClient, ids: list[str], rate: float | None, senders: int
+    c: Cluster, ids: list[str], rate: float | None, senders: int
 ) -> dict[str, Any]:
-    """Deliver each run's event: open loop at ``rate``/s, or ``senders`` concurrent senders."""
+    """Deliver each run's event over HTTP (``bench/rawhttp.py``, keep-alive connections):
+    open loop at ``rate``/s, or ``senders`` concurrent senders (saturation)."""
+    (gw,) = c.gateways
+    raw = RawClient(gw.url, {"Authorization": f"Bearer {c.token(USER)}"}, size=max(senders, 8))
     errors: list[int] = []
 
     async def one(run_id: str) -> None:
-        r = await http.post(
-            event_path(run_id), json={"name": "wake", "payload": {"sent_ns": time.time_ns()}}
-        )
-        if r.status_code >= 300:
-            errors.append(r.status_code)
+        body = {"name": "wake", "payload": {"sent_ns": time.time_ns()}}
+        status, _ = await raw.post(event_path(run_id), body)
+        if status >= 300:
+            errors.append(status)
 
     t0 = time.monotonic()
-    if rate is None:
-        await gather_limited([one(i) for i in ids], senders)
-    else:
-        tasks = []
-        for i, run_id in enumerate(ids):
-            delay = t0 + i / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(run_id)))
-        await asyncio.gather(*tasks)
+    try:
+        if rate is None:
+            await gather_limited([one(i) for i in ids], senders)
+        else:
+            tasks = []
+            for i, run_id in enumerate(ids):
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(run_id)))
+            await asyncio.gather(*tasks)
+    finally:
+        await raw.close()
     return {"send_seconds": round(time.monotonic() - t0, 3), "send_errors": len(errors)}
 
 
@@ -154,36 +160,86 @@ async def load_phases(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
             ids = await start_runs(http, n)
             await wait_parked(svc.database_url, ids, args.drain_timeout)
             park_s = round(time.monotonic() - t, 2)
-            sent = await deliver_all(http, ids, rate, args.senders)
+            sent = await deliver_all(c, ids, rate, args.senders)
             rows = await rows_of(svc.database_url, ids, args.drain_timeout)
             out[phase] = {**figures(rows, n), **sent, "park_seconds": park_s}
             log(f"signoff {phase}: {out[phase].get('wake_ms')} {out[phase].get('wakes_per_s')}/s")
     return out
 
 
+CLONE = """
+WITH g AS (
+  SELECT i, md5($2 || ':w:' || i)::uuid AS rid, md5($2 || ':i:' || i)::uuid AS iid
+  FROM generate_series($3::int, $4::int) i
+), r AS (
+  INSERT INTO workflow_runs (id, tenant, owner, app, workflow, status, step, state, input,
+                             steps, worker_id)
+  SELECT g.rid, w.tenant, w.owner, w.app, w.workflow, w.status, w.step, w.state, w.input,
+         w.steps, w.worker_id
+  FROM g, workflow_runs w WHERE w.id = $1
+)
+INSERT INTO interrupts (id, run_id, step, step_name, kind, reason, schema, event, deadline,
+                        timeout_response, status, detail)
+SELECT g.iid, g.rid, x.step, x.step_name, x.kind, x.reason, x.schema, x.event, x.deadline,
+       x.timeout_response, 'open', x.detail
+FROM g, interrupts x WHERE x.run_id = $1 AND x.status = 'open'
+"""
+
+
+async def clone(database_url: str, template: str, start: int, end: int, salt: str) -> list[str]:
+    """Runs parked like ``template`` (its row and its open interrupt) for i in start..end."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        for lo in range(start, end + 1, 10_000):
+            hi = min(lo + 9_999, end)
+            await conn.execute(CLONE, template, salt, lo, hi, timeout=600)
+        rows = await conn.fetch(
+            "SELECT md5($1 || ':w:' || i)::uuid::text AS id FROM generate_series($2::int, $3::int) i",
+            salt,
+            start,
+            end,
+        )
+        return [r["id"] for r in rows]
+    finally:
+        await conn.close()
+
+
 async def memory(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
+    """RSS of the worker before and after N runs are parked. The first size is parked
+    through the worker (started over HTTP: the worker runs to the gate and opens it); a
+    larger size is reached by cloning a parked run in Postgres (a parked run is a row and
+    its open interrupt), and a sample of the clones is then woken to show they are live."""
     (worker,) = c.workers
     await asyncio.sleep(2)
     base = worker.rss()
     out: dict[str, Any] = {}
-    total = 0
     ids: list[str] = []
     async with client(c) as http:
         for n in args.parked:
             t = time.monotonic()
-            ids += await start_runs(http, n - total, 32)
-            total = n
-            await wait_parked(svc.database_url, ids, max(args.drain_timeout, n / 50))
-            await asyncio.sleep(2)
+            if not ids:
+                ids = await start_runs(http, n, 32)
+                await wait_parked(svc.database_url, ids, max(args.drain_timeout, n / 20))
+                how = "through the worker"
+            else:
+                ids += await clone(svc.database_url, ids[0], len(ids), n - 1, svc.dbname)
+                how = f"{len(ids) - args.parked[0]} cloned in Postgres"
+            # a few of the worker's ticks (poll, adoption, sweeper) over the parked runs
+            await asyncio.sleep(max(3.0, 2 * args.poll))
             rss = worker.rss()
             out[str(n)] = {
                 "parked": n,
+                "how": how,
                 "baseline_rss": base,
                 "rss": rss,
                 "bytes_per_workflow": round((rss - base) / n, 1),
                 "park_seconds": round(time.monotonic() - t, 1),
             }
-            log(f"signoff memory: {n} parked: {(rss - base) / n:.0f} B/workflow")
+            log(f"signoff memory: {n} parked ({how}): {(rss - base) / n:.0f} B/workflow")
+        sample = ids[-args.sample :]
+        await deliver_all(c, sample, None, 8)
+        rows = await rows_of(svc.database_url, sample, args.drain_timeout)
+        out["sample_woken"] = {"offered": len(sample), "woken": len(rows)}
     return out
 
 
@@ -193,7 +249,7 @@ def run(args: Any, svc: Services, workdir: Path) -> dict[str, Any]:
         out = asyncio.run(load_phases(c, svc, args))
     finally:
         c.stop()
-    c = make_cluster(svc, workdir / "memory")
+    c = make_cluster(svc, workdir / "memory", SIGNOFF_POLL_SECONDS=str(args.poll))
     try:
         out["memory"] = asyncio.run(memory(c, svc, args))
     finally:

@@ -66,7 +66,7 @@ def summarize(dbos: dict[str, Any] | None, so: dict[str, Any] | None) -> dict[st
         s[f"{tag}_wake_per_s"] = figure(sat.get("wakes_per_s"), "1/s", 1)
         s[f"{tag}_wake_p50_ms_saturation"] = figure(sat.get("wake_ms", {}).get("p50"), "ms")
         s[f"{tag}_wake_p99_ms_saturation"] = figure(sat.get("wake_ms", {}).get("p99"), "ms")
-        mem = side.get("memory", {})
+        mem = {k: v for k, v in side.get("memory", {}).items() if k.isdigit()}
         if mem:
             for n, m in mem.items():
                 s[f"{tag}_parked_bytes_{n}"] = figure(m["bytes_per_workflow"], "B", 0)
@@ -96,13 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         default=[10_000],
         help="DBOS parked sizes (DBOS starts ~200 workflows/s here: 100k takes ~9 minutes)",
     )
+    p.add_argument("--sample", type=int, default=50, help="parked runs woken after memory")
+    p.add_argument("--poll", type=float, default=1.0, help="SIGNOFF_POLL_SECONDS (memory)")
     p.add_argument("--sides", default="dbos,signoff", help="which sides to run")
     p.add_argument("--drain-timeout", type=float, default=120.0)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     args = p.parse_args(argv)
     if args.quick:
         args.latency_wakes, args.saturation_wakes = 200, 300
-        args.parked, args.dbos_parked = [1000, 3000], [1000]
+        args.parked, args.dbos_parked, args.sample = [1000, 3000], [1000], 20
     raise_nofile()
     busy = machine_busy()
     t0 = time.monotonic()
@@ -151,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         for ph in ("open", "saturation")
         if ph in side
     ]
+    if so and "memory" in so:
+        woken = so["memory"]["sample_woken"]
+        lost.append(woken["offered"] - woken["woken"])
     if any(lost):
         log(f"workflows: WAKES LOST: {lost}")
         return 1
