@@ -7,14 +7,18 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import asyncpg
 import pytest
 
 from signoff import Edit, InvalidInput, NotParked, WorkflowRun
+from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Resolution
+from signoff.runtime.keys import Keys
 from signoff.runtime.workflows.agent_runner import AgentSteps
 from signoff.runtime.workflows.agent_step import CARDS_KEY, AgentStep, workflow_thread_id
+from signoff.runtime.workflows.service import WorkflowService
 from signoff.testing import Harness
 from tests import agent_wf_app
 
@@ -210,3 +214,44 @@ async def test_a_partial_map_parks_again_on_the_cards_left(h: Harness) -> None:
     await h.workflows.resume(run.id, {b.id: True, c.id: False}, tenant=h.tenant, by=OWNER)
     done = await until(status_is(h, run.id, "completed"), what="completed")
     assert done.state["agent"]["reply"] == "paid: ana=10, bruno=20"
+
+
+async def test_redis_down_at_resume_commits_the_map_and_the_run_continues(h: Harness) -> None:
+    """The resuming gateway's Redis is gone: the map is checkpointed anyway, the hint is
+    lost, and the holder's poll finds the run in Postgres and applies the map."""
+    run, (a, b, c) = await parked_on_cards(h)
+    dead = RedisBus.from_url("redis://127.0.0.1:1/0", Keys("so-dead:"))
+    try:
+        service = WorkflowService.of(h.store.workflows, dead, Keys("so-dead:"), h.app)
+        resumed = await service.resume(
+            run.id, {a.id: True, b.id: False, c.id: True}, tenant=h.tenant, by=OWNER
+        )
+        assert resumed.status == "running"
+    finally:
+        await dead.close()
+    done = await until(status_is(h, run.id, "completed"), what="continued through Postgres")
+    assert done.state["agent"]["reply"] == "paid: ana=10, carla=30"
+    assert await executions(h) == {"ana": (10, 1), "carla": (30, 1)}
+
+
+async def test_a_slow_postgres_at_resume_delays_the_map_and_changes_nothing_else(
+    h: Harness,
+) -> None:
+    run, (a, b, c) = await parked_on_cards(h)
+    conn = await asyncpg.connect(h.database_url)
+    try:
+        async with conn.transaction():  # a long transaction holds the run's row
+            await conn.execute("SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE", run.id)
+            resume = asyncio.create_task(
+                h.workflows.resume(
+                    run.id, {a.id: True, b.id: True, c.id: True}, tenant=h.tenant, by=OWNER
+                )
+            )
+            await asyncio.sleep(0.8)
+            assert not resume.done()
+            assert [str(x.status) for x in await h.store.cards_of_run(a.run_id)] == ["pending"] * 3
+        assert (await resume).status == "running"
+    finally:
+        await conn.close()
+    await until(status_is(h, run.id, "completed"), what="completed")
+    assert await executions(h) == {"ana": (10, 1), "bruno": (20, 1), "carla": (30, 1)}
