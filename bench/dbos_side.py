@@ -40,6 +40,7 @@ import asyncpg
 
 from bench.common import log, rss_bytes, summarize_ms
 
+WARM_UP = 32  # workflows woken before a phase's measured ones (the sender's pool)
 TABLE = (
     "CREATE TABLE IF NOT EXISTS dbos_wakes (id text PRIMARY KEY, sent_ns bigint NOT NULL, "
     "woke_ns bigint NOT NULL, step_ns bigint NOT NULL, done_ns bigint NOT NULL)"
@@ -137,12 +138,17 @@ async def serve(database_url: str, pool_size: int) -> None:
 
 
 async def send_all(
-    database_url: str, ids: list[str], rate: float | None, senders: int
+    database_url: str,
+    ids: list[str],
+    rate: float | None,
+    senders: int,
+    warm: list[str] | None = None,
 ) -> dict[str, Any]:
     """Send one message to each workflow from this process (a ``DBOSClient``).
 
     ``rate``: open loop at that many messages/s (a send that falls behind goes at
     once); ``None``: as fast as ``senders`` concurrent senders go (saturation).
+    ``warm``: workflows woken first, not measured (the client's pool and threads).
     Returns the wall time of the sends."""
     from dbos import DBOSClient
 
@@ -161,6 +167,9 @@ async def send_all(
             except Exception:
                 errors += 1
 
+        if warm:
+            await asyncio.gather(*(loop.run_in_executor(pool, send, w) for w in warm))
+            await wake_rows(database_url, warm, 60)
         t0 = time.monotonic()
         futs = []
         for i, wid in enumerate(ids):
@@ -286,11 +295,12 @@ async def run_phases(args: Any, server_url: str, workdir: Path) -> dict[str, Any
                 ("open", args.latency_wakes, args.rate),
                 ("saturation", args.saturation_wakes, None),
             ):
-                ids = [f"{phase}-{i}" for i in range(n)]
+                ids = [f"{phase}-{i}" for i in range(n + WARM_UP)]
                 parked = await asyncio.to_thread(
-                    proc.command, {"op": "park", "n": n, "prefix": phase}
+                    proc.command, {"op": "park", "n": n + WARM_UP, "prefix": phase}
                 )
-                sent = await send_all(url, ids, rate, args.senders)
+                warm, ids = ids[:WARM_UP], ids[WARM_UP:]
+                sent = await send_all(url, ids, rate, args.senders, warm)
                 rows = await wake_rows(url, ids, args.drain_timeout)
                 out[phase] = {**phase_figures(rows, n), **sent, "park_seconds": parked["seconds"]}
                 log(f"dbos {phase}: {out[phase].get('wake_ms')} {out[phase].get('wakes_per_s')}/s")

@@ -23,6 +23,7 @@ from bench.rawhttp import RawClient
 APP = "bench.workflow_app:app"
 WORKFLOW = "wake"
 USER = "bench-wf"
+WARM_UP = 32
 
 
 def start_path() -> str:
@@ -79,13 +80,16 @@ async def wait_parked(database_url: str, ids: list[str], timeout: float) -> floa
         await conn.close()
 
 
+def raw_client(c: Cluster, size: int) -> RawClient:
+    (gw,) = c.gateways
+    return RawClient(gw.url, {"Authorization": f"Bearer {c.token(USER)}"}, size=max(size, 8))
+
+
 async def deliver_all(
-    c: Cluster, ids: list[str], rate: float | None, senders: int
+    raw: RawClient, ids: list[str], rate: float | None, senders: int
 ) -> dict[str, Any]:
     """Deliver each run's event over HTTP (``bench/rawhttp.py``, keep-alive connections):
     open loop at ``rate``/s, or ``senders`` concurrent senders (saturation)."""
-    (gw,) = c.gateways
-    raw = RawClient(gw.url, {"Authorization": f"Bearer {c.token(USER)}"}, size=max(senders, 8))
     errors: list[int] = []
 
     async def one(run_id: str) -> None:
@@ -95,19 +99,16 @@ async def deliver_all(
             errors.append(status)
 
     t0 = time.monotonic()
-    try:
-        if rate is None:
-            await gather_limited([one(i) for i in ids], senders)
-        else:
-            tasks = []
-            for i, run_id in enumerate(ids):
-                delay = t0 + i / rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(run_id)))
-            await asyncio.gather(*tasks)
-    finally:
-        await raw.close()
+    if rate is None:
+        await gather_limited([one(i) for i in ids], senders)
+    else:
+        tasks = []
+        for i, run_id in enumerate(ids):
+            delay = t0 + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(run_id)))
+        await asyncio.gather(*tasks)
     return {"send_seconds": round(time.monotonic() - t0, 3), "send_errors": len(errors)}
 
 
@@ -150,6 +151,8 @@ def client(c: Cluster) -> httpx.AsyncClient:
 
 
 async def load_phases(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
+    """Each phase: park n + a warm-up of 32 runs; the warm-up's events open the sender's
+    connections (not measured), then the n events are sent at the phase's pace."""
     out: dict[str, Any] = {}
     async with client(c) as http:
         for phase, n, rate in (
@@ -157,10 +160,17 @@ async def load_phases(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
             ("saturation", args.saturation_wakes, None),
         ):
             t = time.monotonic()
-            ids = await start_runs(http, n)
+            ids = await start_runs(http, n + WARM_UP)
             await wait_parked(svc.database_url, ids, args.drain_timeout)
             park_s = round(time.monotonic() - t, 2)
-            sent = await deliver_all(c, ids, rate, args.senders)
+            raw = raw_client(c, args.senders)
+            try:
+                await deliver_all(raw, ids[:WARM_UP], None, args.senders)
+                await rows_of(svc.database_url, ids[:WARM_UP], args.drain_timeout)
+                ids = ids[WARM_UP:]
+                sent = await deliver_all(raw, ids, rate, args.senders)
+            finally:
+                await raw.close()
             rows = await rows_of(svc.database_url, ids, args.drain_timeout)
             out[phase] = {**figures(rows, n), **sent, "park_seconds": park_s}
             log(f"signoff {phase}: {out[phase].get('wake_ms')} {out[phase].get('wakes_per_s')}/s")
@@ -237,7 +247,11 @@ async def memory(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
             }
             log(f"signoff memory: {n} parked ({how}): {(rss - base) / n:.0f} B/workflow")
         sample = ids[-args.sample :]
-        await deliver_all(c, sample, None, 8)
+        raw = raw_client(c, 8)
+        try:
+            await deliver_all(raw, sample, None, 8)
+        finally:
+            await raw.close()
         rows = await rows_of(svc.database_url, sample, args.drain_timeout)
         out["sample_woken"] = {"offered": len(sample), "woken": len(rows)}
     return out

@@ -70,9 +70,11 @@ def summarize(dbos: dict[str, Any] | None, so: dict[str, Any] | None) -> dict[st
         if mem:
             for n, m in mem.items():
                 s[f"{tag}_parked_bytes_{n}"] = figure(m["bytes_per_workflow"], "B", 0)
-            big = max(mem, key=int)
+            # the larger of the sizes' figures (conservative: signoff's larger sizes are
+            # mostly clones the worker never ran, which cost it nothing)
+            worst = max(mem, key=lambda n: mem[n]["bytes_per_workflow"])
             key = "workflow_parked_bytes" if tag == "workflow" else "dbos_parked_bytes"
-            s[key] = {**figure(mem[big]["bytes_per_workflow"], "B", 0), "at": int(big)}
+            s[key] = {**figure(mem[worst]["bytes_per_workflow"], "B", 0), "at": int(worst)}
     if dbos and so:
         d, w = s.get("dbos_wake_p50_ms", {}), s.get("workflow_wake_p50_ms", {})
         if d.get("value") and w.get("value"):
