@@ -27,6 +27,8 @@ from signoff.runtime.workflows.service import WorkflowService
 
 class StartIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     input: dict[str, Any] | None = None
+    # A UUID chosen by the client: the same start sent again returns the same run.
+    run_id: str | None = None
 
 
 class ResumeIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -55,7 +57,11 @@ class WorkflowRoutes:
     async def start(self, request: Request, who: Principal) -> Response:
         body: StartIn = parse(await self.api.body(request) or b"{}", StartIn)
         run = await self.service.start(
-            request.path_params["name"], body.input, tenant=who.tenant, owner=who.user
+            request.path_params["name"],
+            body.input,
+            tenant=who.tenant,
+            owner=who.user,
+            run_id=body.run_id,
         )
         return json_response(run_body(run), 201)
 

@@ -141,6 +141,7 @@ async def _worker(args: argparse.Namespace) -> int:
                 settings.metrics_port,
                 lambda: m.worker_text(worker),
                 worker.decision_latency_ns,
+                worker.workflows.wake_latency_ns,
             )
         print(f"signoff worker {settings.worker_id} running app {app.name}", flush=True)
         await stop.wait()

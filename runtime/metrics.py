@@ -192,6 +192,11 @@ def worker_text(worker: Any) -> str:
             len(worker.waits.parked_cards()),
         ),
         *gauge("signoff_steps_in_flight", "Agent steps running now.", len(worker._tasks)),
+        *gauge(
+            "signoff_workflow_runs_in_flight",
+            "Workflow runs whose steps run on this worker now (parked ones hold nothing).",
+            worker.workflows.in_flight,
+        ),
     ]
     lines += COUNTERS.render()
     samples = worker.decision_latency_ns
@@ -211,10 +216,16 @@ def samples_json(samples: LatencySamples, query: str) -> bytes:
 
 
 async def serve(
-    host: str, port: int, text: Callable[[], str], samples: LatencySamples | None = None
+    host: str,
+    port: int,
+    text: Callable[[], str],
+    samples: LatencySamples | None = None,
+    workflow_samples: LatencySamples | None = None,
 ) -> asyncio.Server:
     """A minimal HTTP/1.1 server for ``GET /metrics`` (and the raw samples); one request per
-    connection. For a process with no web server of its own (the worker)."""
+    connection. For a process with no web server of its own (the worker).
+    ``/metrics/workflow-latency?after=N``: a gateway received a resume or an event -> this
+    worker claimed the run to run its next step (ns)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -229,6 +240,9 @@ async def serve(
                 method == "GET" and url.path == "/metrics/decision-latency" and samples is not None
             ):
                 status, ctype, body = "200 OK", "application/json", samples_json(samples, url.query)
+            elif url.path == "/metrics/workflow-latency" and workflow_samples is not None:
+                body = samples_json(workflow_samples, url.query)
+                status, ctype = "200 OK", "application/json"
             elif method == "GET" and url.path == "/healthz":
                 status, ctype, body = "200 OK", "application/json", b'{"ok":true}'
             writer.write(

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, Run, Thread
+from signoff.runtime.workflows.definition import WorkflowStatus
 from signoff.runtime.workflows.records import GateOpening, Interrupt, Passed, WorkflowRun
 
 # A gate's payload validated for the gate at a step index (raises InvalidInput).
@@ -45,7 +46,7 @@ class WorkflowStore(Protocol):
 
     async def create_run(
         self, run_id: str, *, tenant: str, owner: str, app: str, workflow: str, input: Any
-    ) -> WorkflowRun: ...
+    ) -> tuple[WorkflowRun, bool]: ...
 
     async def get_workflow_run(self, run_id: str) -> WorkflowRun: ...
 
@@ -83,8 +84,20 @@ class WorkflowStore(Protocol):
         by: str,
         n_steps: int,
         automatic: bool = False,
-        advance: bool = True,
     ) -> Passed: ...
+
+    async def pass_gate(
+        self,
+        run_id: str,
+        *,
+        status: WorkflowStatus,
+        step: int,
+        payload: dict[str, Any],
+        by: str,
+        n_steps: int,
+        event: str | None = None,
+        automatic: bool = False,
+    ) -> Passed | None: ...
 
     async def deliver_event(
         self,

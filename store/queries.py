@@ -105,7 +105,6 @@ class Queries:
     wf_claim: str
     wf_step_done: str
     wf_gate_passed: str
-    wf_gate_reentered: str
     wf_set_status: str
     wf_fail: str
     wf_runs_due: str
@@ -121,6 +120,7 @@ class Queries:
     wf_interrupts_overdue: str
     wf_event_insert: str
     wf_event_take: str
+    wf_pass_gate: str
 
 
 def parse(text: str) -> dict[str, str]:

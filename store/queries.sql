@@ -1045,8 +1045,10 @@ FROM card_refusals WHERE card_id = $1 ORDER BY id;
 -- future lease (a worker that stopped gracefully has no row any more).
 
 -- name: wf_run_insert
+-- A run id the client chose may already exist (a retried start): nothing is inserted.
 INSERT INTO workflow_runs (id, tenant, owner, app, workflow, status, input)
 VALUES ($1, $2, $3, $4, $5, 'running', $6)
+ON CONFLICT (id) DO NOTHING
 RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
     worker_id AS holder, error, created_at, updated_at;
 
@@ -1106,20 +1108,17 @@ RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, st
 
 -- name: wf_gate_passed
 -- The gate at run $1's current step was resolved with payload $2 (its name $3): merged,
--- step + 1, running again (or completed after the last step, $4 = the step count).
+-- step + 1, running again (or completed after the last step, $4 = the step count). $5
+-- (re-enter): an extension step's wait, whose step runs again with the resolution on its
+-- interrupt: nothing merged, same step, running.
 UPDATE workflow_runs
-SET state = state || $2::jsonb, step = step + 1,
-    steps = steps || jsonb_build_array(jsonb_build_object('name', $3::text, 'at', now())),
-    status = CASE WHEN step + 1 >= $4 THEN 'completed' ELSE 'running' END,
+SET state = CASE WHEN $5 THEN state ELSE state || $2::jsonb END,
+    step = CASE WHEN $5 THEN step ELSE step + 1 END,
+    steps = CASE WHEN $5 THEN steps
+                 ELSE steps || jsonb_build_array(jsonb_build_object('name', $3::text, 'at', now()))
+            END,
+    status = CASE WHEN NOT $5 AND step + 1 >= $4 THEN 'completed' ELSE 'running' END,
     error = NULL, updated_at = now()
-WHERE id = $1
-RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
-    worker_id AS holder, error, created_at, updated_at;
-
--- name: wf_gate_reentered
--- The gate at run $1's current step (an agent step's approvals, design note 26) was
--- resolved: the step runs again (it applies the payload itself); state and step unchanged.
-UPDATE workflow_runs SET status = 'running', error = NULL, updated_at = now()
 WHERE id = $1
 RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
     worker_id AS holder, error, created_at, updated_at;
@@ -1173,28 +1172,28 @@ WHERE worker_id = $1 AND status IN ('running', 'awaiting_human', 'awaiting_event
 -- name: wf_interrupt_insert
 -- $9: seconds to the deadline (NULL: none), on the database clock (I7).
 INSERT INTO interrupts (id, run_id, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail)
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
     CASE WHEN $9::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $9::float8) END,
-    $10, $11, $12, $13, CASE WHEN $11 = 'resolved' THEN now() END, $14, $15)
+    $10, $11, $12, $13, CASE WHEN $11 = 'resolved' THEN now() END, $14, $15, $16)
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at;
 
 -- name: wf_interrupts_of_run
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at
 FROM interrupts WHERE run_id = $1 ORDER BY created_at, id;
 
 -- name: wf_interrupt_open_lock
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at,
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at,
     deadline IS NOT NULL AND deadline <= now() AS overdue
 FROM interrupts WHERE run_id = $1 AND status = 'open'
 FOR UPDATE;
 
 -- name: wf_interrupt_last
 SELECT id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at
 FROM interrupts WHERE run_id = $1 AND step = $2 ORDER BY created_at DESC, id LIMIT 1;
 
 -- name: wf_interrupt_resolve
@@ -1202,14 +1201,14 @@ UPDATE interrupts
 SET status = 'resolved', payload = $2, resolved_by = $3, resolved_at = now(), automatic = $4
 WHERE id = $1 AND status = 'open'
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at;
 
 -- name: wf_interrupt_time_out
 UPDATE interrupts
 SET status = 'timed_out', resolved_by = 'system:timeout', resolved_at = now(), automatic = true
 WHERE id = $1 AND status = 'open'
 RETURNING id::text, run_id::text, step, step_name, kind, reason, schema, event, deadline,
-    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, created_at;
+    timeout_response, status, payload, resolved_by, resolved_at, automatic, detail, reenter, created_at;
 
 -- name: wf_interrupts_cancel
 UPDATE interrupts SET status = 'cancelled', resolved_by = $2, resolved_at = now()
@@ -1238,3 +1237,42 @@ WHERE id = (
     FOR UPDATE
 )
 RETURNING payload, delivered_by;
+
+-- name: wf_pass_gate
+-- The fast path of a resume or an event (one statement): run $1, found parked with status
+-- $2 at step $3, has its open interrupt (of event $7 when given; the kind is implied by
+-- the status) resolved with payload $4 by $5 (automatic $6) and passes the gate (step
+-- + 1; completed after the last step, $8 = the step count). The run row is locked first.
+-- No row: the run moved on meanwhile (the caller diagnoses under locks).
+WITH run AS (
+    SELECT r.id FROM workflow_runs r
+    WHERE r.id = $1 AND r.status = $2 AND r.step = $3
+    FOR UPDATE
+),
+intr AS (
+    UPDATE interrupts i
+    SET status = 'resolved', payload = $4, resolved_by = $5, resolved_at = now(), automatic = $6
+    FROM run
+    WHERE i.run_id = run.id AND i.status = 'open' AND ($7::text IS NULL OR i.event = $7)
+    RETURNING i.*
+),
+passed AS (
+    UPDATE workflow_runs w
+    SET state = CASE WHEN intr.reenter THEN w.state ELSE w.state || $4::jsonb END,
+        step = CASE WHEN intr.reenter THEN w.step ELSE w.step + 1 END,
+        steps = CASE WHEN intr.reenter THEN w.steps
+                     ELSE w.steps || jsonb_build_array(
+                         jsonb_build_object('name', intr.step_name, 'at', now()))
+                END,
+        status = CASE WHEN NOT intr.reenter AND w.step + 1 >= $8 THEN 'completed'
+                      ELSE 'running' END,
+        error = NULL, updated_at = now()
+    FROM intr
+    WHERE w.id = $1
+    RETURNING w.id::text, w.tenant, w.owner, w.app, w.workflow, w.status, w.step, w.state,
+        w.input, w.steps, w.worker_id AS holder, w.error, w.created_at, w.updated_at
+)
+SELECT passed.*, to_jsonb(intr) AS interrupt,
+    EXISTS (SELECT 1 FROM workers k WHERE k.id = passed.holder AND k.lease_until > now())
+        AS holder_live
+FROM passed, intr;

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 PayloadFor = Callable[[int], dict[str, Any]]
 TIMEOUT_ACTOR = "system:timeout"
 AWAITING = {"human": WorkflowStatus.AWAITING_HUMAN, "event": WorkflowStatus.AWAITING_EVENT}
-_EXTRA = ("holder_live", "overdue")
+_EXTRA = ("holder_live", "overdue", "interrupt")
 
 
 def _run(row: Row) -> WorkflowRun:
@@ -73,13 +73,12 @@ async def _pass(
     by: str,
     automatic: bool,
     n_steps: int,
-    advance: bool = True,
 ) -> tuple[WorkflowRun, Interrupt]:
     row = await conn.fetchrow(SQL.wf_interrupt_resolve, intr.id, payload, by, automatic)
     resolved = _interrupt(rows.some(row))
-    if not advance:  # the step runs again and applies the payload itself (design note 26)
-        return _run(rows.some(await conn.fetchrow(SQL.wf_gate_reentered, run.id))), resolved
-    passed = await conn.fetchrow(SQL.wf_gate_passed, run.id, payload, intr.step_name, n_steps)
+    passed = await conn.fetchrow(
+        SQL.wf_gate_passed, run.id, payload, intr.step_name, n_steps, intr.reenter
+    )
     return _run(rows.some(passed)), resolved
 
 
@@ -99,11 +98,15 @@ class WorkflowRows:
 
     async def create_run(
         self, run_id: str, *, tenant: str, owner: str, app: str, workflow: str, input: Any
-    ) -> WorkflowRun:
+    ) -> tuple[WorkflowRun, bool]:
+        """The new run, or the one with that id already (a retried start: the caller
+        checks it is the same start) and False."""
         row = await self._db.fetchrow(
             SQL.wf_run_insert, run_id, tenant, owner, app, workflow, input
         )
-        return _run(rows.some(row))
+        if row is None:
+            return await self.get_workflow_run(run_id), False
+        return _run(row), True
 
     async def get_workflow_run(self, run_id: str) -> WorkflowRun:
         row = await self._db.fetchrow(SQL.wf_run_get, _id(run_id))
@@ -182,10 +185,16 @@ class WorkflowRows:
                     kept["delivered_by"],
                     False,
                     gate.detail,
+                    gate.reenter,
                 )
                 intr = _interrupt(rows.some(row))
                 passed = await conn.fetchrow(
-                    SQL.wf_gate_passed, run_id, kept["payload"], gate.step_name, n_steps
+                    SQL.wf_gate_passed,
+                    run_id,
+                    kept["payload"],
+                    gate.step_name,
+                    n_steps,
+                    gate.reenter,
                 )
                 return _run(rows.some(passed)), intr
             row = await conn.fetchrow(
@@ -201,6 +210,7 @@ class WorkflowRows:
                 None,
                 False,
                 gate.detail,
+                gate.reenter,
             )
             parked = await conn.fetchrow(SQL.wf_set_status, run_id, AWAITING[gate.kind], None)
             return _run(rows.some(parked)), _interrupt(rows.some(row))
@@ -245,14 +255,11 @@ class WorkflowRows:
         by: str,
         n_steps: int,
         automatic: bool = False,
-        advance: bool = True,
     ) -> Passed:
         """Resolve the open ``kind`` gate of the run with a payload (validated for the gate
         the run waits at by ``payload_for``) and pass it: the interrupt records who and
         when, the payload is merged, the run runs again. ``NotParked`` if it waits at no
-        such gate (another resolution won). ``advance=False``: the payload is only
-        recorded on the interrupt and the run's current step runs again (an agent step's
-        decision map, checkpointed before it is applied)."""
+        such gate (another resolution won)."""
         rid = _id(run_id)
 
         async def go(conn: Conn) -> Passed:
@@ -263,10 +270,34 @@ class WorkflowRows:
             if found is None:
                 raise _not_parked(run, f"a {kind} gate")
             payload = payload_for(run.step)
-            run, intr = await _pass(conn, run, found[0], payload, by, automatic, n_steps, advance)
+            run, intr = await _pass(conn, run, found[0], payload, by, automatic, n_steps)
             return Passed(run=run, interrupt=intr, holder_live=live)
 
         return await self._db.transaction(go)
+
+    async def pass_gate(
+        self,
+        run_id: str,
+        *,
+        status: WorkflowStatus,
+        step: int,
+        payload: dict[str, Any],
+        by: str,
+        n_steps: int,
+        event: str | None = None,
+        automatic: bool = False,
+    ) -> Passed | None:
+        """The fast path of a resolution, one statement: the run still parked with
+        ``status`` at ``step`` passes its open gate (of ``event`` when given) with
+        ``payload``. None if the run moved on meanwhile; then :meth:`resolve_gate` or
+        :meth:`deliver_event` tell why, under locks."""
+        row = await self._db.fetchrow(
+            SQL.wf_pass_gate, _id(run_id), status, step, payload, by, automatic, event, n_steps
+        )
+        if row is None:
+            return None
+        intr = msgspec.convert(row["interrupt"], Interrupt)
+        return Passed(run=_run(row), interrupt=intr, holder_live=bool(row["holder_live"]))
 
     async def deliver_event(
         self,
@@ -377,6 +408,7 @@ class WorkflowRows:
                 None,
                 False,
                 old.detail,
+                old.reenter,
             )
             parked = await conn.fetchrow(SQL.wf_set_status, rid, AWAITING[old.kind], None)
             return _run(rows.some(parked)), _interrupt(rows.some(row))

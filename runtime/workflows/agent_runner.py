@@ -49,7 +49,7 @@ from signoff.runtime.workflows.agent_step import (
     workflow_thread_id,
 )
 from signoff.runtime.workflows.definition import Step, WorkflowContext, WorkflowStatus
-from signoff.runtime.workflows.records import GateOpening, Interrupt
+from signoff.runtime.workflows.records import GateOpening
 
 log = logging.getLogger("signoff.workflows.agent")
 
@@ -191,6 +191,7 @@ class AgentSteps:
                 timeout=None,
                 timeout_response=None,
                 lookback=None,
+                reenter=True,  # passing the wait runs this step again, nothing merged
             )
         # Decided, not continued yet: another worker holds the agent run (it was adopted
         # after a crash). Looked at again shortly; `settled` wakes us when it is done.
@@ -211,7 +212,8 @@ class AgentSteps:
     async def apply(self, ctx: WorkflowContext, step: AgentStep) -> None:
         """Apply the decision map checkpointed on the step's last resolved interrupt. Safe
         to repeat: a card already decided (by this map, or otherwise) is left as it is."""
-        last = _last_resolved(await self.store.workflows.interrupts(ctx.run_id), step.name)
+        index = self.workflows[ctx.workflow].index_of(step.name)
+        last = await self.engine.resolution(ctx.run_id, index)
         if last is None or not last.payload:
             return
         listed = listed_cards(last.schema)
@@ -317,7 +319,6 @@ class AgentSteps:
             by="system:cards",
             n_steps=len(workflow.step_list),
             automatic=True,
-            advance=False,
         )
         holder = passed.run.holder if passed.holder_live else None
         await wake_workflow(
@@ -328,11 +329,6 @@ class AgentSteps:
             tenant=passed.run.tenant,
             owner=passed.run.owner,
         )
-
-
-def _last_resolved(interrupts: list[Interrupt], step_name: str) -> Interrupt | None:
-    found = [i for i in interrupts if i.step_name == step_name and i.status == "resolved"]
-    return found[-1] if found else None
 
 
 def _actions(cards: list[Card]) -> list[dict[str, Any]]:

@@ -68,6 +68,11 @@ class AgentStep(Step):
     tools: tuple[str, ...] = ()
     name: str = ""
 
+    def resume_payload(self, payload: Any) -> dict[str, Any]:
+        """A decision map's shape; the cards it names are checked against the open
+        interrupt by the resume (``agent_decisions``) and again when it is applied."""
+        return decision_map(payload)
+
     def render(self, ctx: WorkflowContext) -> str:
         if callable(self.prompt):
             text = self.prompt(ctx)
@@ -175,21 +180,14 @@ def listed_cards(schema: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["id"]: c for c in schema.get(CARDS_KEY, []) if isinstance(c, dict)}
 
 
-def parse_decisions(payload: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a decision map against the interrupt's cards: the JSON to checkpoint.
-
-    ``InvalidInput`` (422, nothing changed) for a map that is not an object, is empty,
-    names a card the interrupt does not list, or gives a card anything but ``true``,
-    ``false`` or ``{"edit": {...}}`` with only that card's editable fields."""
+def decision_map(payload: Any) -> dict[str, Any]:
+    """The shape of a decision map (``AgentStep.resume_payload``): a non-empty object whose
+    values are ``true``, ``false`` or ``{"edit": {...}}``; ``InvalidInput`` otherwise."""
     payload = msgspec.to_builtins(payload)  # Edit structs -> {"edit": {...}}
     if not isinstance(payload, dict) or not payload:
         raise InvalidInput("a decision map is an object {card_id: true | false | {edit}}")
-    cards = listed_cards(schema)
     out: dict[str, Any] = {}
     for card_id, value in payload.items():
-        card = cards.get(card_id)
-        if card is None:
-            raise InvalidInput(f"card {card_id} is not pending at this step", card_id=card_id)
         if isinstance(value, bool):
             out[card_id] = value
             continue
@@ -199,6 +197,25 @@ def parse_decisions(payload: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
                 f"card {card_id}: a decision is true, false or {{'edit': {{...}}}}",
                 card_id=card_id,
             )
+        out[card_id] = {"edit": edits}
+    return out
+
+
+def parse_decisions(payload: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a decision map against the interrupt's cards: the JSON to checkpoint.
+
+    ``InvalidInput`` (422, nothing changed) for a map that is not an object, is empty,
+    names a card the interrupt does not list, or gives a card anything but ``true``,
+    ``false`` or ``{"edit": {...}}`` with only that card's editable fields."""
+    out = decision_map(payload)
+    cards = listed_cards(schema)
+    for card_id, value in out.items():
+        card = cards.get(card_id)
+        if card is None:
+            raise InvalidInput(f"card {card_id} is not pending at this step", card_id=card_id)
+        if isinstance(value, bool):
+            continue
+        edits = value["edit"]
         outside = sorted(set(edits) - set(card.get("editable", [])))
         if outside:
             raise InvalidInput(
@@ -206,7 +223,6 @@ def parse_decisions(payload: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
                 card_id=card_id,
                 editable=card.get("editable", []),
             )
-        out[card_id] = {"edit": edits}
     return out
 
 

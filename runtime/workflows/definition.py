@@ -84,6 +84,14 @@ class Step:
     kind: ClassVar[str] = "step"
     name: str
 
+    def resume_payload(self, payload: Any) -> dict[str, Any]:
+        """A resume payload for a wait this step parked at, validated (``InvalidInput``,
+        ``ReservedKey``); what is recorded on the interrupt. An extension step that parks
+        (e.g. on cards, with a decision map) overrides it."""
+        from signoff.runtime.workflows.payload import validate
+
+        return validate(None, payload)
+
 
 @dataclass(frozen=True)
 class FunctionStep(Step):
@@ -114,6 +122,11 @@ class Gate(Step):
     timeout: float | None = None  # seconds
     timeout_response: Mapping[str, Any] | None = None
     name: str = ""
+
+    def resume_payload(self, payload: Any) -> dict[str, Any]:
+        from signoff.runtime.workflows.payload import validate
+
+        return validate(self.schema, payload)
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of the payload (persisted on the interrupt for UIs)."""

@@ -133,6 +133,21 @@ class WorkflowEngine:
             host=worker,
         )
 
+    @property
+    def in_flight(self) -> int:
+        """Runs whose steps run here now (a parked run is not one: it holds nothing)."""
+        return len(self._inflight)
+
+    async def resolution(self, run_id: str, step: int) -> Interrupt | None:
+        """The latest resolved interrupt of the run at ``step``: what a re-entered extension
+        step (``GateOpening(reenter=True)``) was resumed with."""
+        found = [
+            i
+            for i in await self.store.interrupts(run_id)
+            if i.step == step and i.status == "resolved"
+        ]
+        return found[-1] if found else None
+
     def register(self, kind: str, handler: StepHandler) -> None:
         """Run steps of ``kind`` (a :class:`Step` subclass's ``kind``) with ``handler``."""
         self.handlers[kind] = handler
@@ -179,6 +194,9 @@ class WorkflowEngine:
         except Unavailable as exc:
             log.warning("workflow run %s: %s; continuing it later", run_id, exc)
             self._later(run_id, 1.0)
+        except Exception:  # a bug: the run stays running here; looked at again later
+            log.exception("workflow run %s: continuing it failed; again in 5s", run_id)
+            self._later(run_id, 5.0)
 
     async def _steps(self, run: WorkflowRun) -> None:
         workflow = self.workflows.get(run.workflow)
@@ -247,6 +265,8 @@ class WorkflowEngine:
                 own = False
             except SignoffError as exc:
                 log.warning("workflow tick failed: %s", exc)
+            except Exception:
+                log.exception("workflow tick failed")
             await asyncio.sleep(every)
 
     async def tick(self, *, own: bool = False) -> None:

@@ -30,6 +30,8 @@ class Interrupt(msgspec.Struct, frozen=True, kw_only=True):
     automatic: bool = False
     # What an extension step parked with (e.g. an agent step's pending cards); None for gates.
     detail: dict[str, Any] | None = None
+    # Passing it runs the same step again (an extension step's wait) instead of the next.
+    reenter: bool = False
     created_at: datetime
 
     def public(self) -> dict[str, Any]:
@@ -77,6 +79,9 @@ class GateOpening(msgspec.Struct, frozen=True, kw_only=True):
     timeout_response: dict[str, Any] | None
     lookback: float | None
     detail: dict[str, Any] | None = None  # kept on the interrupt (an extension step's own)
+    # True: once resolved, the step that parked runs again (it reads the resolution from
+    # its interrupt) instead of the run moving to the next step with the payload merged.
+    reenter: bool = False
 
 
 class Passed(msgspec.Struct, frozen=True, kw_only=True):

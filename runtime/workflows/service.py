@@ -15,12 +15,17 @@ import msgspec
 
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
-from signoff.runtime.errors import InvalidInput, NotOwner, WorkflowNotFound
+from signoff.runtime.errors import Conflict, InvalidInput, NotOwner, WorkflowNotFound
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import wake_workflow
 from signoff.runtime.store import WorkflowStore
 from signoff.runtime.workflows.agent_step import agent_decisions
-from signoff.runtime.workflows.definition import Gate, HumanGate, Workflow, WorkflowStatus
+from signoff.runtime.workflows.definition import (
+    EventGate,
+    Gate,
+    Workflow,
+    WorkflowStatus,
+)
 from signoff.runtime.workflows.payload import validate
 from signoff.runtime.workflows.records import Interrupt, Passed, WorkflowRun
 
@@ -86,7 +91,10 @@ class WorkflowService:
         run_id: str | None = None,
     ) -> WorkflowRun:
         """Start a run of workflow ``name`` for ``owner``; ``input`` is validated against
-        the workflow's input type (422 otherwise). Any worker runs its first steps."""
+        the workflow's input type (422 otherwise). Any worker runs its first steps.
+
+        ``run_id`` (a UUID the client chose) makes the start idempotent: the same start
+        again returns the same run; another start with that id is a ``Conflict`` (409)."""
         workflow = self.workflow(name)
         data: Any = None
         if workflow.input is not None:
@@ -96,7 +104,12 @@ class WorkflowService:
                 raise InvalidInput(f"invalid input: {exc}") from exc
         elif input:
             raise InvalidInput(f"workflow {name!r} takes no input")
-        run = await self.store.create_run(
+        if run_id is not None:
+            try:
+                run_id = str(uuid.UUID(run_id))
+            except (ValueError, TypeError, AttributeError):
+                raise InvalidInput(f"run_id {run_id!r} is not a UUID") from None
+        run, created = await self.store.create_run(
             run_id or str(uuid.uuid4()),
             tenant=tenant,
             owner=owner,
@@ -104,6 +117,11 @@ class WorkflowService:
             workflow=name,
             input=data,
         )
+        if not created:
+            same = (run.tenant, run.owner, run.workflow, run.input) == (tenant, owner, name, data)
+            if not same:
+                raise Conflict(f"run {run.id} exists and is another start", run_id=run.id)
+            return run  # a retried start: its first hint went out (or adoption has it)
         await self._hint(run)
         return run
 
@@ -137,21 +155,28 @@ class WorkflowService:
         decisions = await agent_decisions(self.store, workflow, run, payload)
 
         def payload_for(step: int) -> dict[str, Any]:
-            gate = self._gate(workflow, step)
-            if decisions is not None:
+            if decisions is not None and step == run.step:
                 return decisions
-            if not isinstance(gate, HumanGate):
-                return validate(None, payload)  # a custom step's gate: no schema here
-            return validate(gate.schema, payload)
+            steps = workflow.step_list
+            if not 0 <= step < len(steps) or isinstance(steps[step], EventGate):
+                return validate(None, payload)
+            return steps[step].resume_payload(payload)  # a human gate's schema, or the step's
 
-        passed = await self.store.resolve_gate(
-            run.id,
-            kind="human",
-            payload_for=payload_for,
-            by=by,
-            n_steps=len(workflow.step_list),
-            advance=decisions is None,
-        )
+        n_steps = len(workflow.step_list)
+        passed = None
+        if run.status is WorkflowStatus.AWAITING_HUMAN:  # the fast path: one statement
+            passed = await self.store.pass_gate(
+                run.id,
+                status=run.status,
+                step=run.step,
+                payload=payload_for(run.step),
+                by=by,
+                n_steps=n_steps,
+            )
+        if passed is None:  # it moved on (or never waited): decided, and told, under locks
+            passed = await self.store.resolve_gate(
+                run.id, kind="human", payload_for=payload_for, by=by, n_steps=n_steps
+            )
         await self._hint(passed, at_ns)
         return passed.run
 
@@ -171,14 +196,32 @@ class WorkflowService:
             gate = self._gate(workflow, step)
             return validate(gate.schema if gate is not None else None, payload)
 
-        passed = await self.store.deliver_event(
-            run.id,
-            name,
-            payload_for=payload_for,
-            lookback_steps=workflow.lookback_steps(name),
-            by=by,
-            n_steps=len(workflow.step_list),
-        )
+        n_steps = len(workflow.step_list)
+        gate = self._gate(workflow, run.step)
+        passed = None
+        if (
+            run.status is WorkflowStatus.AWAITING_EVENT
+            and isinstance(gate, EventGate)
+            and gate.event == name
+        ):  # the fast path: one statement
+            passed = await self.store.pass_gate(
+                run.id,
+                status=run.status,
+                step=run.step,
+                payload=payload_for(run.step),
+                by=by,
+                n_steps=n_steps,
+                event=name,
+            )
+        if passed is None:  # kept for a later gate, or refused: decided under locks
+            passed = await self.store.deliver_event(
+                run.id,
+                name,
+                payload_for=payload_for,
+                lookback_steps=workflow.lookback_steps(name),
+                by=by,
+                n_steps=n_steps,
+            )
         await self._hint(passed, at_ns)
         return passed
 

@@ -44,6 +44,7 @@ CREATE TABLE interrupts (
     resolved_at       timestamptz,
     automatic         boolean NOT NULL DEFAULT false,
     detail            jsonb,
+    reenter           boolean NOT NULL DEFAULT false,
     created_at        timestamptz NOT NULL DEFAULT now()
 );
 CREATE UNIQUE INDEX interrupts_one_open ON interrupts (run_id) WHERE status = 'open';

@@ -180,6 +180,12 @@ async def test_live_holder_resumes_fast_and_errors_are_typed(
         )
         assert sorted(x.status_code for x in answers) == [200, 409], [x.text for x in answers]
         await until_status(a, c, run_id, "completed", timeout=10)
+        # The live holder was signalled (not polled): its wake latency was recorded.
+        woken = []
+        for w in c.workers:
+            url = f"http://127.0.0.1:{w.metrics_port}/metrics/workflow-latency?after=0"
+            woken += (await a.get(url)).json()["samples_ns"]
+        assert len(woken) == 1 and 0 < woken[0] < 5e9, woken
         r = await a.post(f"/v1/workflow-runs/{run_id}/cancel", headers=auth(c))
         assert r.status_code == 409 and r.json()["error"] == "run_inactive"
         r = await a.post(f"/v1/workflow-runs/{run_id}/events", json={"name": "x"}, headers=auth(c))
@@ -188,3 +194,34 @@ async def test_live_holder_resumes_fast_and_errors_are_typed(
         assert run_id in [x["id"] for x in r.json()["runs"]]
     await asyncio.sleep(0.5)
     assert await side_effects(database_url, run_id) == {"extract": 1, "pay": 1}
+
+
+async def test_worker_killed_mid_step_reruns_only_that_step(
+    pools: Cluster, database_url: str
+) -> None:
+    """kill -9 of the worker between a step's side effect and its completion record: the
+    other worker adopts the run and runs that step again (at least once); the step before
+    it is never run again."""
+    c = pools
+    async with httpx.AsyncClient(base_url=c.gateways[0].url, timeout=30) as a:
+        r = await a.post("/v1/workflows/slow/runs", json={}, headers=auth(c))
+        assert r.status_code == 201, r.text
+        run_id = r.json()["run"]["id"]
+        deadline = time.monotonic() + 30
+        while (await side_effects(database_url, run_id)).get("hold") != 1:
+            assert time.monotonic() < deadline, "the hold step never started"
+            await asyncio.sleep(0.1)
+        conn = await asyncpg.connect(database_url)
+        try:
+            holder = await conn.fetchval(
+                "SELECT worker_id FROM workflow_runs WHERE id = $1", run_id
+            )
+            victim = next(w for w in c.workers if w.name == holder)
+            victim.signal(signal.SIGKILL)
+            victim.wait(10)
+            await conn.execute("INSERT INTO wf_go (run_id) VALUES ($1)", run_id)
+        finally:
+            await conn.close()
+        body = await until_status(a, c, run_id, "completed", timeout=40)
+        assert [s["name"] for s in body["run"]["steps"]] == ["extract", "hold", "pay"]
+    assert await side_effects(database_url, run_id) == {"extract": 1, "hold": 2, "pay": 1}

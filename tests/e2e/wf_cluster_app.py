@@ -3,6 +3,7 @@ records its run in ``wf_side_effects`` (what the tests count)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -49,6 +50,15 @@ async def extract(ctx: WorkflowContext) -> dict[str, Any]:
     return {"amount": 120}
 
 
+async def hold(ctx: WorkflowContext) -> None:
+    """Records, then waits until the test inserts the run's row in ``wf_go``."""
+    await record(ctx)
+    assert services.pool is not None
+    await services.pool.execute("CREATE TABLE IF NOT EXISTS wf_go (run_id text PRIMARY KEY)")
+    while not await services.pool.fetchval("SELECT 1 FROM wf_go WHERE run_id = $1", ctx.run_id):
+        await asyncio.sleep(0.05)
+
+
 async def pay(ctx: WorkflowContext) -> dict[str, Any]:
     await record(ctx)
     return {"paid": bool(ctx.state.get("approved"))}
@@ -60,6 +70,9 @@ app = App(
     setup=setup,
     teardown=teardown,
     workflows=[
-        Workflow("payout", steps=[extract, await_human("approve the payout", schema=Approval), pay])
+        Workflow(
+            "payout", steps=[extract, await_human("approve the payout", schema=Approval), pay]
+        ),
+        Workflow("slow", steps=[extract, hold, pay]),
     ],
 )

@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +30,13 @@ from signoff import (
 )
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import InvalidInput, NotOwner, RunInactive, WorkflowNotFound
+from signoff.runtime.errors import (
+    Conflict,
+    InvalidInput,
+    NotOwner,
+    RunInactive,
+    WorkflowNotFound,
+)
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.command import CommandModel
 from signoff.runtime.workflows.engine import STEP_KINDS, register_step_kind
@@ -426,9 +433,18 @@ class Review(Step):
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def resume_payload(self, payload: Any) -> dict[str, Any]:
+        return {str(k): bool(v) for k, v in payload.items()}  # e.g. a decision map
+
 
 async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -> None:
-    async def review(step: Step, ctx: WorkflowContext) -> GateOpening:
+    engines: list[Any] = []
+
+    async def review(step: Step, ctx: WorkflowContext) -> GateOpening | dict[str, Any]:
+        if ctx.state.get("a_saw") is not None and "reviewed" not in ctx.state:
+            answered = await engines[0].resolution(ctx.run_id, 1)
+            if answered is not None:  # re-entered after the resume
+                return {"reviewed": answered.payload, "by": answered.resolved_by}
         return GateOpening(
             kind="human",
             step_name=step.name,
@@ -439,9 +455,14 @@ async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -
             timeout_response=None,
             lookback=None,
             detail={"cards": ["c1", "c2"], "seen": sorted(ctx.state)},
+            reenter=True,
         )
 
-    register_step_kind("review", lambda engine: review)
+    def factory(engine: Any) -> Any:
+        engines.append(engine)
+        return review
+
+    register_step_kind("review", factory)
     try:
         app = App(
             name="wf-ext-" + secrets.token_hex(3),
@@ -453,9 +474,12 @@ async def test_an_extension_step_kind_parks_with_its_detail(database_url: str) -
             await until(status_is(h, run.id, "awaiting_human"))
             _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
             assert interrupts[0].detail == {"cards": ["c1", "c2"], "seen": ["a_saw"]}
-            await h.workflows.resume(run.id, {}, tenant=h.tenant, by=OWNER)
+            await h.workflows.resume(run.id, {"c1": True}, tenant=h.tenant, by=OWNER)
             done = await until(status_is(h, run.id, "completed"))
             assert [s["name"] for s in done.steps] == ["a", "review"]
+            # resumed once (the step re-entered with the resolution), then completed
+            assert done.state["reviewed"] == {"c1": True} and done.state["by"] == OWNER
+            assert "c1" not in done.state  # a re-entered wait merges nothing itself
     finally:
         del STEP_KINDS["review"]
 
@@ -544,3 +568,20 @@ async def test_graceful_stop_mid_step_hands_the_run_over(database_url: str) -> N
         ) as h2:
             await until(status_is(h2, run.id, "completed"))
             assert calls(run.id, "held") == 1 and calls(run.id, "last") == 1
+
+
+async def test_a_start_with_a_client_run_id_is_idempotent_under_a_race(h: Harness) -> None:
+    run_id = str(uuid.uuid4())
+    runs = await asyncio.gather(
+        *(h.workflows.start("three", tenant=h.tenant, owner=OWNER, run_id=run_id) for _ in range(8))
+    )
+    assert {r.id for r in runs} == {run_id}
+    await until(status_is(h, run_id, "awaiting_human"))
+    await asyncio.sleep(0.3)
+    assert calls(run_id, "extract") == 1
+    with pytest.raises(Conflict):  # the same id for another start
+        await h.workflows.start("timed", tenant=h.tenant, owner=OWNER, run_id=run_id)
+    with pytest.raises(Conflict):
+        await h.workflows.start("three", tenant=h.tenant, owner="eve", run_id=run_id)
+    with pytest.raises(InvalidInput):
+        await h.workflows.start("three", tenant=h.tenant, owner=OWNER, run_id="nope")
