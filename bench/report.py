@@ -101,6 +101,8 @@ LABELS = {
     "workflow_wake_p50_ms": "workflow: deliver_event (HTTP) → next step on the worker, p50 at 100/s",
     "workflow_wake_p99_ms": "workflow: deliver_event → next step, p99 at 100/s",
     "workflow_wake_per_s": "workflow: wakes/s at saturation (event → step done)",
+    "workflow_server_wake_p50_ms": "workflow: gateway received the event → worker claimed the run, p50 at 100/s",
+    "dbos_recv_p50_ms": "DBOS: send → recv returned, p50 at 100/s",
     "workflow_wake_p50_ms_saturation": "workflow: deliver_event → next step, p50 at saturation",
     "workflow_wake_p99_ms_saturation": "workflow: deliver_event → next step, p99 at saturation",
     "workflow_parked_bytes": "workflow: worker RSS per parked workflow (largest set)",

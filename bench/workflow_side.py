@@ -80,6 +80,19 @@ async def wait_parked(database_url: str, ids: list[str], timeout: float) -> floa
         await conn.close()
 
 
+def server_samples(c: Cluster, after: int | None) -> list[int]:
+    """The worker's wake samples (ns) after the ``after``-th; with None, ``[count]``."""
+    import json
+    import urllib.request
+
+    (worker,) = c.workers
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics/workflow-latency?after="
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url + (str(10**15) if after is None else str(after)), timeout=10) as r:
+        data = json.loads(r.read())
+    return [int(data["count"])] if after is None else [int(x) for x in data["samples_ns"]]
+
+
 def raw_client(c: Cluster, size: int) -> RawClient:
     (gw,) = c.gateways
     return RawClient(gw.url, {"Authorization": f"Bearer {c.token(USER)}"}, size=max(size, 8))
@@ -168,11 +181,20 @@ async def load_phases(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
                 await deliver_all(raw, ids[:WARM_UP], None, args.senders)
                 await rows_of(svc.database_url, ids[:WARM_UP], args.drain_timeout)
                 ids = ids[WARM_UP:]
+                before = await asyncio.to_thread(server_samples, c, None)
                 sent = await deliver_all(raw, ids, rate, args.senders)
             finally:
                 await raw.close()
             rows = await rows_of(svc.database_url, ids, args.drain_timeout)
-            out[phase] = {**figures(rows, n), **sent, "park_seconds": park_s}
+            server = await asyncio.to_thread(server_samples, c, int(before[0]))
+            out[phase] = {
+                **figures(rows, n),
+                # the server's own span: the gateway received the event -> the worker
+                # claimed the run (/metrics/workflow-latency); the rest is HTTP and the step
+                "server_wake_ms": summarize_ms(server),
+                **sent,
+                "park_seconds": park_s,
+            }
             log(f"signoff {phase}: {out[phase].get('wake_ms')} {out[phase].get('wakes_per_s')}/s")
     return out
 

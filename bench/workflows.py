@@ -64,6 +64,10 @@ def summarize(dbos: dict[str, Any] | None, so: dict[str, Any] | None) -> dict[st
         s[f"{tag}_wake_p50_ms"] = figure(op.get("wake_ms", {}).get("p50"), "ms")
         s[f"{tag}_wake_p99_ms"] = figure(op.get("wake_ms", {}).get("p99"), "ms")
         s[f"{tag}_wake_per_s"] = figure(sat.get("wakes_per_s"), "1/s", 1)
+        if "server_wake_ms" in op:
+            s[f"{tag}_server_wake_p50_ms"] = figure(op["server_wake_ms"].get("p50"), "ms")
+        if "recv_ms" in op:
+            s[f"{tag}_recv_p50_ms"] = figure(op["recv_ms"].get("p50"), "ms")
         s[f"{tag}_wake_p50_ms_saturation"] = figure(sat.get("wake_ms", {}).get("p50"), "ms")
         s[f"{tag}_wake_p99_ms_saturation"] = figure(sat.get("wake_ms", {}).get("p99"), "ms")
         mem = {k: v for k, v in side.get("memory", {}).items() if k.isdigit()}
