@@ -282,6 +282,17 @@ def phase_figures(rows: list[dict[str, int]], offered: int) -> dict[str, Any]:
     }
 
 
+def phases(args: Any) -> list[tuple[int, str, int, float | None]]:
+    """(repeat, phase, wakes, rate): latency at ``args.rate``/s, then saturation, repeated."""
+    out: list[tuple[int, str, int, float | None]] = []
+    for rep in range(args.repeat):
+        out += [
+            (rep, "open", args.latency_wakes, args.rate),
+            (rep, "saturation", args.saturation_wakes, None),
+        ]
+    return out
+
+
 async def run_phases(args: Any, server_url: str, workdir: Path) -> dict[str, Any]:
     """Latency at ``args.rate``/s, then saturation, on one DBOS process; then the memory
     of ``args.dbos_parked`` parked workflows on a fresh one."""
@@ -291,19 +302,18 @@ async def run_phases(args: Any, server_url: str, workdir: Path) -> dict[str, Any
     try:
         proc = await asyncio.to_thread(DbosProc, url, workdir / "dbos.log")
         try:
-            for phase, n, rate in (
-                ("open", args.latency_wakes, args.rate),
-                ("saturation", args.saturation_wakes, None),
-            ):
-                ids = [f"{phase}-{i}" for i in range(n + WARM_UP)]
+            for rep, phase, n, rate in phases(args):
+                prefix = f"{phase}{rep}"
+                ids = [f"{prefix}-{i}" for i in range(n + WARM_UP)]
                 parked = await asyncio.to_thread(
-                    proc.command, {"op": "park", "n": n + WARM_UP, "prefix": phase}
+                    proc.command, {"op": "park", "n": n + WARM_UP, "prefix": prefix}
                 )
                 warm, ids = ids[:WARM_UP], ids[WARM_UP:]
                 sent = await send_all(url, ids, rate, args.senders, warm)
                 rows = await wake_rows(url, ids, args.drain_timeout)
-                out[phase] = {**phase_figures(rows, n), **sent, "park_seconds": parked["seconds"]}
-                log(f"dbos {phase}: {out[phase].get('wake_ms')} {out[phase].get('wakes_per_s')}/s")
+                figs = {**phase_figures(rows, n), **sent, "park_seconds": parked["seconds"]}
+                out.setdefault(phase, []).append(figs)
+                log(f"dbos {phase}: {figs.get('wake_ms')} {figs.get('wakes_per_s')}/s")
         finally:
             await asyncio.to_thread(proc.stop)
         out["memory"] = {}

@@ -34,7 +34,7 @@ SCRIPTS = [
     ("compare_langgraph", [], 120),
     ("parked", [], 320),
     ("failover", [], 120),
-    ("workflows", [], 540),
+    ("workflows", [], 600),
 ]
 
 

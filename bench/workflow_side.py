@@ -18,6 +18,7 @@ import asyncpg
 import httpx
 
 from bench.common import QUOTAS_OFF, Cluster, Services, gather_limited, log, summarize_ms
+from bench.dbos_side import phases
 from bench.rawhttp import RawClient
 
 APP = "bench.workflow_app:app"
@@ -168,10 +169,7 @@ async def load_phases(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
     connections (not measured), then the n events are sent at the phase's pace."""
     out: dict[str, Any] = {}
     async with client(c) as http:
-        for phase, n, rate in (
-            ("open", args.latency_wakes, args.rate),
-            ("saturation", args.saturation_wakes, None),
-        ):
+        for _, phase, n, rate in phases(args):
             t = time.monotonic()
             ids = await start_runs(http, n + WARM_UP)
             await wait_parked(svc.database_url, ids, args.drain_timeout)
@@ -187,7 +185,7 @@ async def load_phases(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
                 await raw.close()
             rows = await rows_of(svc.database_url, ids, args.drain_timeout)
             server = await asyncio.to_thread(server_samples, c, int(before[0]))
-            out[phase] = {
+            figs = {
                 **figures(rows, n),
                 # the server's own span: the gateway received the event -> the worker
                 # claimed the run (/metrics/workflow-latency); the rest is HTTP and the step
@@ -195,7 +193,8 @@ async def load_phases(c: Cluster, svc: Services, args: Any) -> dict[str, Any]:
                 **sent,
                 "park_seconds": park_s,
             }
-            log(f"signoff {phase}: {out[phase].get('wake_ms')} {out[phase].get('wakes_per_s')}/s")
+            out.setdefault(phase, []).append(figs)
+            log(f"signoff {phase}: {figs.get('wake_ms')} {figs.get('wakes_per_s')}/s")
     return out
 
 

@@ -54,22 +54,31 @@ def figure(value: Any, unit: str, digits: int = 3) -> dict[str, Any]:
     return spread([value] if value is not None else [], unit, digits)
 
 
+def q(runs: list[dict[str, Any]], key: str, p: str) -> list[float]:
+    """Quantile ``p`` of ``key`` in each run that has it."""
+    return [r[key][p] for r in runs if key in r and p in r[key]]
+
+
 def summarize(dbos: dict[str, Any] | None, so: dict[str, Any] | None) -> dict[str, Any]:
+    """Each figure: the median over the repeats, with min..max (``spread``)."""
     s: dict[str, Any] = {}
     for tag, side in (("dbos", dbos), ("workflow", so)):
         if not side:
             continue
-        op = side.get("open", {})
-        sat = side.get("saturation", {})
-        s[f"{tag}_wake_p50_ms"] = figure(op.get("wake_ms", {}).get("p50"), "ms")
-        s[f"{tag}_wake_p99_ms"] = figure(op.get("wake_ms", {}).get("p99"), "ms")
-        s[f"{tag}_wake_per_s"] = figure(sat.get("wakes_per_s"), "1/s", 1)
-        if "server_wake_ms" in op:
-            s[f"{tag}_server_wake_p50_ms"] = figure(op["server_wake_ms"].get("p50"), "ms")
-        if "recv_ms" in op:
-            s[f"{tag}_recv_p50_ms"] = figure(op["recv_ms"].get("p50"), "ms")
-        s[f"{tag}_wake_p50_ms_saturation"] = figure(sat.get("wake_ms", {}).get("p50"), "ms")
-        s[f"{tag}_wake_p99_ms_saturation"] = figure(sat.get("wake_ms", {}).get("p99"), "ms")
+        op: list[dict[str, Any]] = side.get("open", [])
+        sat: list[dict[str, Any]] = side.get("saturation", [])
+
+        s[f"{tag}_wake_p50_ms"] = spread(q(op, "wake_ms", "p50"), "ms")
+        s[f"{tag}_wake_p99_ms"] = spread(q(op, "wake_ms", "p99"), "ms")
+        s[f"{tag}_wake_per_s"] = spread(
+            [r["wakes_per_s"] for r in sat if "wakes_per_s" in r], "1/s", 1
+        )
+        if tag == "workflow":
+            s[f"{tag}_server_wake_p50_ms"] = spread(q(op, "server_wake_ms", "p50"), "ms")
+        else:
+            s[f"{tag}_recv_p50_ms"] = spread(q(op, "recv_ms", "p50"), "ms")
+        s[f"{tag}_wake_p50_ms_saturation"] = spread(q(sat, "wake_ms", "p50"), "ms")
+        s[f"{tag}_wake_p99_ms_saturation"] = spread(q(sat, "wake_ms", "p99"), "ms")
         mem = {k: v for k, v in side.get("memory", {}).items() if k.isdigit()}
         if mem:
             for n, m in mem.items():
@@ -80,12 +89,15 @@ def summarize(dbos: dict[str, Any] | None, so: dict[str, Any] | None) -> dict[st
             key = "workflow_parked_bytes" if tag == "workflow" else "dbos_parked_bytes"
             s[key] = {**figure(mem[worst]["bytes_per_workflow"], "B", 0), "at": int(worst)}
     if dbos and so:
-        d, w = s.get("dbos_wake_p50_ms", {}), s.get("workflow_wake_p50_ms", {})
-        if d.get("value") and w.get("value"):
-            s["ratio_workflow_wake_p50"] = figure(d["value"] / w["value"], "x", 2)
-        d, w = s.get("dbos_wake_per_s", {}), s.get("workflow_wake_per_s", {})
-        if d.get("value") and w.get("value"):
-            s["ratio_workflow_wake_per_s"] = figure(w["value"] / d["value"], "x", 2)
+        # paired repeats: repeat i of one side against repeat i of the other, then the median
+        d = q(dbos.get("open", []), "wake_ms", "p50")
+        w = q(so.get("open", []), "wake_ms", "p50")
+        pairs = [a / b for a, b in zip(d, w, strict=False) if a and b]
+        s["ratio_workflow_wake_p50"] = {**spread(pairs, "x", 2), "of": "DBOS / signoff"}
+        d = [r["wakes_per_s"] for r in dbos.get("saturation", []) if "wakes_per_s" in r]
+        w = [r["wakes_per_s"] for r in so.get("saturation", []) if "wakes_per_s" in r]
+        pairs = [b / a for a, b in zip(d, w, strict=False) if a and b]
+        s["ratio_workflow_wake_per_s"] = {**spread(pairs, "x", 2), "of": "signoff / DBOS"}
     return s
 
 
@@ -105,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=50, help="parked runs woken after memory")
     p.add_argument("--poll", type=float, default=1.0, help="SIGNOFF_POLL_SECONDS (memory)")
     p.add_argument("--sides", default="dbos,signoff", help="which sides to run")
+    p.add_argument("--repeat", type=int, default=2, help="repeats of the load phases")
     p.add_argument("--drain-timeout", type=float, default=120.0)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     args = p.parse_args(argv)
     if args.quick:
         args.latency_wakes, args.saturation_wakes = 200, 300
         args.parked, args.dbos_parked, args.sample = [1000, 3000], [1000], 20
+        args.repeat = 1
     raise_nofile()
     busy = machine_busy()
     t0 = time.monotonic()
@@ -136,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "latency_wakes": args.latency_wakes,
             "saturation_wakes": args.saturation_wakes,
             "senders": args.senders,
+            "repeat": args.repeat,
             "parked": args.parked,
             "dbos_parked": args.dbos_parked,
             "dbos": "one DBOS process (async workflows, LISTEN/NOTIFY), DBOSClient sender in "
@@ -153,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {k:40s} {v.get('value')} {v.get('unit', '')}")
     log(f"workflows: wrote {path} in {data['seconds']}s")
     lost = [
-        side[ph]["offered"] - side[ph]["woken"]
+        r["offered"] - r["woken"]
         for side in (dbos, so)
         if side
         for ph in ("open", "saturation")
-        if ph in side
+        for r in side.get(ph, [])
     ]
     if so and "memory" in so:
         woken = so["memory"]["sample_woken"]

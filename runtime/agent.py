@@ -91,10 +91,8 @@ class Agent:
         self.faults = faults or Faults()
         self._park = park
         self._unpark = unpark
-        # Hooks of agent steps (runtime/workflows/agent_runner.py): the tools offered in a
-        # run, and what to do once a continued run settled.
         self.tools_for: Callable[[Run], Awaitable[Registry]] | None = None
-        self.on_settled: Callable[[Run], Awaitable[None]] | None = None
+        self.on_settled: Callable[[Run], Awaitable[None]] | None = None  # both: agent steps
         # The one publisher of this worker's hints (thread, deltas, signals, wait tokens).
         self.notify = Notifier(bus, keys, store)
         self.executor = Executor(
@@ -304,7 +302,9 @@ class Agent:
     ) -> Card | dict[str, Any]:
         """One tool call: a finished tool_result block, or the card it waits on."""
         use_id: str = use["id"]
-        tool = (tools or self.tools).get(use.get("name", ""))
+        if tools is None:  # recovering a run: the tools its step offers
+            tools = self.tools if self.tools_for is None else await self.tools_for(run)
+        tool = tools.get(use.get("name", ""))
         if tool is None:
             return outcomes.tool_result(use_id, f"Unknown tool {use.get('name')!r}.", error=True)
         ctx = self._ctx(run)
@@ -441,9 +441,8 @@ class Agent:
             if uses:
                 results: dict[str, dict[str, Any]] = {}
                 waiting: dict[str, str] = {}
-                tools = self.tools if self.tools_for is None else await self.tools_for(run)
                 for use in uses:
-                    outcome = await self._handle_tool_use(run, use, tools)
+                    outcome = await self._handle_tool_use(run, use)
                     if isinstance(outcome, Card):
                         waiting[use["id"]] = outcome.id
                     else:
