@@ -249,19 +249,21 @@ class Cluster:
 
     # -- the workers' own records (their /metrics port) ----------------------------------
 
-    def latency_counts(self) -> dict[str, int]:
-        """Per live worker: how many decision-latency samples it has recorded so far."""
+    def latency_counts(self, what: str = "decision") -> dict[str, int]:
+        """Per live worker: how many decision-latency samples it has recorded so far
+        (``what="workflow"``: resume/event -> the holder claimed the run)."""
         out = {}
         for w in self._live_workers():
-            data = _json(f"{_metrics(w)}/decision-latency?after=1e18")
+            data = _json(f"{_metrics(w)}/{what}-latency?after=1e18")
             out[w.name] = int(data["count"])
         return out
 
-    def latency_samples(self, after: dict[str, int]) -> list[int]:
-        """Decision latency samples (ns) the workers recorded after the given counts."""
+    def latency_samples(self, after: dict[str, int], what: str = "decision") -> list[int]:
+        """Decision (or ``what="workflow"``) latency samples (ns) the workers recorded
+        after the given counts."""
         samples: list[int] = []
         for w in self._live_workers():
-            data = _json(f"{_metrics(w)}/decision-latency?after={after.get(w.name, 0)}")
+            data = _json(f"{_metrics(w)}/{what}-latency?after={after.get(w.name, 0)}")
             samples += data["samples_ns"]
         return samples
 

@@ -181,10 +181,7 @@ async def test_live_holder_resumes_fast_and_errors_are_typed(
         assert sorted(x.status_code for x in answers) == [200, 409], [x.text for x in answers]
         await until_status(a, c, run_id, "completed", timeout=10)
         # The live holder was signalled (not polled): its wake latency was recorded.
-        woken = []
-        for w in c.workers:
-            url = f"http://127.0.0.1:{w.metrics_port}/metrics/workflow-latency?after=0"
-            woken += (await a.get(url)).json()["samples_ns"]
+        woken = c.latency_samples({}, what="workflow")
         assert len(woken) == 1 and 0 < woken[0] < 5e9, woken
         r = await a.post(f"/v1/workflow-runs/{run_id}/cancel", headers=auth(c))
         assert r.status_code == 409 and r.json()["error"] == "run_inactive"
