@@ -107,7 +107,11 @@
     var row = make('fieldset', 'gate-card');
     row.dataset.cardId = card.id;
     row.appendChild(make('legend', null, card.summary));
-    ['approve', 'reject'].forEach(function (choice) {
+    var editable = Array.isArray(card.editable) ? card.editable : [];
+    var edits = make('div', 'gate-edits');
+    edits.hidden = true;
+    var choices = editable.length ? ['approve', 'reject', 'edit'] : ['approve', 'reject'];
+    choices.forEach(function (choice) {
       var id = fieldId(runId, card.id + '-' + choice);
       var input = make('input');
       input.type = 'radio';
@@ -115,11 +119,32 @@
       input.value = choice;
       input.id = id;
       input.required = true;
-      var label = make('label', null, choice === 'approve' ? 'Approve' : 'Reject');
+      input.addEventListener('change', function () { edits.hidden = choice !== 'edit'; });
+      var label = make('label', null,
+        { approve: 'Approve', reject: 'Reject', edit: 'Edit and approve' }[choice]);
       label.htmlFor = id;
       row.appendChild(input);
       row.appendChild(label);
     });
+    // An edit makes a new card from these values, which this decision also approves.
+    editable.forEach(function (name) {
+      var current = card.input ? card.input[name] : undefined;
+      var field = make('div', 'gate-field');
+      var id = fieldId(runId, card.id + '-edit-' + name);
+      var input = make('input');
+      input.type = typeof current === 'number' ? 'number' : 'text';
+      if (typeof current === 'number') input.step = 'any';
+      input.id = id;
+      input.dataset.edit = name;
+      input.dataset.type = typeof current === 'number' ? 'number' : 'string';
+      if (current !== undefined && current !== null) input.value = String(current);
+      var label = make('label', null, name.replace(/_/g, ' '));
+      label.htmlFor = id;
+      field.appendChild(label);
+      field.appendChild(input);
+      edits.appendChild(field);
+    });
+    if (editable.length) row.appendChild(edits);
     form.appendChild(row);
   }
 
@@ -129,12 +154,20 @@
     if (Array.isArray(cards)) {
       cards.forEach(function (card) {
         var picked = form.querySelector('input[name="' + CSS.escape(card.id) + '"]:checked');
-        if (picked) out[card.id] = picked.value === 'approve';
+        if (!picked) return;
+        if (picked.value !== 'edit') { out[card.id] = picked.value === 'approve'; return; }
+        var row = form.querySelector('fieldset[data-card-id="' + CSS.escape(card.id) + '"]');
+        var edit = {};
+        row.querySelectorAll('input[data-edit]').forEach(function (input) {
+          if (input.value === '') return;
+          edit[input.dataset.edit] = input.dataset.type === 'number' ? Number(input.value) : input.value;
+        });
+        out[card.id] = { edit: edit };
       });
       return out;
     }
     form.querySelectorAll('input, select').forEach(function (input) {
-      if (!input.name) return;
+      if (!input.name || input.dataset.edit) return;
       var type = input.dataset.type;
       if (type === 'boolean') { out[input.name] = input.checked; return; }
       if (input.value === '') return; // optional and empty: the schema's default applies

@@ -122,7 +122,8 @@ async def test_another_persons_gate_is_not_shown(h: Harness, browser: Browser) -
 async def test_an_agent_steps_cards_are_decided_in_one_form(
     database_url: str, browser: Browser
 ) -> None:
-    """An agent step's gate lists its pending cards: approve or reject each, one submit."""
+    """An agent step's gate lists its pending cards: approve, reject or edit (and approve)
+    each, one submit."""
     from tests import agent_wf_app
 
     user = unique_user()
@@ -140,13 +141,17 @@ async def test_an_agent_steps_cards_are_decided_in_one_form(
             for summary, choice in (
                 ("Pay 10 to ana", "Approve"),
                 ("Pay 20 to bruno", "Reject"),
-                ("Pay 30 to carla", "Approve"),
+                ("Pay 30 to carla", "Edit and approve"),
             ):
                 card = form.locator("fieldset.gate-card", has_text=summary)
-                await card.get_by_label(choice).check()
+                await card.get_by_label(choice, exact=True).check()
+            carla = form.locator("fieldset.gate-card", has_text="Pay 30 to carla")
+            amount = carla.get_by_label("amount")
+            await expect(amount).to_have_value("30")  # the card's current value
+            await amount.fill("25")
             await form.get_by_role("button", name="Submit").click()
             await expect(form).to_have_count(0)
             done = await wait_status(h, run.id, user, "completed")
-            assert done.state["agent"]["reply"] == "paid: ana=10, carla=30"
+            assert done.state["agent"]["reply"] == "paid: ana=10, carla=25"
         finally:
             await context.close()
