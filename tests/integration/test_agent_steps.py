@@ -255,3 +255,21 @@ async def test_a_slow_postgres_at_resume_delays_the_map_and_changes_nothing_else
         await conn.close()
     await until(status_is(h, run.id, "completed"), what="completed")
     assert await executions(h) == {"ana": (10, 1), "bruno": (20, 1), "carla": (30, 1)}
+
+
+async def test_cards_that_expire_before_the_resume_let_the_run_go_on(h: Harness) -> None:
+    """The cards keep their policy's TTL: expired (database clock), the model is told, and
+    the step's gate passes by itself (``system:cards``)."""
+    run, cards = await parked_on_cards(h)
+    conn = await asyncpg.connect(h.database_url)
+    try:
+        await conn.execute(
+            "UPDATE cards SET expires_at = now() - interval '1 second' WHERE run_id = $1",
+            cards[0].run_id,
+        )
+    finally:
+        await conn.close()
+    done = await until(status_is(h, run.id, "completed"), what="completed after expiry")
+    assert done.state["agent"]["reply"] == "paid: nothing"
+    assert {x["status"] for x in done.state["agent"]["actions"]} == {"expired"}
+    assert await executions(h) == {}
