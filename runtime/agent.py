@@ -92,6 +92,8 @@ class Agent:
         self.faults = faults or Faults()
         self._park = park
         self._unpark = unpark
+        self.tools_for: Callable[[Run], Awaitable[Registry]] | None = None
+        self.on_settled: Callable[[Run], Awaitable[None]] | None = None  # both: agent steps
         # The one publisher of this worker's hints (thread, deltas, signals, wait tokens).
         self.notify = Notifier(bus, keys, store)
         self.executor = Executor(
@@ -188,6 +190,7 @@ class Agent:
         nothing: whoever continues the run derives them again.
         """
         todo = list(pending or ())
+        tools = self.tools if self.tools_for is None else await self.tools_for(run)
         try:
             for _ in range(MAX_MODEL_CALLS):
                 if conversation is None:
@@ -220,10 +223,7 @@ class Agent:
 
                 with span("model", run_id=run.id):
                     reply = await self.model.respond(
-                        system=self.system,
-                        messages=messages,
-                        tools=self.tools.specs(),
-                        on_text=on_text,
+                        system=self.system, messages=messages, tools=tools.specs(), on_text=on_text
                     )
                 uses = reply.tool_uses()
                 assistant = ("assistant", {"content": reply.content})
@@ -261,7 +261,7 @@ class Agent:
                 waiting: dict[str, str] = {}
                 proposed: dict[str, Card] = {}
                 for use in uses:
-                    outcome = await self._handle_tool_use(run, use)
+                    outcome = await self._handle_tool_use(run, use, tools)
                     if isinstance(outcome, Card):
                         waiting[use["id"]] = outcome.id
                         proposed[outcome.id] = outcome
@@ -304,10 +304,14 @@ class Agent:
         await self.notify.thread(run.thread_id, written)
         return run
 
-    async def _handle_tool_use(self, run: Run, use: dict[str, Any]) -> Card | dict[str, Any]:
+    async def _handle_tool_use(
+        self, run: Run, use: dict[str, Any], tools: Registry | None = None
+    ) -> Card | dict[str, Any]:
         """One tool call: a finished tool_result block, or the card it waits on."""
         use_id: str = use["id"]
-        tool = self.tools.get(use.get("name", ""))
+        if tools is None:  # recovering a run: the tools its step offers
+            tools = self.tools if self.tools_for is None else await self.tools_for(run)
+        tool = tools.get(use.get("name", ""))
         if tool is None:
             return outcomes.tool_result(use_id, f"Unknown tool {use.get('name')!r}.", error=True)
         ctx = self._ctx(run)
@@ -398,12 +402,19 @@ class Agent:
         return await self._resume(run, waiting, cards, conversation)
 
     async def continue_run(self, run_id: str) -> Run | None:
-        """Continue a parked run from the store (live path and recovery path alike).
+        """Continue a parked run from the store (live path and recovery path alike); then
+        ``on_settled`` (an agent step's run wakes its workflow run).
 
         One read of the run and its cards, under the run's lock. (Runs of one thread in
         other processes are kept apart by Postgres alone: every step is conditional on
         the run being active; the same conditions keep them apart here.)
         """
+        run = await self._continue(run_id)
+        if run is not None and self.on_settled is not None:
+            await self.on_settled(run)
+        return run
+
+    async def _continue(self, run_id: str) -> Run | None:
         async with self.lock(run_id):
             run, cards, conversation = await self.store.run_with_cards(run_id)
             if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
@@ -473,7 +484,7 @@ class Agent:
                 and card.status is Status.APPROVED
                 and self.tools.get(card.tool) is None
             ):
-                raise self._unknown(card)
+                raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
         for use_id in run.state.get("order", []):
             if use_id in results:
                 continue
@@ -485,12 +496,3 @@ class Agent:
         blocks = [results[i] for i in run.state.get("order", [])]
         # The results are written with the step's next write (see _step).
         return await self._step(run, conversation, [("tool_results", {"content": blocks})])
-
-    def _unknown(self, card: Card) -> UnknownTool:
-        return UnknownTool(
-            f"card {card.id} was approved for the tool {card.tool!r}, which worker "
-            f"{self.worker_id} does not serve",
-            tool=card.tool,
-            card_id=card.id,
-            run_id=card.run_id,
-        )

@@ -197,6 +197,17 @@ class UnknownTool(SignoffError):
         self.tool = tool
         super().__init__(message, tool=tool, **detail)
 
+    @classmethod
+    def approved(cls, card_id: str, tool: str, run_id: str, worker_id: str) -> UnknownTool:
+        """An approved card this worker cannot run (it is handed over, not run)."""
+        return cls(
+            f"card {card_id} was approved for the tool {tool!r}, which worker "
+            f"{worker_id} does not serve",
+            tool=tool,
+            card_id=card_id,
+            run_id=run_id,
+        )
+
 
 def error_text(exc: BaseException) -> str:
     """What a client is told when a run fails on an error: a typed error's own message,

@@ -11,6 +11,8 @@ step. The points, and where they are hit:
   committed with its audit row, not yet published to the worker.
 * ``prune.after_batch`` (``signoff prune`` or a worker, ``retention.prune``): one batch
   of threads is deleted and committed, the next not started.
+* ``workflow.after_first_decision`` (worker, ``AgentSteps.apply``): the first decision
+  of a workflow resume's decision map is applied, the others not yet.
 
 Tests: ``tests/faults/test_crashes.py``, ``tests/e2e/test_pools.py``.
 """
@@ -24,7 +26,13 @@ import signal
 log = logging.getLogger("signoff.faults")
 
 POINTS = frozenset(
-    {"inbox.before_ack", "execute.after_provider", "decide.before_publish", "prune.after_batch"}
+    {
+        "inbox.before_ack",
+        "execute.after_provider",
+        "decide.before_publish",
+        "prune.after_batch",
+        "workflow.after_first_decision",
+    }
 )
 
 

@@ -18,6 +18,7 @@ An app::
 Served with ``signoff dev --app mypackage.module:app``. A workflow (steps, human and event gates; ``App(workflows=[...])``)::
 
     from signoff import Workflow, WorkflowContext, await_event, await_human
+    from signoff import Edit, agent_step  # the agent loop as a step; its cards park the run
 
 An app may bring its own offline
 model (``App(offline_model=...)``, used when no Anthropic key is set): anything with a
@@ -81,10 +82,12 @@ from signoff.runtime.workflows import (
     await_event,
     await_human,
 )
+from signoff.runtime.workflows.agent_step import AgentStep, Edit, agent_step
 
 __version__ = "0.4.0"
 
 __all__ = [
+    "AgentStep",
     "AlreadyDecided",
     "App",
     "AppLoadError",
@@ -92,6 +95,7 @@ __all__ = [
     "CardNotFound",
     "ConfigError",
     "Conflict",
+    "Edit",
     "EventGate",
     "Expired",
     "Forbidden",
@@ -138,6 +142,7 @@ __all__ = [
     "WorkflowStatus",
     "WrongEvent",
     "__version__",
+    "agent_step",
     "await_event",
     "await_human",
     "one_line",

@@ -19,6 +19,7 @@ from signoff.runtime.errors import Conflict, InvalidInput, NotOwner, WorkflowNot
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import wake_workflow
 from signoff.runtime.store import WorkflowStore
+from signoff.runtime.workflows.agent_step import agent_decisions
 from signoff.runtime.workflows.definition import (
     EventGate,
     Gate,
@@ -149,8 +150,13 @@ class WorkflowService:
         at_ns = time.time_ns()
         run = await self._own(run_id, tenant, by)  # the owner only, as for cards (I3)
         workflow = self.workflow(run.workflow)
+        # An agent step's gate: a decision map over the cards its interrupt lists, checked
+        # here, checkpointed on the interrupt, applied by the step (design note 30).
+        decisions = await agent_decisions(self.store, workflow, run, payload)
 
         def payload_for(step: int) -> dict[str, Any]:
+            if decisions is not None and step == run.step:
+                return decisions
             steps = workflow.step_list
             if not 0 <= step < len(steps) or isinstance(steps[step], EventGate):
                 return validate(None, payload)

@@ -1,4 +1,4 @@
--- 0008: durable workflows (design note 25). A run is a row; a gate is an interrupt row;
+-- 0008: durable workflows (design note 26). A run is a row; a gate is an interrupt row;
 -- a parked run holds nothing in a worker's memory. workflow_runs.step is the index of the
 -- next step to run (or of the gate the run waits at): a step's completion (its state
 -- merge and step + 1) is one UPDATE, so a completed step never runs again. Locks: the

@@ -20,6 +20,8 @@ ASSETS = [
     "/static/threads.js",
     "/static/app.js",
     "/static/style.css",
+    "/static/gate-form.js",
+    "/static/gate-form.css",
 ]
 
 

@@ -40,7 +40,9 @@ import redis.exceptions as rx
 from signoff.runtime.cards import MOVES, Status
 from signoff.runtime.keys import Keys
 
-HUMAN_CHANNELS = ("http", "ws", "whatsapp", "test")
+# "workflow": a decision map of an authenticated workflow resume (the owner only), applied
+# card by card by the worker under the resumer's name (design note 30).
+HUMAN_CHANNELS = ("http", "ws", "whatsapp", "test", "workflow")
 NOT_HUMAN = ("system", "clock", "sweeper", "operator")
 # Tools of the demo app whose provider rows carry the card's operation_id as idempotency key.
 KEYED = {"create_pix_charge": "demo_charges", "refund_sale": "demo_refunds"}

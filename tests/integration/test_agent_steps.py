@@ -1,0 +1,275 @@
+"""Agent steps in workflows, in-process on real Postgres: the agent's writes park the run
+with every pending card on the interrupt; one resume decides them all (design note 30)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import pytest
+
+from signoff import Edit, InvalidInput, NotParked, WorkflowRun
+from signoff.runtime.bus.redis import RedisBus
+from signoff.runtime.cards import Card, Decision
+from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Resolution
+from signoff.runtime.keys import Keys
+from signoff.runtime.workflows.agent_runner import AgentSteps
+from signoff.runtime.workflows.agent_step import CARDS_KEY, AgentStep, workflow_thread_id
+from signoff.runtime.workflows.service import WorkflowService
+from signoff.testing import Harness
+from tests import agent_wf_app
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+T = TypeVar("T")
+OWNER = "ana"
+
+
+async def until(fn: Callable[[], Awaitable[T]], timeout: float = 15.0, what: str = "") -> T:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await fn()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not met within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def h(database_url: str) -> AsyncIterator[Harness]:
+    settings = Settings(lease_seconds=2.0, poll_seconds=0.3, sweep_seconds=0.2)
+    async with Harness(
+        agent_wf_app.build, database_url=database_url, offline=True, settings=settings
+    ) as harness:
+        yield harness
+
+
+def status_is(h: Harness, run_id: str, *statuses: str) -> Callable[[], Awaitable[Any]]:
+    async def check() -> WorkflowRun | None:
+        run = await h.store.workflows.get_workflow_run(run_id)
+        return run if str(run.status) in statuses else None
+
+    return check
+
+
+async def parked_on_cards(h: Harness) -> tuple[WorkflowRun, list[Card]]:
+    run = await h.workflows.start("approvals", tenant=h.tenant, owner=OWNER)
+    run = await until(status_is(h, run.id, "awaiting_human"), what="parked on the cards")
+    cards = await h.store.pending_cards(workflow_thread_id(run.id))
+    return run, sorted(cards, key=lambda c: c.args_snapshot["payee"])
+
+
+async def executions(h: Harness) -> dict[str, tuple[int, int]]:
+    """payee -> (amount, executions) of this test's payments."""
+    rows = await h.app.services.fetch(
+        "SELECT p.payee, p.amount, p.executions FROM agent_wf_pays p JOIN cards c "
+        "ON c.operation_id::text = p.operation_id WHERE c.tenant = $1",
+        h.tenant,
+    )
+    return {r["payee"]: (r["amount"], r["executions"]) for r in rows}
+
+
+async def test_the_run_parks_with_every_pending_card_on_the_interrupt(h: Harness) -> None:
+    run, cards = await parked_on_cards(h)
+    assert [c.args_snapshot for c in cards] == [
+        {"payee": "ana", "amount": 10},
+        {"payee": "bruno", "amount": 20},
+        {"payee": "carla", "amount": 30},
+    ]
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    gate = interrupts[-1]
+    assert gate.status == "open" and gate.kind == "human" and gate.step_name == "agent"
+    assert gate.reason == "3 actions proposed by the agent await your decision"
+    listed = {c["id"]: c for c in gate.schema[CARDS_KEY]}
+    assert gate.detail == {"agent_run_id": cards[0].run_id, "cards": gate.schema[CARDS_KEY]}
+    assert set(listed) == {c.id for c in cards} == set(gate.schema["properties"])
+    assert listed[cards[0].id]["summary"] == "Pay 10 to ana"
+    assert listed[cards[0].id]["snapshot_hash"] == cards[0].snapshot_hash
+    assert listed[cards[0].id]["editable"] == ["amount"]
+    # the step offered the model only its own tools
+    assert agent_wf_app.PayModel.offered[-1] == ["pay"]
+    assert run.state.get("agent") is None and await executions(h) == {}
+
+
+async def test_one_resume_approves_rejects_and_edits_each_exactly_once(h: Harness) -> None:
+    run, (a, b, c) = await parked_on_cards(h)
+    decisions: dict[str, Any] = {a.id: True, b.id: False, c.id: Edit({"amount": 25})}
+    await h.workflows.resume(run.id, decisions, tenant=h.tenant, by=OWNER)
+    done = await until(status_is(h, run.id, "completed"), what="completed")
+    assert await executions(h) == {"ana": (10, 1), "carla": (25, 1)}
+    assert await h.trail(a) == ["pending", "approved", "executing", "executed"]
+    assert await h.trail(b) == ["pending", "rejected"]
+    assert await h.trail(c) == ["pending", "modified"]
+    edited = await h.card((await h.card(c)).superseded_by or "")
+    assert edited.args_snapshot == {"payee": "carla", "amount": 25}
+    assert edited.snapshot_hash != c.snapshot_hash
+    assert await h.trail(edited) == ["pending", "approved", "executing", "executed"]
+    for card in (a, b, edited):
+        events = await h.events(card)
+        assert {e.actor for e in events if e.to_status in ("approved", "rejected")} == {OWNER}
+        assert {e.channel for e in events if e.to_status in ("approved", "rejected")} == {
+            "workflow"
+        }
+    assert done.state["agent"]["reply"] == "paid: ana=10, carla=25"
+    assert done.state["after_saw"] == "paid: ana=10, carla=25"
+    actions = {x["card_id"]: x["status"] for x in done.state["agent"]["actions"]}
+    assert actions == {a.id: "executed", b.id: "rejected", c.id: "modified", edited.id: "executed"}
+    # the map was checkpointed on the interrupt, with who resumed
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    (gate,) = [i for i in interrupts if i.step_name == "agent"]
+    assert gate.status == "resolved" and gate.resolved_by == OWNER
+    assert gate.payload == {a.id: True, b.id: False, c.id: {"edit": {"amount": 25}}}
+
+
+async def test_applying_the_map_again_changes_nothing(h: Harness) -> None:
+    """What a worker that adopts the run after a crash does: the map applied again."""
+    run, (a, b, c) = await parked_on_cards(h)
+    await h.workflows.resume(
+        run.id, {a.id: True, b.id: False, c.id: Edit({"amount": 5})}, tenant=h.tenant, by=OWNER
+    )
+    done = await until(status_is(h, run.id, "completed"), what="completed")
+    steps: AgentSteps = h.worker.workflows.handlers["agent"].__self__  # type: ignore[attr-defined]
+    workflow = h.app.workflow_map()["approvals"]
+    step = workflow.step_list[1]
+    assert isinstance(step, AgentStep)
+    await steps.apply(h.worker.workflows._context(workflow, done, step), step)
+    await h.settle()
+    assert await executions(h) == {"ana": (10, 1), "carla": (5, 1)}
+    assert await h.trail(b) == ["pending", "rejected"]
+    assert len(await h.store.cards_of_run(a.run_id)) == 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},
+        {"00000000-0000-4000-8000-000000000000": True},
+        "yes",
+        {"FIRST": "approve"},
+        {"FIRST": {"edit": {"payee": "mallory"}}},
+        {"FIRST": {"edit": {}}},
+    ],
+)
+async def test_an_invalid_map_is_refused_and_the_run_stays_parked(h: Harness, bad: Any) -> None:
+    run, (a, _, _) = await parked_on_cards(h)
+    if isinstance(bad, dict) and "FIRST" in bad:
+        bad = {a.id: bad["FIRST"]}
+    with pytest.raises(InvalidInput):
+        await h.workflows.resume(run.id, bad, tenant=h.tenant, by=OWNER)
+    still = await h.store.workflows.get_workflow_run(run.id)
+    assert still.status == "awaiting_human"
+    assert [c.status for c in await h.store.cards_of_run(a.run_id)] == ["pending"] * 3
+
+
+async def test_two_racing_resumes_apply_one_map(h: Harness) -> None:
+    run, (a, b, c) = await parked_on_cards(h)
+    maps = [{a.id: True, b.id: True, c.id: True}, {a.id: False, b.id: False, c.id: False}]
+    results = await asyncio.gather(
+        *(h.workflows.resume(run.id, m, tenant=h.tenant, by=OWNER) for m in maps),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(r, NotParked) for r in results) == 1, results
+    await until(status_is(h, run.id, "completed"), what="completed")
+    statuses = {str((await h.card(x)).status) for x in (a, b, c)}
+    assert statuses in ({"executed"}, {"rejected"})
+
+
+async def test_cards_decided_through_the_card_api_let_the_run_go_on(h: Harness) -> None:
+    """The same cards decided one by one where a chat's are: the step's gate is passed
+    (automatic, ``system:cards``) and the run completes."""
+    run, cards = await parked_on_cards(h)
+    for card, decision in zip(
+        cards, (Decision.APPROVE, Decision.REJECT, Decision.APPROVE), strict=True
+    ):
+        await h.decisions.resolve(
+            card.id,
+            Resolution(decision=decision, snapshot_hash=card.snapshot_hash),
+            principal=OWNER,
+            channel="http",
+            tenant=h.tenant,
+        )
+    done = await until(status_is(h, run.id, "completed"), what="completed")
+    assert done.state["agent"]["reply"] == "paid: ana=10, carla=30"
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    (gate,) = [i for i in interrupts if i.step_name == "agent"]
+    assert gate.resolved_by == "system:cards" and gate.automatic
+
+
+async def test_a_partial_map_parks_again_on_the_cards_left(h: Harness) -> None:
+    run, (a, b, c) = await parked_on_cards(h)
+    await h.workflows.resume(run.id, {a.id: True}, tenant=h.tenant, by=OWNER)
+
+    async def reparked() -> Any:
+        _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+        opened = [i for i in interrupts if i.status == "open"]
+        return opened[-1] if opened else None
+
+    gate = await until(reparked, what="parked again")
+    assert {x["id"] for x in gate.schema[CARDS_KEY]} == {b.id, c.id}
+    assert gate.reason == "2 actions proposed by the agent await your decision"
+    await h.workflows.resume(run.id, {b.id: True, c.id: False}, tenant=h.tenant, by=OWNER)
+    done = await until(status_is(h, run.id, "completed"), what="completed")
+    assert done.state["agent"]["reply"] == "paid: ana=10, bruno=20"
+
+
+async def test_redis_down_at_resume_commits_the_map_and_the_run_continues(h: Harness) -> None:
+    """The resuming gateway's Redis is gone: the map is checkpointed anyway, the hint is
+    lost, and the holder's poll finds the run in Postgres and applies the map."""
+    run, (a, b, c) = await parked_on_cards(h)
+    dead = RedisBus.from_url("redis://127.0.0.1:1/0", Keys("so-dead:"))
+    try:
+        service = WorkflowService.of(h.store.workflows, dead, Keys("so-dead:"), h.app)
+        resumed = await service.resume(
+            run.id, {a.id: True, b.id: False, c.id: True}, tenant=h.tenant, by=OWNER
+        )
+        assert resumed.status == "running"
+    finally:
+        await dead.close()
+    done = await until(status_is(h, run.id, "completed"), what="continued through Postgres")
+    assert done.state["agent"]["reply"] == "paid: ana=10, carla=30"
+    assert await executions(h) == {"ana": (10, 1), "carla": (30, 1)}
+
+
+async def test_a_slow_postgres_at_resume_delays_the_map_and_changes_nothing_else(
+    h: Harness,
+) -> None:
+    run, (a, b, c) = await parked_on_cards(h)
+    conn = await asyncpg.connect(h.database_url)
+    try:
+        async with conn.transaction():  # a long transaction holds the run's row
+            await conn.execute("SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE", run.id)
+            resume = asyncio.create_task(
+                h.workflows.resume(
+                    run.id, {a.id: True, b.id: True, c.id: True}, tenant=h.tenant, by=OWNER
+                )
+            )
+            await asyncio.sleep(0.8)
+            assert not resume.done()
+            assert [str(x.status) for x in await h.store.cards_of_run(a.run_id)] == ["pending"] * 3
+        assert (await resume).status == "running"
+    finally:
+        await conn.close()
+    await until(status_is(h, run.id, "completed"), what="completed")
+    assert await executions(h) == {"ana": (10, 1), "bruno": (20, 1), "carla": (30, 1)}
+
+
+async def test_cards_that_expire_before_the_resume_let_the_run_go_on(h: Harness) -> None:
+    """The cards keep their policy's TTL: expired (database clock), the model is told, and
+    the step's gate passes by itself (``system:cards``)."""
+    run, cards = await parked_on_cards(h)
+    conn = await asyncpg.connect(h.database_url)
+    try:
+        await conn.execute(
+            "UPDATE cards SET expires_at = now() - interval '1 second' WHERE run_id = $1",
+            cards[0].run_id,
+        )
+    finally:
+        await conn.close()
+    done = await until(status_is(h, run.id, "completed"), what="completed after expiry")
+    assert done.state["agent"]["reply"] == "paid: nothing"
+    assert {x["status"] for x in done.state["agent"]["actions"]} == {"expired"}
+    assert await executions(h) == {}
