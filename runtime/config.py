@@ -54,6 +54,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ws_frames_per_second: float = 20.0  # per WebSocket; 0: no limit
     ws_burst: int = 40  # frames a socket may send at once before it is rate limited
     claim_idle_ms: int = 30_000  # inbox entries of a dead consumer idle this long are reclaimed
+    # Inbox streams (0: one on a Redis server, 8 on a Redis Cluster; design note 25).
+    inbox_partitions: int = 0
     faults: tuple[str, ...] = ()  # armed fault points (tests only), see runtime/faults.py
     metrics_port: int = 0  # `signoff worker` serves /metrics on this port (0: off)
     adopt_batch: int = 1000  # lapsed runs one worker adopts per lease tick
@@ -131,6 +133,7 @@ _ENV: dict[str, str] = {
     "ws_frames_per_second": "SIGNOFF_WS_FRAMES_PER_SECOND",
     "ws_burst": "SIGNOFF_WS_BURST",
     "claim_idle_ms": "SIGNOFF_CLAIM_IDLE_MS",
+    "inbox_partitions": "SIGNOFF_INBOX_PARTITIONS",
     "faults": "SIGNOFF_FAULTS",
     "metrics_port": "SIGNOFF_METRICS_PORT",
     "adopt_batch": "SIGNOFF_ADOPT_BATCH",

@@ -108,7 +108,10 @@ def make_bus(settings: Settings) -> Bus:
         from signoff.runtime.bus.redis import RedisBus
 
         bus: Bus = RedisBus.from_url(
-            settings.redis_url, Keys(settings.key_prefix), claim_idle_ms=settings.claim_idle_ms
+            settings.redis_url,
+            Keys(settings.key_prefix),
+            claim_idle_ms=settings.claim_idle_ms,
+            partitions=settings.inbox_partitions,
         )
         return bus
     return MemoryBus()

@@ -16,6 +16,7 @@ import pytest
 
 from signoff.store.postgres import PostgresStore
 from tests import services
+from tests.rediscluster import LocalCluster, local_cluster
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +81,10 @@ async def store(database_url: str) -> AsyncIterator[PostgresStore]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A local 3-master + 3-replica Redis Cluster for the session (``tests/rediscluster.py``)."""
+    with local_cluster() as cluster:
+        yield cluster
