@@ -168,6 +168,29 @@ class LocalCluster:
                 raise LookupError(f"no live replica of {master}")
             time.sleep(0.1)
 
+    def wait_replicated(self, master: int, timeout: float = 10.0) -> None:
+        """Until every replica of ``master`` has all it wrote so far (asynchronous)."""
+        info = cli(master, "INFO", "replication")
+        target = int(info.split("master_repl_offset:")[1].split()[0])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = [
+                line
+                for line in cli(master, "INFO", "replication").split()
+                if line.startswith("slave")
+            ]
+            offsets = [
+                int(part.split("=")[1])
+                for line in lines
+                if ":ip=" in line
+                for part in line.split(",")
+                if part.startswith("offset=")
+            ]
+            if offsets and min(offsets) >= target:
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"the replicas of {master} did not catch up")
+
     def kill(self, port: int) -> None:
         """kill -9 one node."""
         proc = self.processes[port]

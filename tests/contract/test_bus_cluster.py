@@ -196,7 +196,7 @@ async def test_a_killed_master_fails_its_subscriptions_and_the_bus_recovers(
     )
     replica = redis_cluster.replica_of(master)
     await cluster_bus.set_wait("card-k", "w-1", 60_000)
-    await asyncio.sleep(0.2)  # replicated (asynchronously)
+    redis_cluster.wait_replicated(master)  # replication is asynchronous
     thread = next(  # a thread whose inbox partition is on the master about to die
         t
         for t in (f"thread-{i}" for i in range(1000))
