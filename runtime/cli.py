@@ -157,11 +157,12 @@ async def _migrate(args: argparse.Namespace) -> int:
     from signoff.runtime.node import database_url
     from signoff.store.postgres import PostgresStore
 
-    url = database_url(_settings(args))
+    settings = _settings(args)
+    url = database_url(settings)
     if url is None:
         print(_NO_DATABASE, file=sys.stderr)
         return 2
-    store = await PostgresStore.connect(url)
+    store = await PostgresStore.connect(url, statement_cache_size=settings.db_statement_cache_size)
     try:
         applied = await store.migrate()
     finally:
@@ -187,11 +188,12 @@ async def _cards(args: argparse.Namespace) -> int:
     from signoff.runtime.node import database_url
     from signoff.store.postgres import PostgresStore
 
-    url = database_url(_settings(args))
+    settings = _settings(args)
+    url = database_url(settings)
     if url is None:
         print(_NO_DATABASE, file=sys.stderr)
         return 2
-    store = await PostgresStore.connect(url)
+    store = await PostgresStore.connect(url, statement_cache_size=settings.db_statement_cache_size)
     try:
         if args.action == "list":
             for card in await store.list_cards(args.status, None, args.limit):

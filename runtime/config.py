@@ -51,6 +51,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 10
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
     db_timeout_seconds: float = 5.0
+    # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in
+    # transaction pooling mode (design note 26).
+    db_statement_cache_size: int = 100
     ws_frames_per_second: float = 20.0  # per WebSocket; 0: no limit
     ws_burst: int = 40  # frames a socket may send at once before it is rate limited
     claim_idle_ms: int = 30_000  # inbox entries of a dead consumer idle this long are reclaimed
@@ -130,6 +133,7 @@ _ENV: dict[str, str] = {
     "tenant": "SIGNOFF_TENANT",
     "pool_size": "SIGNOFF_POOL_SIZE",
     "db_timeout_seconds": "SIGNOFF_DB_TIMEOUT_SECONDS",
+    "db_statement_cache_size": "SIGNOFF_DB_STATEMENT_CACHE_SIZE",
     "ws_frames_per_second": "SIGNOFF_WS_FRAMES_PER_SECOND",
     "ws_burst": "SIGNOFF_WS_BURST",
     "claim_idle_ms": "SIGNOFF_CLAIM_IDLE_MS",

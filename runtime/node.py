@@ -133,7 +133,10 @@ async def running(
     if settings.redis_url is None and not (worker and gateway):
         raise ConfigError("separate gateway and worker processes need SIGNOFF_REDIS_URL")
     store = await PostgresStore.connect(
-        settings.database_url, max_size=settings.pool_size, timeout=settings.db_timeout_seconds
+        settings.database_url,
+        max_size=settings.pool_size,
+        timeout=settings.db_timeout_seconds,
+        statement_cache_size=settings.db_statement_cache_size,
     )
     bus = make_bus(settings)
     node = Node(settings=settings, store=store, bus=bus, app=app, model=model)

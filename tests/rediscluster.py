@@ -221,6 +221,43 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
+def plain_servers(n: int) -> Iterator[list[int]]:
+    """``n`` plain (non-cluster) redis-servers on free ports; their ports."""
+    root = Path(tempfile.mkdtemp(prefix="signoff-redis-"))
+    ports = free_ports(n)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for port in ports:
+            folder = root / str(port)
+            folder.mkdir()
+            log = (folder / "stdout.log").open("ab")
+            argv = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+            argv += ["--appendonly", "no", "--dir", str(folder)]
+            procs.append(popen_with_parent(argv, env=dict(os.environ), stdout=log, cwd=folder))
+            log.close()
+        for port in ports:
+            deadline = time.monotonic() + 10
+            while cli(port, "PING").strip() != "PONG" if _up(port) else True:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on {port} did not start")
+                time.sleep(0.02)
+        yield ports
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _up(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
 def local_cluster() -> Iterator[LocalCluster]:
     root = Path(tempfile.mkdtemp(prefix="signoff-cluster-"))
     cluster = LocalCluster(root, free_ports(6))

@@ -49,6 +49,13 @@ CLUSTER_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0)
 # Cluster answers that pass once the topology settles.
 TRANSIENT = ("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING", "READONLY")
 SOCKET_TIMEOUT = 5.0
+# redis-py's errors while the topology is changing (no node for a slot, no seed answers).
+CLUSTER_RETRYABLE = (
+    rx.ClusterError,
+    rx.ClusterDownError,
+    rx.TryAgainError,
+    rx.RedisClusterException,
+)
 # Writes an enqueue waits to see on a replica before it is acknowledged (WAIT).
 WAIT_TIMEOUT_MS = 1000
 
@@ -130,7 +137,7 @@ class ClusterClient(Client):
                 if self._stale:
                     await self.refresh()
                 return await fn()
-            except (*RETRYABLE, rx.ClusterError, rx.ClusterDownError, rx.TryAgainError) as exc:
+            except (*RETRYABLE, *CLUSTER_RETRYABLE) as exc:
                 self._stale = True
                 if delay is None or self.closed:
                     raise Unavailable(
@@ -181,7 +188,11 @@ class ClusterClient(Client):
     def node_of(self, key: str | bytes) -> ClusterNode:
         """The primary that holds ``key``'s slot (a sharded channel's too)."""
         raw = key.encode() if isinstance(key, str) else key
-        return self.cluster.nodes_manager.get_node_from_slot(key_slot(raw))
+        try:
+            return self.cluster.nodes_manager.get_node_from_slot(key_slot(raw))
+        except (KeyError, IndexError, rx.RedisClusterException) as exc:
+            self._stale = True
+            raise Redirected(f"no node holds the slot of {raw!r} now") from exc
 
     async def ready(self) -> None:
         """Load the slot table once (redis-py does it on its first command)."""
