@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -57,7 +57,9 @@ def start(server_url: str, *, pool_size: int = 20) -> tuple[subprocess.Popen[byt
     user = parts.username or "postgres"
     root = Path(tempfile.mkdtemp(prefix="signoff-pgbouncer-"))
     port = _free_port()
-    (root / "users.txt").write_text(f'"{user}" ""\n')
+    # Clients are not checked (trust); the password, if any, is PgBouncer's to the server.
+    password = unquote(parts.password or "")
+    (root / "users.txt").write_text(f'"{user}" "{password}"\n')
     conf = root / "pgbouncer.ini"
     conf.write_text(
         "[databases]\n"
