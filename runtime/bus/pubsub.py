@@ -196,7 +196,9 @@ class PubSub:
     async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
         """Subscribe; entered once Redis confirmed. The iterator raises BusDisconnected on a drop."""
         name = channel.encode()
-        node = await self._client.call("pub/sub route", lambda: self._client.node_name(channel))
+        node = ""  # one server; on a cluster, the node holding the channel's slot
+        if self._sharded:
+            node = await self._client.call("pub/sub route", lambda: self._client.node_name(channel))
         link = await self._ensure_link(node, channel)
         sub = _Sub()
         state = link.channels.get(name)
