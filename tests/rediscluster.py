@@ -90,8 +90,11 @@ class LocalCluster:
             [REDIS_SERVER, str(conf)], env=dict(os.environ), stdout=log, cwd=folder
         )
         log.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
+            if self.processes[port].poll() is not None:
+                logged = (folder / "redis.log").read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"redis-server on {port} exited: {logged}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
                 return
             time.sleep(0.02)
@@ -262,8 +265,16 @@ def local_cluster() -> Iterator[LocalCluster]:
     root = Path(tempfile.mkdtemp(prefix="signoff-cluster-"))
     cluster = LocalCluster(root, free_ports(6))
     try:
-        for port in cluster.ports:
-            cluster.start_node(port)
+        for attempt in range(3):  # a port taken between the probe and the bind: others
+            try:
+                for port in cluster.ports:
+                    cluster.start_node(port)
+                break
+            except RuntimeError:
+                cluster.stop()
+                if attempt == 2:
+                    raise
+                cluster = LocalCluster(root, free_ports(6))
         cluster.create()
         yield cluster
     finally:

@@ -168,6 +168,14 @@ class Client:
         entry: bytes | str = await self.call("XADD", lambda: self.redis.xadd(key, {field: value}))
         return entry
 
+    async def xreadgroup(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None
+    ) -> Any:
+        """XREADGROUP of new entries (``>``) on one stream (not retried: ``call`` does)."""
+        return await self.redis.xreadgroup(
+            group, consumer, {stream: ">"}, count=count, block=block_ms
+        )
+
     async def close(self) -> None:
         """No more calls (retries in flight give up); close both connections and the pool."""
         self.closed = True

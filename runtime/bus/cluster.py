@@ -50,11 +50,15 @@ CLUSTER_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0)
 TRANSIENT = ("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING", "READONLY")
 SOCKET_TIMEOUT = 5.0
 # redis-py's errors while the topology is changing (no node for a slot, no seed answers).
+# (redis-py turns READONLY, LOADING and MASTERDOWN answers into their own classes.)
 CLUSTER_RETRYABLE = (
     rx.ClusterError,
     rx.ClusterDownError,
     rx.TryAgainError,
     rx.RedisClusterException,
+    rx.ReadOnlyError,
+    rx.BusyLoadingError,
+    rx.MasterDownError,
 )
 # Writes an enqueue waits to see on a replica before it is acknowledged (WAIT).
 WAIT_TIMEOUT_MS = 1000
@@ -288,6 +292,18 @@ class ClusterClient(Client):
             log.warning("inbox entry %s not confirmed by a replica in time", replies[0])
         entry: bytes = replies[0]
         return entry
+
+    async def xreadgroup(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None
+    ) -> Any:
+        """Sent to the stream's node: redis-py would otherwise ask a node for the keys of
+        every XREADGROUP (``COMMAND GETKEYS``, its keys are not at a fixed position)."""
+        await self.ready()
+        args: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", count]
+        if block_ms is not None:
+            args += ["BLOCK", block_ms]
+        args += ["STREAMS", stream, ">"]
+        return await self.cluster.execute_command(*args, target_nodes=self.node_of(stream))
 
     def _has_replica(self, key: str) -> bool:
         nodes = self.cluster.nodes_manager.slots_cache.get(key_slot(key.encode()), [])

@@ -90,9 +90,7 @@ class Inbox:
         reply = await self._client.call(
             "XREADGROUP",
             self._grouped(
-                lambda: self._client.redis.xreadgroup(
-                    group, consumer, {inbox: ">"}, count=TAKE_COUNT, block=block_ms
-                ),
+                lambda: self._client.xreadgroup(inbox, group, consumer, TAKE_COUNT, block_ms),
                 None,
             ),
         )
