@@ -149,6 +149,89 @@ async def test_a_delivery_id_of_another_inbox_is_refused(cluster_bus: RedisBus) 
         await cluster_bus.ack("1796-0")
 
 
+def node_id(port: int) -> str:
+    return cli(port, "CLUSTER", "MYID").strip()
+
+
+def move_slot(cluster: LocalCluster, slot: int, to: int) -> None:
+    """Hand an empty slot to another master (CLUSTER SETSLOT ... NODE on every master)."""
+    target = node_id(to)
+    cli(to, "CLUSTER", "SETSLOT", str(slot), "NODE", target)
+    for port in cluster.masters():
+        if port != to:
+            cli(port, "CLUSTER", "SETSLOT", str(slot), "NODE", target)
+
+
+async def test_a_killed_shard_pubsub_connection_fails_its_subscribers_only(
+    cluster_bus: RedisBus, keys: Keys, tag: str
+) -> None:
+    one = keys.worker_channel("w-1")
+    other = next(  # a channel on another master
+        c
+        for c in (keys.thread_channel(f"t-{i}") for i in range(1000))
+        if node_port(cluster_bus, c) != node_port(cluster_bus, one)
+    )
+    async with cluster_bus.subscribe(one) as a, cluster_bus.subscribe(other) as b:
+        port = node_port(cluster_bus, one)
+        killed = 0
+        for line in cli(port, "CLIENT", "LIST", "TYPE", "pubsub").splitlines():
+            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            if fields.get("name") == tag:
+                killed += int(cli(port, "CLIENT", "KILL", "ID", fields["id"]).strip() or 0)
+        assert killed == 1
+        with pytest.raises(BusDisconnected):
+            await receive(a, 2.0)
+        assert await cluster_bus.publish(other, b"still here") == 1  # the other shard's link
+        assert await receive(b) == b"still here"
+    async with cluster_bus.subscribe(one) as again:
+        assert await cluster_bus.publish(one, b"back") == 1
+        assert await receive(again) == b"back"
+
+
+async def test_a_slot_moved_to_another_shard_ends_its_subscriptions_and_they_follow(
+    cluster_bus: RedisBus, keys: Keys, redis_cluster: LocalCluster
+) -> None:
+    """Redis ends a sharded subscription (``sunsubscribe``) when its slot leaves the node;
+    subscribers fail (and re-read Postgres in production), a new subscribe meets MOVED,
+    reloads the slot table and lands on the new owner."""
+    from redis.crc import key_slot
+
+    channel = next(
+        c
+        for c in (keys.worker_channel(f"w-move-{i}") for i in range(1000))
+        if cli(
+            node_port(cluster_bus, c),
+            "CLUSTER",
+            "COUNTKEYSINSLOT",
+            str(key_slot(c.encode())),
+        ).strip()
+        == "0"
+    )
+    slot = key_slot(channel.encode())
+    owner = node_port(cluster_bus, channel)
+    target = next(p for p in redis_cluster.masters() if p != owner)
+    try:
+        async with cluster_bus.subscribe(channel) as sub:
+            move_slot(redis_cluster, slot, target)
+            with pytest.raises(BusDisconnected) as ended:
+                await receive(sub, 5.0)
+            assert "ended the subscription" in str(ended.value)  # sunsubscribe, no drop
+        for attempt in range(30):
+            try:
+                async with cluster_bus.subscribe(channel) as sub:
+                    assert node_port(cluster_bus, channel) == target
+                    assert await cluster_bus.publish(channel, b"moved") == 1
+                    assert await receive(sub) == b"moved"
+                    break
+            except BusDisconnected:
+                await asyncio.sleep(0.05 * attempt)
+        else:
+            pytest.fail("never subscribed on the slot's new owner")
+    finally:
+        move_slot(redis_cluster, slot, owner)
+        redis_cluster.wait_ok()
+
+
 # -- failovers (these change the cluster's roles: keep them last) ----------------------------
 
 
