@@ -1,7 +1,7 @@
 """Gateway and worker pools on a Redis Cluster (3 masters + 3 replicas), failovers included.
 
-The pool test of ``test_pools.py`` on the cluster (hundreds of threads, each charged
-exactly once), then decisions flowing through 100 parked runs while a master is killed
+The pool test of ``test_pools.py`` on the cluster (500 threads, each charged exactly
+once), then decisions flowing through 100 parked runs while a master is killed
 with ``kill -9`` (its replica promoted) and while another is handed over with a manual
 ``CLUSTER FAILOVER``: every decision applied, every card executed once, nothing lost.
 The time to recover (a bus write on the failed shard answers again) is printed and
@@ -51,7 +51,7 @@ def cluster_pools(
         yield c
 
 
-async def test_300_threads_across_pools_on_a_redis_cluster(
+async def test_500_threads_across_pools_on_a_redis_cluster(
     cluster_pools: Cluster, database_url: str, redis_cluster: LocalCluster
 ) -> None:
     a, b = cluster_pools.gateways
@@ -59,7 +59,7 @@ async def test_300_threads_across_pools_on_a_redis_cluster(
     before = {p: redis_cluster.command_calls(p, "spublish") for p in masters}
     db = await asyncpg.connect(database_url)
     try:
-        n = 300
+        n = 500
         await parked_threads(cluster_pools, a.url, n)
         cards = await wait_until(lambda: _count_pending(db, cluster_pools.tenant, n), timeout=120)
         codes = await approve_all(cluster_pools, b.url, cards)
