@@ -97,7 +97,9 @@ async def test_failovers_under_load_lose_no_decision(
     try:
         n = 100
         await parked_threads(c, a.url, n)
-        cards = await wait_until(lambda: _count_pending(db, c.tenant, n), timeout=120)
+        cards = await wait_until(
+            lambda: _count_pending(db, c.tenant, n), timeout=120, what="parked"
+        )
         await probe.client.ready()
         victim = int(probe.client.node_of(keys.wait("probe-kill")).port)
         promoted = redis_cluster.replica_of(victim)
@@ -109,6 +111,7 @@ async def test_failovers_under_load_lose_no_decision(
         redis_cluster.kill(victim)
         kill_recovery = await probe_until_writable(probe, keys.wait("probe-kill"), started)
         codes = await flowing
+        in_flight_answered = time.monotonic() - started  # the 40 decisions sent around it
         codes += await approve_all(c, a.url, second)
         # A manual failover of another master while the rest of the decisions flow.
         probe.client.suspect()
@@ -130,10 +133,22 @@ async def test_failovers_under_load_lose_no_decision(
         failover_recovery = await probe_until_writable(probe, key, started)
         codes += await flowing
         assert codes == [200] * n
-        await wait_until(lambda: all_runs_done(db, c.tenant, n), timeout=120)
+        try:
+            await wait_until(lambda: all_runs_done(db, c.tenant, n), timeout=120, what="runs")
+        except AssertionError as exc:
+            runs = await db.fetch(
+                "SELECT status, count(*) FROM runs WHERE tenant = $1 GROUP BY 1", c.tenant
+            )
+            states = await db.fetch(
+                "SELECT status, count(*) FROM cards WHERE tenant = $1 GROUP BY 1", c.tenant
+            )
+            raise AssertionError(
+                f"runs {[tuple(r) for r in runs]}, cards {[tuple(r) for r in states]}"
+            ) from exc
         await check_exactly_once(db, c.tenant, n)
         print(
-            f"\nrecovery: kill -9 of a master {kill_recovery:.2f}s, "
+            f"\nrecovery: kill -9 of a master {kill_recovery:.2f}s "
+            f"(decisions in flight all answered after {in_flight_answered:.2f}s), "
             f"manual CLUSTER FAILOVER {failover_recovery:.2f}s"
         )
     finally:
