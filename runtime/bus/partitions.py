@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from signoff.runtime.bus.client import Client
 from signoff.runtime.bus.inbox import Inbox
 from signoff.runtime.bus.protocol import Delivery, Job
-from signoff.runtime.errors import InvalidInput
+from signoff.runtime.errors import InvalidInput, Unavailable
 from signoff.runtime.keys import Keys
 
 log = logging.getLogger("signoff.bus")
@@ -68,7 +68,10 @@ class PartitionedInbox:
         """Claimed entries of dead consumers first, else new ones of any partition."""
         claimed: list[Delivery] = []
         for index, part in enumerate(self.partitions):
-            claimed += self._tagged(index, await part.claim(consumer))
+            try:
+                claimed += self._tagged(index, await part.claim(consumer))
+            except Unavailable as exc:  # that partition's master is away: read the others
+                log.warning("inbox partition %d: claim round failed: %s", index, exc)
         if claimed:
             return claimed
         for index, part in enumerate(self.partitions):
@@ -89,8 +92,8 @@ class PartitionedInbox:
             del self._reads[key]
             if task.cancelled():
                 continue
-            if (exc := task.exception()) is not None:
-                error = error or exc
+            if (failed := task.exception()) is not None:
+                error = error or failed
                 continue
             out += self._tagged(key[1], task.result())
         if not out and error is not None:
