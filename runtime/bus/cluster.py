@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -68,6 +70,14 @@ class Redirected(rx.ConnectionError):
     """A transient cluster answer (or too many redirects): retry after a topology reload."""
 
 
+def _closed_under_us(exc: AttributeError) -> bool:
+    """redis-py's cluster client closes every node's connections on CLUSTERDOWN, under
+    the commands in flight on them, which then fail on a writer or reader that is now
+    None: a dropped connection in all but name (retried)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
+
+
 def is_cluster_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() in SCHEMES
 
@@ -96,6 +106,9 @@ def cluster_from_url(url: str) -> RedisCluster:
         ssl=parts.scheme.lower() == "rediss+cluster",
         protocol=2,
         retry=Retry(NoBackoff(), 0),
+        # MOVED patches the slot table; no full reload (and no closing of every node's
+        # connections under the commands in flight) every few MOVEDs: ours reload it.
+        reinitialize_steps=0,
         socket_timeout=SOCKET_TIMEOUT,
         socket_connect_timeout=SOCKET_TIMEOUT,
         client_name=_query(parts.query, "client_name"),
@@ -141,7 +154,9 @@ class ClusterClient(Client):
                 if self._stale:
                     await self.refresh()
                 return await fn()
-            except (*RETRYABLE, *CLUSTER_RETRYABLE) as exc:
+            except (*RETRYABLE, *CLUSTER_RETRYABLE, AttributeError) as exc:
+                if isinstance(exc, AttributeError) and not _closed_under_us(exc):
+                    raise
                 self._stale = True
                 if delay is None or self.closed:
                     raise Unavailable(
