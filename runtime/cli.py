@@ -209,9 +209,10 @@ async def _worker(args: argparse.Namespace) -> int:
 async def _migrate(args: argparse.Namespace) -> int:
     from signoff.store.postgres import PostgresStore
 
-    url = cli_ops.operator_settings(_settings(args)).database_url
+    settings = cli_ops.operator_settings(_settings(args))
+    url = settings.database_url
     assert url is not None
-    store = await PostgresStore.connect(url)
+    store = await PostgresStore.connect(url, statement_cache_size=settings.db_statement_cache_size)
     try:
         applied = await store.migrate()
     finally:

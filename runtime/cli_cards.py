@@ -117,7 +117,9 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         return _error("--limit must be at least 1")
     settings = operator_settings(settings)
     assert settings.database_url is not None
-    store = await PostgresStore.connect(settings.database_url)
+    store = await PostgresStore.connect(
+        settings.database_url, statement_cache_size=settings.db_statement_cache_size
+    )
     try:
         try:
             if args.action == "list":

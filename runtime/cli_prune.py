@@ -73,7 +73,9 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     settings = operator_settings(settings)
     assert settings.database_url is not None
     archive = retention.JsonlArchive(retention.archive_dir(settings))
-    store = await PostgresStore.connect(settings.database_url)
+    store = await PostgresStore.connect(
+        settings.database_url, statement_cache_size=settings.db_statement_cache_size
+    )
     try:
         done = await retention.prune(
             store.retention,

@@ -76,7 +76,7 @@ async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
     if args.action == "show" and not args.run_id:
         print("run_id is required", file=sys.stderr)
         return 2
-    store = await PostgresStore.connect(url)
+    store = await PostgresStore.connect(url, statement_cache_size=settings.db_statement_cache_size)
     try:
         if args.action == "list":
             rows: list[tuple[datetime, str]] = []

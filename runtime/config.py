@@ -51,9 +51,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 10
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
     db_timeout_seconds: float = 5.0
+    # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in
+    # transaction pooling mode (design note 32).
+    db_statement_cache_size: int = 100
     ws_frames_per_second: float = 20.0  # per WebSocket; 0: no limit
     ws_burst: int = 40  # frames a socket may send at once before it is rate limited
     claim_idle_ms: int = 30_000  # inbox entries of a dead consumer idle this long are reclaimed
+    # Inbox streams (0: one on a Redis server, 8 on a Redis Cluster; design note 31).
+    inbox_partitions: int = 0
     faults: tuple[str, ...] = ()  # armed fault points (tests only), see runtime/faults.py
     # /metrics (prometheus-client) on a port of its own, never the public one (0: off);
     # bound on metrics_host (default: host). runtime/metrics_server.py, design note 27.
@@ -159,9 +164,11 @@ _ENV: dict[str, str] = {
     "tenant": "SIGNOFF_TENANT",
     "pool_size": "SIGNOFF_POOL_SIZE",
     "db_timeout_seconds": "SIGNOFF_DB_TIMEOUT_SECONDS",
+    "db_statement_cache_size": "SIGNOFF_DB_STATEMENT_CACHE_SIZE",
     "ws_frames_per_second": "SIGNOFF_WS_FRAMES_PER_SECOND",
     "ws_burst": "SIGNOFF_WS_BURST",
     "claim_idle_ms": "SIGNOFF_CLAIM_IDLE_MS",
+    "inbox_partitions": "SIGNOFF_INBOX_PARTITIONS",
     "faults": "SIGNOFF_FAULTS",
     "metrics_port": "SIGNOFF_METRICS_PORT",
     "metrics_host": "SIGNOFF_METRICS_HOST",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,38 @@ class Keys:
         """Stream of user messages to run (consumer group ``workers``)."""
         return f"{self.prefix}inbox"
 
+    def inbox_partition(self, index: int, partitions: int) -> str:
+        """Stream ``index`` of a ``partitions``-way inbox; with one partition, :attr:`inbox`.
+
+        Each partition key carries a hash tag chosen so that its slot falls in the
+        ``index``-th of ``partitions`` equal slot ranges: on a cluster whose masters hold
+        contiguous, even slot ranges (what ``redis-cli --cluster create`` makes) the
+        partitions spread evenly over the masters (design note 31)."""
+        if partitions <= 1:
+            return self.inbox
+        return f"{self.prefix}inbox:{{{_spread_tag(index, partitions)}}}"
+
+    def partition_of(self, thread_id: str, partitions: int) -> int:
+        """The inbox partition of a thread: always the same one, so its messages keep
+        their order."""
+        if partitions <= 1:
+            return 0
+        return key_slot(thread_id.encode()) % partitions
+
     @property
     def inbox_group(self) -> str:
         """Consumer group of the inbox stream (one group: every worker competes for jobs)."""
         return "workers"
+
+
+@functools.cache
+def _spread_tag(index: int, partitions: int) -> str:
+    """The first tag ``p<index>.<n>`` whose slot lies in the ``index``-th slot range."""
+    low = index * REDIS_CLUSTER_HASH_SLOTS // partitions
+    high = (index + 1) * REDIS_CLUSTER_HASH_SLOTS // partitions
+    n = 0
+    while True:
+        tag = f"p{index}.{n}"
+        if low <= key_slot(tag.encode()) < high:
+            return tag
+        n += 1

@@ -2,7 +2,7 @@
 
 Every series lives in prometheus-client's default registry; ``runtime/metrics_server.py``
 serves it on the metrics port (``SIGNOFF_METRICS_PORT``), never on the gateway's public
-port (design note 25). Incremented where the event happens:
+port (design note 27). Incremented where the event happens:
 
 * ``signoff_card_transitions_total{status,tool}``: cards entering a status (``pending``
   when proposed), counted where the store reads a committed transition back.

@@ -115,6 +115,7 @@ def make_bus(settings: Settings) -> Bus:
             claim_idle_ms=settings.claim_idle_ms,
             max_connections=settings.redis_max_connections,
             pool_timeout=settings.redis_pool_timeout_seconds,
+            partitions=settings.inbox_partitions,
         )
         return bus
     return MemoryBus()
@@ -136,7 +137,10 @@ async def running(
     if settings.redis_url is None and not (worker and gateway):
         raise ConfigError("separate gateway and worker processes need SIGNOFF_REDIS_URL")
     store = await PostgresStore.connect(
-        settings.database_url, max_size=settings.pool_size, timeout=settings.db_timeout_seconds
+        settings.database_url,
+        max_size=settings.pool_size,
+        timeout=settings.db_timeout_seconds,
+        statement_cache_size=settings.db_statement_cache_size,
     )
     bus = make_bus(settings)
     node = Node(settings=settings, store=store, bus=bus, app=app, model=model)

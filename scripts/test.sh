@@ -3,6 +3,7 @@
 #   usage: bash scripts/test.sh [pytest args]
 # Postgres and Redis: the machine's (127.0.0.1:5432 db "test", 127.0.0.1:6379) when they
 # answer, otherwise embedded servers started from wheels (tests/services.py).
+# SIGNOFF_TEST_PGBOUNCER=1: every test database through a PgBouncer in transaction mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,18 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
   echo "test.sh: installing chromium from Debian's packages" >&2
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "test.sh: could not install chromium; browser tests will fail" >&2
+fi
+
+# PgBouncer (SIGNOFF_TEST_PGBOUNCER=1 runs the suite through it, tests/pgbouncer.py) and
+# redis-server/redis-cli (the local Redis Cluster of tests/rediscluster.py): Debian's.
+missing=""
+[ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || missing="$missing pgbouncer"
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing="$missing redis-server redis-tools"
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "test.sh: installing$missing from Debian's packages" >&2
+  # shellcheck disable=SC2086
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null) \
+    || echo "test.sh: could not install$missing; cluster or PgBouncer tests will fail" >&2
 fi
 
 # Style and types first (seconds): ruff + mypy strict, as STYLE asks.

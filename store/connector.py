@@ -56,6 +56,11 @@ GONE = (
 RACE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
 RACE_RETRIES = (0.01, 0.05, 0.2)
 
+# Postgres refused a write because the session is read-only: a standby, a demoted primary
+# after a failover, or default_transaction_read_only. Nothing was written; the pool drops
+# the connection (store/pool.py) so a later try reaches the new primary.
+READ_ONLY = asyncpg.exceptions.ReadOnlySQLTransactionError
+
 _json_encode = msgspec.json.Encoder()
 
 
@@ -80,11 +85,22 @@ class Connector:
 
     @classmethod
     async def connect(
-        cls, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float | None = None
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float | None = None,
+        statement_cache_size: int | None = None,
     ) -> Connector:
         """``timeout`` bounds connecting, waiting for a pooled connection and each statement:
         a stalled or half-open Postgres then fails fast with :class:`Unavailable` (503)
-        instead of hanging its callers; the transaction is rolled back by the server."""
+        instead of hanging its callers; the transaction is rolled back by the server.
+
+        ``statement_cache_size``: asyncpg's named prepared statements per connection. Behind
+        PgBouncer in transaction pooling mode they need PgBouncer ≥ 1.21 with
+        ``max_prepared_statements`` set; with an older one pass 0 (unnamed statements,
+        prepared again on every call; design note 32)."""
         try:
             pool = await Pool.create(
                 url,
@@ -93,6 +109,7 @@ class Connector:
                 init=init_connection,
                 command_timeout=timeout,
                 connect_timeout=timeout or 60.0,
+                statement_cache_size=statement_cache_size,
             )
         except (OSError, asyncpg.PostgresError) as exc:
             raise Unavailable(f"cannot reach Postgres: {exc}") from exc
@@ -154,10 +171,17 @@ class Connector:
         return await self._retrying(once)
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        fresh = False  # tried again on a fresh session after a read-only refusal
         for wait in (*RACE_RETRIES, None):
             try:
                 return await attempt()
             except Unavailable as exc:
+                if isinstance(exc.__cause__, READ_ONLY) and not fresh:
+                    # Nothing was written; the pool dropped that session (and the idle
+                    # ones): once more on a new one, which sees a lifted setting or the
+                    # new primary. Still read-only: Unavailable (503), retriable.
+                    fresh = True
+                    continue
                 if wait is None or not isinstance(exc.__cause__, RACE):
                     raise
                 log.warning("store: %s; trying again", exc.__cause__.__class__.__name__)
@@ -175,6 +199,8 @@ def _translated(exc: Exception) -> Exception | None:
         return Unavailable(f"Postgres unavailable: {exc}")
     if isinstance(exc, asyncpg.DataError):
         return InvalidInput(f"invalid value: {exc}")
+    if isinstance(exc, READ_ONLY):
+        return Unavailable(f"Postgres is read-only (a standby?); retry: {exc}", retriable=True)
     if isinstance(exc, RACE):
         return Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True)
     return None

@@ -22,6 +22,10 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+# asyncpg's prepared-statement cache per connection, when the caller names none (0 behind
+# PgBouncer < 1.21 in transaction pooling mode; design note 32).
+STATEMENT_CACHE_SIZE = 100
+
 
 class Pool:
     def __init__(
@@ -33,6 +37,7 @@ class Pool:
         init: Callable[[asyncpg.Connection], Awaitable[None]],
         command_timeout: float | None,
         connect_timeout: float,
+        statement_cache_size: int | None = None,
     ) -> None:
         self._url = url
         self._min = min_size
@@ -40,6 +45,7 @@ class Pool:
         self._init = init
         self._command_timeout = command_timeout
         self._connect_timeout = connect_timeout
+        self._statement_cache_size = statement_cache_size
         self._free: collections.deque[asyncpg.Connection] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[asyncpg.Connection]] = collections.deque()
         self._size = 0  # open or opening connections
@@ -60,6 +66,7 @@ class Pool:
         init: Callable[[asyncpg.Connection], Awaitable[None]],
         command_timeout: float | None = None,
         connect_timeout: float = 60.0,
+        statement_cache_size: int | None = None,
     ) -> Pool:
         pool = cls(
             url,
@@ -68,6 +75,7 @@ class Pool:
             init=init,
             command_timeout=command_timeout,
             connect_timeout=connect_timeout,
+            statement_cache_size=statement_cache_size,
         )
         for _ in range(max(min_size, 1)):
             pool._free.append(await pool._connect())
@@ -77,7 +85,14 @@ class Pool:
         self._size += 1
         try:
             conn: asyncpg.Connection = await asyncpg.connect(
-                self._url, command_timeout=self._command_timeout, timeout=self._connect_timeout
+                self._url,
+                command_timeout=self._command_timeout,
+                timeout=self._connect_timeout,
+                statement_cache_size=(
+                    STATEMENT_CACHE_SIZE
+                    if self._statement_cache_size is None
+                    else self._statement_cache_size
+                ),
             )
             try:
                 await self._init(conn)
@@ -154,11 +169,22 @@ class Pool:
         try:
             yield conn
             reusable = True
+        except asyncpg.exceptions.ReadOnlySQLTransactionError:
+            # A standby or a demoted primary: the idle sessions were most likely opened on
+            # it too; new ones may reach the new primary (or see the setting lifted).
+            self.drop_free()
+            raise
         except asyncpg.PostgresError:
             reusable = True  # the server answered; the connection is in a known state
             raise
         finally:
             self.release(conn, reusable=reusable)
+
+    def drop_free(self) -> None:
+        """Terminate the idle connections (they are opened again on demand)."""
+        while self._free:
+            self._free.popleft().terminate()
+            self._size -= 1
 
     # asyncpg.Pool's shortcuts, for tools and tests
     async def execute(self, query: str, *args: object) -> str:

@@ -106,12 +106,25 @@ class PostgresStore:
 
     @classmethod
     async def connect(
-        cls, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float | None = None
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float | None = None,
+        statement_cache_size: int | None = None,
     ) -> PostgresStore:
-        """``timeout`` bounds connecting, waiting for a pooled connection and each statement
+        """``timeout`` bounds connecting, waiting for a pooled connection and each statement;
+        ``statement_cache_size`` 0 behind PgBouncer < 1.21 in transaction pooling mode
         (see :meth:`Connector.connect`)."""
         return cls(
-            await Connector.connect(url, min_size=min_size, max_size=max_size, timeout=timeout)
+            await Connector.connect(
+                url,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=timeout,
+                statement_cache_size=statement_cache_size,
+            )
         )
 
     async def close(self) -> None:

@@ -14,8 +14,10 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from signoff.store import pool
 from signoff.store.postgres import PostgresStore
-from tests import services
+from tests import pgbouncer, services
+from tests.rediscluster import LocalCluster, local_cluster
 
 
 @pytest.fixture(scope="session")
@@ -56,10 +58,24 @@ def drop_database(name: str) -> None:
     asyncio.run(_drop_db(services.postgres_url(), name))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _statement_cache_behind_pgbouncer() -> Iterator[None]:
+    """Through PgBouncer (``SIGNOFF_TEST_PGBOUNCER=1``), stores open with asyncpg's
+    statement cache off, as a deployment behind PgBouncer < 1.21 sets it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pool, "STATEMENT_CACHE_SIZE", pgbouncer.statement_cache_size())
+        if pgbouncer.enabled():  # the demo app's own pool, and processes tests start
+            patch.setenv("SIGNOFF_DB_STATEMENT_CACHE_SIZE", "0")
+        yield
+
+
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
-    """A migrated database shared by the session (tests use their own threads and users)."""
+    """A migrated database shared by the session (tests use their own threads and users);
+    through PgBouncer in transaction pooling mode when ``SIGNOFF_TEST_PGBOUNCER=1``."""
     url, name = fresh_database()
+    if pgbouncer.enabled():
+        url = pgbouncer.through(url)
 
     async def migrate() -> None:
         store = await PostgresStore.connect(url)
@@ -80,3 +96,10 @@ async def store(database_url: str) -> AsyncIterator[PostgresStore]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A local 3-master + 3-replica Redis Cluster for the session (``tests/rediscluster.py``)."""
+    with local_cluster() as cluster:
+        yield cluster

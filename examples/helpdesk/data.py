@@ -10,6 +10,7 @@ same transaction as the change itself: a repeated call with the same id changes 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import asyncpg
@@ -63,7 +64,12 @@ class Shop:
 
     @classmethod
     async def connect(cls, database_url: str) -> Shop:
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+        # Behind PgBouncer < 1.21 in transaction mode, deployments set the statement cache
+        # to 0 (the same variable signoff's own store reads).
+        cache = int(os.environ.get("SIGNOFF_DB_STATEMENT_CACHE_SIZE", "100"))
+        pool = await asyncpg.create_pool(
+            database_url, min_size=1, max_size=4, statement_cache_size=cache
+        )
         async with pool.acquire() as conn, conn.transaction():
             # one process creates the tables at a time (gateways and workers start together)
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext('helpdesk-schema'))")

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis import exceptions as rx
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -89,6 +91,8 @@ def redis_from_url(
 class Client:
     """A redis-py client plus the pipelined connection, with one retry policy for both."""
 
+    redis: aioredis.Redis | RedisCluster
+
     def __init__(self, redis: aioredis.Redis) -> None:
         pool = redis.connection_pool
         if pool.connection_kwargs.get("decode_responses"):
@@ -101,6 +105,23 @@ class Client:
         self._pipe_kwargs = pool.connection_kwargs if supported(pool.connection_class) else None
         self._pipe: Pipe | None = None
         self._pipe_lock = asyncio.Lock()
+
+    # One server: plain pub/sub on one connection (a cluster client shards it).
+    sharded = False
+
+    async def node_name(self, channel: str) -> str:
+        """The server a channel's subscription lives on ("": the one server)."""
+        return ""
+
+    def connection_spec(self, node: str) -> tuple[type[AbstractConnection], dict[str, Any]]:
+        """The connection class and settings of a server, for a pub/sub connection."""
+        assert isinstance(self.redis, aioredis.Redis)
+        pool = self.redis.connection_pool
+        return pool.connection_class, pool.connection_kwargs
+
+    def suspect(self) -> None:
+        """A connection failed in a way that may mean the topology changed (a cluster
+        reloads its slot table before the next call; one server has nothing to reload)."""
 
     async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Run one Redis call; retry connection errors and timeouts, then raise Unavailable."""
@@ -164,6 +185,19 @@ class Client:
             await self.call("DEL", lambda: self.redis.delete(key))
             return
         await self.call("DEL", lambda: self._fast(b"DEL", key))
+
+    async def xadd(self, key: str, field: bytes, value: bytes) -> bytes | str:
+        """XADD one entry with one field; its id."""
+        entry: bytes | str = await self.call("XADD", lambda: self.redis.xadd(key, {field: value}))
+        return entry
+
+    async def xreadgroup(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None
+    ) -> Any:
+        """XREADGROUP of new entries (``>``) on one stream (not retried: ``call`` does)."""
+        return await self.redis.xreadgroup(
+            group, consumer, {stream: ">"}, count=count, block=block_ms
+        )
 
     async def close(self) -> None:
         """No more calls (retries in flight give up); close both connections and the pool."""

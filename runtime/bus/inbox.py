@@ -45,9 +45,11 @@ class Inbox:
         alive: Callable[[str], Awaitable[bool]],
         *,
         claim_idle_ms: int = 30_000,
+        stream: str | None = None,
     ) -> None:
         self._client = client
         self._keys = keys
+        self._stream = keys.inbox if stream is None else stream
         self._alive = alive
         self._claim_idle_ms = claim_idle_ms
         self._claim_every = min(5.0, claim_idle_ms / 1000)
@@ -60,11 +62,7 @@ class Inbox:
 
     async def enqueue(self, job: Job) -> str:
         """XADD the job; returns the entry id."""
-        fields: dict[Any, Any] = {JOB_FIELD: _encoder.encode(job)}
-        entry = await self._client.call(
-            "XADD", lambda: self._client.redis.xadd(self._keys.inbox, fields)
-        )
-        return text(entry)
+        return text(await self._client.xadd(self._stream, JOB_FIELD, _encoder.encode(job)))
 
     async def take(self, consumer: str, timeout: float) -> list[Delivery]:
         """Up to 16 jobs for ``consumer``: claimed ones of dead consumers first, else new ones."""
@@ -72,19 +70,27 @@ class Inbox:
         claimed = await self._claim(consumer)
         if claimed:
             return claimed
+        return await self.read(consumer, timeout)
+
+    async def claim(self, consumer: str) -> list[Delivery]:
+        """One claim round (at most every few seconds) of dead consumers' entries."""
+        await self._ensure_group()
+        return await self._claim(consumer)
+
+    async def read(self, consumer: str, timeout: float) -> list[Delivery]:
+        """Up to 16 new jobs, waiting up to ``timeout`` (capped below the socket timeout)."""
+        await self._ensure_group()
         block_ms: int | None = None
         if timeout > 0:
             block_ms = max(int(timeout * 1000), 1)
             if self._max_block_ms is not None:
                 block_ms = min(block_ms, self._max_block_ms)
-        inbox, group = self._keys.inbox, self._keys.inbox_group
+        inbox, group = self._stream, self._keys.inbox_group
 
         reply = await self._client.call(
             "XREADGROUP",
             self._grouped(
-                lambda: self._client.redis.xreadgroup(
-                    group, consumer, {inbox: ">"}, count=TAKE_COUNT, block=block_ms
-                ),
+                lambda: self._client.xreadgroup(inbox, group, consumer, TAKE_COUNT, block_ms),
                 None,
             ),
         )
@@ -96,7 +102,7 @@ class Inbox:
 
     async def ack(self, delivery_id: str) -> None:
         """XACK, then XDEL: a done job leaves the stream (one group, nobody else reads it)."""
-        inbox, group = self._keys.inbox, self._keys.inbox_group
+        inbox, group = self._stream, self._keys.inbox_group
 
         async def ack_and_delete() -> None:
             async with self._client.redis.pipeline(transaction=True) as pipe:
@@ -110,7 +116,7 @@ class Inbox:
     async def stats(self) -> tuple[int, int]:
         """(lag, pending): entries no consumer has read yet, and entries read but not acked
         (acked entries are deleted, so the stream's length is their sum)."""
-        inbox, group = self._keys.inbox, self._keys.inbox_group
+        inbox, group = self._stream, self._keys.inbox_group
 
         async def info() -> list[dict[str, Any]]:
             try:
@@ -138,7 +144,7 @@ class Inbox:
     async def _ensure_group(self) -> None:
         if self._group_ready:
             return
-        inbox, group = self._keys.inbox, self._keys.inbox_group
+        inbox, group = self._stream, self._keys.inbox_group
 
         async def create() -> None:
             try:
@@ -171,7 +177,7 @@ class Inbox:
         if now < self._next_claim:
             return []
         self._next_claim = now + self._claim_every
-        inbox, group, idle = self._keys.inbox, self._keys.inbox_group, self._claim_idle_ms
+        inbox, group, idle = self._stream, self._keys.inbox_group, self._claim_idle_ms
         alive: dict[str, bool] = {}
         stale: list[Any] = []
         start = "-"
@@ -209,7 +215,7 @@ class Inbox:
 
     async def _pending(self, start: str, idle_ms: int) -> list[Any]:
         """One page of XPENDING: entries idle at least ``idle_ms``, from ``start`` on."""
-        inbox, group = self._keys.inbox, self._keys.inbox_group
+        inbox, group = self._stream, self._keys.inbox_group
         none: list[Any] = []
         return await self._client.call(
             "XPENDING",

@@ -101,6 +101,26 @@ class Pipe:
             await self._writer.drain()  # Redis is not keeping up: do not buffer without end
         return await fut
 
+    async def call_many(self, *commands: tuple[Arg, ...]) -> list[Any]:
+        """Several commands written back to back on this connection (``ASKING`` before a
+        redirected command, ``WAIT`` after a write); every reply, or the first error."""
+        if self._error is not None:
+            raise ConnectionError(f"Redis connection closed: {self._error}")
+        data = b"".join(pack(args) for args in commands)
+        futures: list[asyncio.Future[Any]] = []
+        now = self._loop.time()
+        for _ in commands:
+            fut: asyncio.Future[Any] = self._loop.create_future()
+            futures.append(fut)
+            self._pending.append(fut)
+            self._sent.append(now)
+        self._writer.write(data)
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
+
     def _check(self) -> None:
         """The oldest command has waited past the timeout: its reply may still come, so
         nothing on this connection can be trusted now (every pending command fails)."""

@@ -95,8 +95,11 @@ class _Channel:
 class _Link:
     """One pub/sub connection, its reader task and the channels subscribed on it."""
 
-    def __init__(self, conn: AbstractConnection) -> None:
+    def __init__(self, conn: AbstractConnection, sharded: bool = False) -> None:
         self.conn = conn
+        # Sharded pub/sub (a cluster): SSUBSCRIBE, and "smessage" frames.
+        self.message = b"smessage" if sharded else b"message"
+        self.acked = (b"ssubscribe", b"sunsubscribe") if sharded else (b"subscribe", b"unsubscribe")
         self.channels: dict[bytes, _Channel] = {}
         # Per channel, in send order: the future a (UN)SUBSCRIBE reply resolves (None: nothing).
         self.acks: dict[bytes, deque[asyncio.Future[BusDisconnected | None] | None]] = {}
@@ -146,14 +149,16 @@ class _Link:
         if not isinstance(reply, list) or not reply:
             return  # b"PONG" outside subscribed mode
         kind = reply[0]
-        if kind == b"message":
+        if kind == self.message:
             channel = self.channels.get(reply[1])
             if channel is not None:
                 for sub in channel.subs:
                     sub.feed(reply[2])
-        elif kind in (b"subscribe", b"unsubscribe"):
+        elif kind in self.acked:
             waiting = self.acks.get(reply[1])
             if not waiting:
+                if kind == b"sunsubscribe":
+                    self.dropped(reply[1])
                 return
             ack = waiting.popleft()
             if not waiting:
@@ -161,13 +166,27 @@ class _Link:
             if ack is not None and not ack.done():
                 ack.set_result(None)
 
+    def dropped(self, name: bytes) -> None:
+        """The server ended a sharded subscription itself (its slot moved to another
+        shard): its subscribers fail as on a dropped connection and re-subscribe."""
+        channel = self.channels.pop(name, None)
+        if channel is None:
+            return
+        error = BusDisconnected(f"Redis ended the subscription to {name.decode(errors='replace')}")
+        for sub in channel.subs:
+            sub.fail(error)
+        if not channel.ready.done():
+            channel.ready.set_result(error)
+
 
 class PubSub:
-    """Subscriptions of one process, multiplexed on one pub/sub connection."""
+    """Subscriptions of one process, multiplexed on one pub/sub connection (on a cluster,
+    one per node holding a subscribed channel's slot, with sharded pub/sub)."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
-        self._link: _Link | None = None
+        self._sharded = client.sharded
+        self._links: dict[str, _Link] = {}  # by node ("" on one server)
         self._link_lock = asyncio.Lock()
         self._readers: set[asyncio.Task[None]] = set()
         self._connect_failures = 0
@@ -179,14 +198,19 @@ class PubSub:
     async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
         """Subscribe; entered once Redis confirmed. The iterator raises BusDisconnected on a drop."""
         name = channel.encode()
-        link = await self._ensure_link()
+        node = ""  # one server; on a cluster, the node holding the channel's slot
+        if self._sharded:
+            node = await self._client.call("pub/sub route", lambda: self._client.node_name(channel))
+        link = await self._ensure_link(node, channel)
         sub = _Sub()
         state = link.channels.get(name)
         if state is None:
             state = link.channels[name] = _Channel()
             state.subs.add(sub)
             try:
-                await self._send(link, "SUBSCRIBE", name, ack=True)
+                await self._send(
+                    link, "SSUBSCRIBE" if self._sharded else "SUBSCRIBE", name, ack=True
+                )
             except BaseException:
                 await self._leave(link, name, state, sub)
                 raise
@@ -214,7 +238,8 @@ class PubSub:
         del link.channels[name]
         if link.error is None:
             with contextlib.suppress(BusDisconnected):
-                await self._send(link, "UNSUBSCRIBE", name, ack=False)
+                verb = "SUNSUBSCRIBE" if self._sharded else "UNSUBSCRIBE"
+                await self._send(link, verb, name, ack=False)
 
     async def _send(self, link: _Link, *args: bytes | str, ack: bool) -> None:
         # Shielded: a cancelled subscriber must not abort a half-written command,
@@ -225,18 +250,21 @@ class PubSub:
         task.add_done_callback(_retrieve)
         await asyncio.shield(task)
 
-    async def _ensure_link(self) -> _Link:
+    async def _ensure_link(self, node: str, channel: str) -> _Link:
         async with self._link_lock:
             if self._closed:
                 raise Unavailable("the Redis bus is closed")
-            if self._link is not None and self._link.error is None:
-                return self._link
-            self._link = None
+            link = self._links.get(node)
+            if link is not None and link.error is None:
+                return link
+            self._links.pop(node, None)
             pause = self._reconnect_at - time.monotonic()
             if pause > 0:
                 await asyncio.sleep(pause)
             try:
-                conn = await self._client.call("pub/sub connect", self._connect)
+                conn = await self._client.call(
+                    "pub/sub connect", lambda: self._connect(node, channel)
+                )
             except Unavailable:
                 self._connect_failures += 1
                 backoff = min(0.1 * 2**self._connect_failures, RECONNECT_BACKOFF_MAX)
@@ -246,23 +274,24 @@ class PubSub:
             if self._closed:  # closed while connecting
                 await conn.disconnect()
                 raise Unavailable("the Redis bus is closed")
-            link = _Link(conn)
+            link = _Link(conn, self._sharded)
             link.reader = asyncio.create_task(self._read(link), name="signoff-bus-pubsub")
             self._readers.add(link.reader)
             link.reader.add_done_callback(self._readers.discard)
-            self._link = link
+            self._links[node] = link
             if self._links_made:
                 COUNTERS.inc("signoff_pubsub_reconnects_total")
             self._links_made += 1
             return link
 
-    async def _connect(self) -> AbstractConnection:
-        pool = self._client.redis.connection_pool
+    async def _connect(self, node: str, channel: str) -> AbstractConnection:
+        if self._sharded and await self._client.node_name(channel) != node:
+            # The slot moved while we retried (a failover): route the subscribe again.
+            raise BusDisconnected(f"the shard of {channel} moved; subscribe again")
         # RESP2 on this one connection, whatever the client speaks: pub/sub frames are then
         # plain replies in order, not RESP3 push frames routed through redis-py's handlers.
-        conn: AbstractConnection = pool.connection_class(
-            **{**pool.connection_kwargs, "protocol": 2}
-        )
+        connection_class, kwargs = self._client.connection_spec(node)
+        conn: AbstractConnection = connection_class(**{**kwargs, "protocol": 2})
         try:
             await conn.connect()  # type: ignore[no-untyped-call]
         except BaseException:
@@ -292,6 +321,7 @@ class PubSub:
             raise
         except Exception as exc:
             log.warning("Redis pub/sub connection lost: %s", exc)
+            self._client.suspect()  # on a cluster: reload the slot table before the next try
             error = BusDisconnected(f"pub/sub connection lost: {exc}")
             error.__cause__ = exc
             link.fail(error)
@@ -304,8 +334,9 @@ class PubSub:
         if self._closed:
             return
         self._closed = True
-        link, self._link = self._link, None
-        if link is not None:
+        links = list(self._links.values())
+        self._links.clear()
+        for link in links:
             link.fail(BusDisconnected("the Redis bus is closed"))
         readers = set(self._readers)
         for reader in readers:

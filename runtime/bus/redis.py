@@ -6,10 +6,10 @@ pipelined connection (:mod:`.client`, :mod:`.pipe`), the pub/sub multiplexer
 (:mod:`.tokens`) and the per-user quota windows (:mod:`.window`). They share one
 redis-py client and one retry policy; this class only wires them and closes them.
 
-Runs on a single Redis (or Valkey) server, which is what the tests exercise. Most
-commands name one key, but the pipelined connection talks to one node and follows
-no ``MOVED`` redirects, and pub/sub is not sharded: a Redis Cluster is not supported
-until a test shows it works.
+On a Redis Cluster (a ``redis+cluster://`` URL, :mod:`.cluster`) the hot commands are
+routed per slot over one pipelined connection per node, worker and thread channels
+use sharded pub/sub (``SSUBSCRIBE``/``SPUBLISH``) and the inbox is split into
+partitions spread over the masters (:mod:`.partitions`; design note 31).
 """
 
 from __future__ import annotations
@@ -18,27 +18,66 @@ from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from signoff.runtime.bus.client import MAX_CONNECTIONS, POOL_TIMEOUT, Client, redis_from_url
+from signoff.runtime.bus.cluster import ClusterClient, cluster_from_url, is_cluster_url
 from signoff.runtime.bus.inbox import Inbox
+from signoff.runtime.bus.partitions import PartitionedInbox
 from signoff.runtime.bus.protocol import Delivery, Job, Subscription
 from signoff.runtime.bus.pubsub import PubSub
 from signoff.runtime.bus.tokens import WaitTokens
 from signoff.runtime.bus.window import Window
+from signoff.runtime.errors import ConfigError
 from signoff.runtime.keys import Keys
+
+# Inbox streams on a cluster unless configured (SIGNOFF_INBOX_PARTITIONS).
+CLUSTER_PARTITIONS = 8
 
 
 class RedisBus:
     """The bus on Redis. The redis-py client must have ``decode_responses=False``."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, *, claim_idle_ms: int = 30_000) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis | RedisCluster,
+        keys: Keys,
+        *,
+        claim_idle_ms: int = 30_000,
+        partitions: int = 0,
+    ) -> None:
+        """``partitions``: inbox streams (0: one on a server, ``CLUSTER_PARTITIONS`` on a
+        cluster)."""
         self.keys = keys
-        self.client = Client(client)
+        if partitions < 0:
+            raise ConfigError("inbox partitions must be 0 (the default) or more")
+        if isinstance(client, RedisCluster):
+            if "{" in keys.prefix or "}" in keys.prefix:
+                raise ConfigError("on a Redis Cluster the key prefix must not contain { or }")
+            self.client: Client = ClusterClient(client)
+            partitions = partitions or CLUSTER_PARTITIONS
+        else:
+            self.client = Client(client)
+            partitions = partitions or 1
         self.pubsub = PubSub(self.client)
         self.tokens = WaitTokens(self.client, keys)
-        self.inbox = Inbox(self.client, keys, self.tokens.alive, claim_idle_ms=claim_idle_ms)
+        self.inbox: Inbox | PartitionedInbox
+        if partitions > 1:
+            self.inbox = PartitionedInbox(
+                self.client,
+                keys,
+                self.tokens.alive,
+                partitions=partitions,
+                claim_idle_ms=claim_idle_ms,
+            )
+        else:
+            self.inbox = Inbox(self.client, keys, self.tokens.alive, claim_idle_ms=claim_idle_ms)
         self.window = Window(self.client)
         self._closed = False
+
+    @property
+    def cluster(self) -> bool:
+        return isinstance(self.client, ClusterClient)
 
     @classmethod
     def from_url(
@@ -47,13 +86,21 @@ class RedisBus:
         keys: Keys,
         *,
         claim_idle_ms: int = 30_000,
+        partitions: int = 0,
         max_connections: int = MAX_CONNECTIONS,
         pool_timeout: float = POOL_TIMEOUT,
     ) -> RedisBus:
         """A bus on ``redis://``/``rediss://``/``unix://`` (RESP2, no redis-py retries), its
-        pool bounded to ``max_connections`` (:func:`~.client.redis_from_url`)."""
-        client = redis_from_url(url, max_connections=max_connections, pool_timeout=pool_timeout)
-        return cls(client, keys, claim_idle_ms=claim_idle_ms)
+        pool bounded to ``max_connections`` (:func:`~.client.redis_from_url`), or on a Redis
+        Cluster: ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster`` for TLS;
+        ``max_connections`` per node, a call beyond it retried, then ``Unavailable``);
+        ``partitions`` inbox streams (0: the default)."""
+        client = (
+            cluster_from_url(url, max_connections=max_connections)
+            if is_cluster_url(url)
+            else redis_from_url(url, max_connections=max_connections, pool_timeout=pool_timeout)
+        )
+        return cls(client, keys, claim_idle_ms=claim_idle_ms, partitions=partitions)
 
     # -- pub/sub -------------------------------------------------------------------------
 
@@ -125,4 +172,6 @@ class RedisBus:
         self._closed = True
         self.client.closed = True  # calls (and retries) in flight give up now
         await self.pubsub.close()
+        if isinstance(self.inbox, PartitionedInbox):
+            await self.inbox.close()
         await self.client.close()

@@ -6,6 +6,7 @@ count that each approved charge exists exactly once at the provider (I4).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import asyncpg
@@ -88,23 +89,31 @@ class Provider:
         self.pool = pool
 
     @classmethod
-    async def connect(cls, url: str) -> Provider:
+    async def connect(cls, url: str, statement_cache_size: int | None = None) -> Provider:
+        """``statement_cache_size``: asyncpg's, by default ``SIGNOFF_DB_STATEMENT_CACHE_SIZE``
+        (0 behind PgBouncer < 1.21 in transaction pooling mode) or 100."""
+        if statement_cache_size is None:
+            statement_cache_size = int(os.environ.get("SIGNOFF_DB_STATEMENT_CACHE_SIZE", "100"))
         # No reset query on release (asyncpg's default costs a round trip per call): the
-        # provider's sessions never change settings, LISTEN or keep advisory locks.
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=5, reset=_no_reset)
-        async with pool.acquire() as conn:
-            await conn.execute("SELECT pg_advisory_lock(7401553902)")
-            try:
+        # provider's sessions never change settings, LISTEN or keep advisory locks (the
+        # schema lock below is a transaction's, which also holds behind PgBouncer).
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=1,
+            max_size=5,
+            reset=_no_reset,
+            statement_cache_size=statement_cache_size,
+        )
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(7401553902)")
+            await conn.execute(SCHEMA)
+            version = await conn.fetchval("SELECT max(version) FROM demo_meta")
+            if version != SCHEMA_VERSION:
+                # demo data only: start over rather than migrate
+                await conn.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)} CASCADE")
                 await conn.execute(SCHEMA)
-                version = await conn.fetchval("SELECT max(version) FROM demo_meta")
-                if version != SCHEMA_VERSION:
-                    # demo data only: start over rather than migrate
-                    await conn.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)} CASCADE")
-                    await conn.execute(SCHEMA)
-                    await conn.execute("DELETE FROM demo_meta")
-                    await conn.execute("INSERT INTO demo_meta VALUES ($1)", SCHEMA_VERSION)
-            finally:
-                await conn.execute("SELECT pg_advisory_unlock(7401553902)")
+                await conn.execute("DELETE FROM demo_meta")
+                await conn.execute("INSERT INTO demo_meta VALUES ($1)", SCHEMA_VERSION)
         return cls(pool)
 
     async def close(self) -> None:

@@ -13,10 +13,12 @@ from contextlib import asynccontextmanager
 import pytest
 import redis.asyncio as aioredis
 
+from signoff.runtime.bus.cluster import ClusterClient, cluster_from_url, is_cluster_url
 from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.keys import Keys
 from tests import services
+from tests.rediscluster import LocalCluster
 
 # Short enough for tests to wait out; the contract says nothing about the exact value.
 CLAIM_IDLE_MS = 200
@@ -35,12 +37,6 @@ def keys(tag: str) -> Keys:
     return Keys(f"{tag}:")
 
 
-def redis_bus_url(tag: str) -> str:
-    """The test server's URL, naming this test's connections (to find them in CLIENT LIST)."""
-    url = services.redis_url()
-    return f"{url}{'&' if '?' in url else '?'}client_name={tag}"
-
-
 @pytest.fixture
 async def admin() -> AsyncIterator[aioredis.Redis]:
     """A plain client on the test server, to look at and break things from outside."""
@@ -51,9 +47,19 @@ async def admin() -> AsyncIterator[aioredis.Redis]:
         await client.aclose()
 
 
-async def drop_keys_of(keys: Keys) -> None:
-    """Delete every key under this test's prefix."""
-    admin = aioredis.Redis.from_url(services.redis_url())
+async def drop_keys_of(keys: Keys, url: str | None = None) -> None:
+    """Delete every key under this test's prefix (on every master of a cluster)."""
+    url = url or services.redis_url()
+    if is_cluster_url(url):
+        cluster = cluster_from_url(url)
+        try:
+            doomed = [key async for key in cluster.scan_iter(match=f"{keys.prefix}*", count=500)]
+            for key in doomed:
+                await cluster.delete(key)
+        finally:
+            await cluster.aclose()
+        return
+    admin = aioredis.Redis.from_url(url)
     try:
         doomed = [key async for key in admin.scan_iter(match=f"{keys.prefix}*", count=500)]
         if doomed:
@@ -63,13 +69,17 @@ async def drop_keys_of(keys: Keys) -> None:
 
 
 @asynccontextmanager
-async def open_redis_bus(tag: str, keys: Keys) -> AsyncIterator[RedisBus]:
-    bus = RedisBus.from_url(redis_bus_url(tag), keys, claim_idle_ms=CLAIM_IDLE_MS)
+async def open_redis_bus(tag: str, keys: Keys, url: str | None = None) -> AsyncIterator[RedisBus]:
+    """A bus on the test server (or on ``url``, e.g. the local cluster's), keys dropped after."""
+    url = url or services.redis_url()
+    bus = RedisBus.from_url(
+        f"{url}{'&' if '?' in url else '?'}client_name={tag}", keys, claim_idle_ms=CLAIM_IDLE_MS
+    )
     try:
         yield bus
     finally:
         await bus.close()
-        await drop_keys_of(keys)
+        await drop_keys_of(keys, url)
 
 
 @pytest.fixture
@@ -79,15 +89,42 @@ async def redis_bus(tag: str, keys: Keys) -> AsyncIterator[RedisBus]:
         yield bus
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture
+async def cluster_bus(tag: str, keys: Keys, redis_cluster: LocalCluster) -> AsyncIterator[RedisBus]:
+    """The bus on the local Redis Cluster, for the cluster-only tests."""
+    async with open_redis_bus(tag, keys, redis_cluster.url) as bus:
+        assert isinstance(bus.client, ClusterClient)
+        await bus.client.ready()  # the slot table, for tests that look up a key's node
+        yield bus
+
+
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def bus(request: pytest.FixtureRequest, tag: str, keys: Keys) -> AsyncIterator[AnyBus]:
-    """The bus under test, once per backend."""
+    """The bus under test, once per backend (a Redis Cluster is one)."""
     if request.param == "memory":
         memory = MemoryBus(claim_idle_ms=CLAIM_IDLE_MS)
         try:
             yield memory
         finally:
             await memory.close()
-    else:
+    elif request.param == "redis":
         async with open_redis_bus(tag, keys) as redis_bus:
             yield redis_bus
+    else:
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        async with open_redis_bus(tag, keys, cluster.url) as cluster_bus:
+            yield cluster_bus
+
+
+async def redis_subscribers(admin: aioredis.Redis, channel: str, bus: AnyBus | None = None) -> int:
+    """Redis-side subscriptions of a channel: PUBSUB NUMSUB, or on a cluster bus
+    PUBSUB SHARDNUMSUB on the node holding the channel's slot."""
+    if isinstance(bus, RedisBus) and isinstance(bus.client, ClusterClient):
+        node = bus.client.node_of(channel)
+        reply = await bus.client.cluster.execute_command(
+            "PUBSUB SHARDNUMSUB", channel, target_nodes=node
+        )
+        [(_, count)] = reply
+        return int(count)
+    [(_, count)] = await admin.pubsub_numsub(channel)
+    return int(count)

@@ -27,7 +27,13 @@ from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.keys import Keys
 from signoff.testing import servers
 from tests import services
-from tests.contract.conftest import CLAIM_IDLE_MS, AnyBus, drop_keys_of, open_redis_bus
+from tests.contract.conftest import (
+    CLAIM_IDLE_MS,
+    AnyBus,
+    drop_keys_of,
+    open_redis_bus,
+    redis_subscribers,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -51,11 +57,6 @@ async def take_all(bus: AnyBus, consumer: str, n: int, timeout: float = 2.0) -> 
     return got
 
 
-async def redis_subscribers(admin: aioredis.Redis, channel: str) -> int:
-    [(_, count)] = await admin.pubsub_numsub(channel)
-    return int(count)
-
-
 # -- pub/sub -------------------------------------------------------------------------------
 
 
@@ -68,8 +69,8 @@ async def test_two_local_subscribers_get_every_message_in_order(
 ) -> None:
     channel = keys.worker_channel("w-1")
     async with bus.subscribe(channel) as a, bus.subscribe(channel) as b:
-        if isinstance(bus, RedisBus):
-            assert await redis_subscribers(admin, channel) == 1  # one Redis subscription
+        if isinstance(bus, RedisBus):  # one Redis subscription
+            assert await redis_subscribers(admin, channel, bus) == 1
         heard = [await bus.publish(channel, f"m{i}".encode()) for i in range(20)]
         assert all(count >= 1 for count in heard)
         ia, ib = aiter(a), aiter(b)
@@ -98,7 +99,7 @@ async def test_leaving_one_subscriber_keeps_the_other(
         it = aiter(stays)
         assert [await receive(it), await receive(it)] == [b"both", b"one"]
         if isinstance(bus, RedisBus):
-            assert await redis_subscribers(admin, channel) == 1
+            assert await redis_subscribers(admin, channel, bus) == 1
     # The last one out unsubscribes.
     deadline = time.monotonic() + 2
     while await bus.publish(channel, b"gone") and time.monotonic() < deadline:

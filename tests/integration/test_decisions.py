@@ -20,6 +20,7 @@ from signoff.runtime.errors import (
     StaleCard,
 )
 from signoff.runtime.models.base import ModelReply
+from tests import pgbouncer
 from tests.harness import Harness, harness
 
 pytestmark = pytest.mark.anyio
@@ -325,13 +326,12 @@ async def test_log_entries_show_the_card_as_the_api_does(database_url: str) -> N
 
 @pytest.mark.parametrize("micro", [0, 1, 120000, 999999])
 async def test_sql_timestamps_match_msgspec(database_url: str, micro: int) -> None:
-    import asyncpg
     import msgspec
 
     from scripts.generate_queries import ts
 
     at = datetime(2026, 11, 30, 23, 59, 59, micro, tzinfo=UTC)
-    conn = await asyncpg.connect(database_url)
+    conn = await pgbouncer.connect(database_url)
     try:
         await conn.execute("SET TIME ZONE 'America/Sao_Paulo'")  # the session zone must not matter
         text = await conn.fetchval(f"SELECT {ts('$1::timestamptz')}", at)

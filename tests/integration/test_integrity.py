@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 import pytest
 
 from signoff.runtime.cards import Card, Decision, Status
@@ -17,6 +16,7 @@ from signoff.runtime.errors import SignoffError
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.models.base import ModelReply
 from signoff.runtime.records import RunStatus
+from tests import pgbouncer
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, one_card, pix
 
@@ -42,8 +42,8 @@ async def blocked_behind_thread_lock(
     waits it holds no lock on the row it is about to change (``row_sql ... NOWAIT``)."""
     dsn = h.settings.database_url
     assert dsn is not None
-    holder = await asyncpg.connect(dsn)
-    probe = await asyncpg.connect(dsn)
+    holder = await pgbouncer.connect(dsn)
+    probe = await pgbouncer.connect(dsn)
     try:
         tx = holder.transaction()
         await tx.start()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from importlib import resources
 
-import asyncpg
 import pytest
 
 from signoff.store.postgres import PostgresStore
+from tests import pgbouncer
 from tests.conftest import drop_database, fresh_database
 
 CATALOG = """
@@ -31,7 +31,7 @@ ORDER BY 1, 2
 
 
 async def describe(url: str) -> list[tuple[str, str]]:
-    conn = await asyncpg.connect(url)
+    conn = await pgbouncer.connect(url)
     try:
         return [(r["what"], r["item"]) for r in await conn.fetch(CATALOG)]
     finally:
@@ -50,7 +50,7 @@ async def replay(url: str) -> list[str]:
 
 
 async def load_canonical(url: str) -> None:
-    conn = await asyncpg.connect(url)
+    conn = await pgbouncer.connect(url)
     try:
         await conn.execute(resources.files("signoff.store").joinpath("schema.sql").read_text())
     finally:
@@ -80,7 +80,7 @@ def test_schema_difference_is_detected() -> None:
         before = asyncio.run(describe(url))
 
         async def alter() -> None:
-            conn = await asyncpg.connect(url)
+            conn = await pgbouncer.connect(url)
             await conn.execute("ALTER TABLE cards ADD COLUMN sneaky int")
             await conn.close()
 

@@ -9,6 +9,7 @@ import pytest
 
 from signoff.store.connector import init_connection
 from signoff.store.pool import Pool
+from tests import pgbouncer
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +43,8 @@ async def test_reuses_grows_to_max_then_waits_bounded(database_url: str) -> None
 
 
 async def test_broken_or_interrupted_connections_are_not_reused(database_url: str) -> None:
+    # About Postgres sessions themselves (server pids): never through PgBouncer.
+    database_url = pgbouncer.direct(database_url)
     pool = await make(database_url, max_size=1)
     try:
         async with pool.connection() as conn:
@@ -49,7 +52,7 @@ async def test_broken_or_interrupted_connections_are_not_reused(database_url: st
         # the server ends the session: the next acquire opens a new one
         async with pool.connection() as killer:
             killer_pid = killer.get_server_pid()
-        other = await asyncpg.connect(database_url)
+        other = await pgbouncer.connect(database_url)
         try:
             await other.fetchval("SELECT pg_terminate_backend($1)", first)
         finally:

@@ -8,6 +8,7 @@ import asyncpg
 import pytest
 
 from signoff.store.queries import SQL, Queries
+from tests import pgbouncer
 
 pytestmark = pytest.mark.anyio
 
@@ -15,7 +16,7 @@ NAMES = [f.name for f in dataclasses.fields(Queries)]
 
 
 async def test_every_statement_prepares(database_url: str) -> None:
-    conn = await asyncpg.connect(database_url)
+    conn = await pgbouncer.connect(database_url)
     try:
         failed = {}
         for name in NAMES:

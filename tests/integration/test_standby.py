@@ -1,0 +1,101 @@
+"""A read-only primary (a standby, a demoted primary, ``default_transaction_read_only``)
+and a Redis replica answering ``-READONLY``: typed retriable errors, nothing written, and
+recovery once a writable server answers again — never a wrong answer.
+
+Postgres is reached directly here (not through PgBouncer, which keeps its own server
+sessions across a failover until told to ``RECONNECT``; design note 32).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from signoff.runtime.bus import Job
+from signoff.runtime.bus.redis import RedisBus
+from signoff.runtime.errors import Unavailable
+from signoff.runtime.keys import Keys
+from signoff.store.postgres import PostgresStore
+from tests import pgbouncer
+from tests.conftest import drop_database, fresh_database
+from tests.rediscluster import cli, plain_servers
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def own_database() -> Iterator[tuple[str, str]]:
+    url, name = fresh_database("so_ro")
+    yield url, name
+    drop_database(name)
+
+
+async def set_read_only(url: str, name: str, on: bool) -> None:
+    admin = await pgbouncer.connect(pgbouncer.direct(url))
+    try:
+        await admin.execute("SET default_transaction_read_only = off")
+        value = "on" if on else "DEFAULT"
+        await admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = {value}')
+    finally:
+        await admin.close()
+
+
+async def test_a_read_only_primary_gives_unavailable_and_the_store_recovers(
+    own_database: tuple[str, str],
+) -> None:
+    url, name = own_database
+    setup = await PostgresStore.connect(url)
+    try:
+        await setup.migrate()
+        kept = await setup.create_thread("demo", "ana")
+    finally:
+        await setup.close()
+    await set_read_only(url, name, True)
+    store = await PostgresStore.connect(url, max_size=2)
+    try:
+        with pytest.raises(Unavailable) as raised:
+            await store.create_thread("demo", "bob")
+        assert "read-only" in str(raised.value)
+        # Reads still answer, and answer the truth.
+        assert (await store.get_thread(kept.id)).owner == "ana"
+        await set_read_only(url, name, False)
+        # The read-only session was dropped: the next try reaches a writable one.
+        made = await store.create_thread("demo", "bob")
+        assert (await store.get_thread(made.id)).owner == "bob"
+    finally:
+        await store.close()
+    check = await pgbouncer.connect(pgbouncer.direct(url))
+    try:  # exactly one thread of bob's: the refused write left nothing behind
+        assert await check.fetchval("SELECT count(*) FROM threads WHERE owner = 'bob'") == 1
+    finally:
+        await check.close()
+
+
+async def test_a_redis_replica_answering_readonly_gives_unavailable_then_recovers() -> None:
+    keys = Keys("so-ro:")
+    with plain_servers(2) as (primary, replica):
+        cli(replica, "REPLICAOF", "127.0.0.1", str(primary))
+        bus = RedisBus.from_url(f"redis://127.0.0.1:{replica}/0", keys, claim_idle_ms=200)
+        try:
+            cli(primary, "SET", keys.wait("card-1"), "w-1")
+            deadline = asyncio.get_running_loop().time() + 10
+            while await bus.wait_holder("card-1") != "w-1":  # a read: the replicated value
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+            with pytest.raises(Unavailable):  # the pipelined path (SET)
+                await bus.set_wait("card-2", "w-2", 10_000)
+            with pytest.raises(Unavailable):  # redis-py's path (SET of a heartbeat)
+                await bus.heartbeat("w-1", 10_000)
+            with pytest.raises(Unavailable):
+                await bus.enqueue(Job(thread_id="t", text="x", user="u", tenant="demo"))
+            assert cli(primary, "EXISTS", keys.wait("card-2")).strip() == "0"
+            # The replica is promoted (a failover): the same bus writes again.
+            cli(replica, "REPLICAOF", "NO", "ONE")
+            await bus.set_wait("card-2", "w-2", 10_000)
+            assert await bus.wait_holder("card-2") == "w-2"
+            await bus.heartbeat("w-1", 10_000)
+            assert await bus.alive("w-1")
+        finally:
+            await bus.close()
