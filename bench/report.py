@@ -16,7 +16,7 @@ from bench.common import RESULTS, ROOT, log
 
 README = ROOT / "bench" / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-FILES = ("limits", "decisions", "compare_langgraph", "parked", "failover")
+FILES = ("limits", "decisions", "compare_langgraph", "parked", "failover", "workflows")
 
 # metric -> (target text, predicate)
 TARGETS: dict[str, tuple[str, Any]] = {
@@ -33,6 +33,9 @@ TARGETS: dict[str, tuple[str, Any]] = {
     "ratio_resume_p50": ("≥ 3×", lambda v: v >= 3),
     "ratio_resume_p99": ("≥ 3×", lambda v: v >= 3),
     "ratio_resumes_per_s": ("≥ 5×", lambda v: v >= 5),
+    "ratio_workflow_wake_p50": ("≥ 3×", lambda v: v >= 3),
+    "ratio_workflow_wake_per_s": ("≥ 3×", lambda v: v >= 3),
+    "workflow_parked_bytes": ("≤ 2 KB", lambda v: v <= 2048),
 }
 
 LABELS = {
@@ -95,6 +98,20 @@ LABELS = {
     "decisions_per_s_closed_256": "decisions answered/s, closed loop, 256 users",
     "decisions_per_s_closed_1000": "decisions answered/s, closed loop, 1000 users",
     "parked_redis_bytes_10k": "Redis used_memory per parked run (10k)",
+    "workflow_wake_p50_ms": "workflow: deliver_event (HTTP) → next step on the worker, p50 at 100/s",
+    "workflow_wake_p99_ms": "workflow: deliver_event → next step, p99 at 100/s",
+    "workflow_wake_per_s": "workflow: wakes/s at saturation (event → step done)",
+    "workflow_wake_p50_ms_saturation": "workflow: deliver_event → next step, p50 at saturation",
+    "workflow_wake_p99_ms_saturation": "workflow: deliver_event → next step, p99 at saturation",
+    "workflow_parked_bytes": "workflow: worker RSS per parked workflow (largest set)",
+    "dbos_wake_p50_ms": "DBOS: send (other process) → recv woken → step started, p50 at 100/s",
+    "dbos_wake_p99_ms": "DBOS: send → step started, p99 at 100/s",
+    "dbos_wake_per_s": "DBOS: wakes/s at saturation (send → step done)",
+    "dbos_wake_p50_ms_saturation": "DBOS: send → step started, p50 at saturation",
+    "dbos_wake_p99_ms_saturation": "DBOS: send → step started, p99 at saturation",
+    "dbos_parked_bytes": "DBOS: RSS per parked workflow (largest set)",
+    "ratio_workflow_wake_p50": "DBOS / signoff, wake p50 at 100/s",
+    "ratio_workflow_wake_per_s": "signoff / DBOS, wakes/s at saturation",
     "ws_idle_bytes_5000": "gateway RSS per idle WebSocket (5k)",
 }
 
@@ -169,6 +186,9 @@ def summary(data: dict[str, dict[str, Any]]) -> dict[str, Any]:
         s["failover_s"] = fs["failover_s"]
         s["failover_adopted_s"] = fs["failover_adopted_s"]
         s["failover_lost"] = fs["failover_lost"]
+    if "workflows" in data:
+        for k, v in data["workflows"]["summary"].items():
+            s[k] = v
     doubles = []
     for d in data.values():
         eo = d.get("exactly_once", {})

@@ -2,7 +2,8 @@
 """Run the whole bench suite in one command (< 10 minutes on the 2-core machine).
 
 Runs, in order and one at a time: ``limits.py`` (the physical floor),
-``decisions.py``, ``compare_langgraph.py``, ``parked.py``, ``failover.py``. Each
+``decisions.py``, ``compare_langgraph.py``, ``parked.py``, ``failover.py``,
+``workflows.py`` (signoff's event gate beside DBOS Transact's ``recv``). Each
 starts and stops every process it needs (a private Postgres and Valkey, signoff
 gateways and workers) and writes ``bench/results/<name>.json`` and PNG plots.
 Then ``bench/results/summary.json`` and the table in ``bench/README.md`` are
@@ -33,6 +34,7 @@ SCRIPTS = [
     ("compare_langgraph", [], 120),
     ("parked", [], 320),
     ("failover", [], 120),
+    ("workflows", [], 300),
 ]
 
 
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "parked": ["--runs", "2000,5000", "--sockets", "200,500", "--sample", "20"],
         "failover": ["--repeat", "1", "--parked", "100", "--load", "50"],
         "limits": ["--runs", "2", "--samples", "300"],
+        "workflows": ["--quick"],
     }
     common = ["--out", str(args.out)]
     if args.database_url:

@@ -11,15 +11,16 @@ import hashlib
 import importlib
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from signoff.runtime.canonical import canonical_json
-from signoff.runtime.errors import AppLoadError, SignoffError
+from signoff.runtime.errors import AppLoadError, ConfigError, SignoffError
 from signoff.runtime.models.base import Model
 from signoff.runtime.policy import Policy
 from signoff.runtime.tools import Registry, Tool
+from signoff.runtime.workflows.definition import Workflow
 
 
 @dataclass
@@ -36,6 +37,8 @@ class App:
     ``offline_model``: the model used when no Anthropic key is configured (a rule-based
     stand-in, so ``signoff dev`` works on a fresh machine); without one, signoff's
     generic offline model offers ``/tool key=value`` commands.
+    ``workflows``: the app's durable workflows (:class:`~signoff.Workflow`), started with
+    ``POST /v1/workflows/{name}/runs``; names must be unique.
     """
 
     name: str
@@ -48,6 +51,15 @@ class App:
     setup: Callable[[str], Awaitable[Any]] | None = None
     teardown: Callable[[], Awaitable[None]] | None = None
     offline_model: Model | None = None
+    workflows: Sequence[Workflow] = ()
+
+    def __post_init__(self) -> None:
+        names = [w.name for w in self.workflows]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"app {self.name!r}: two workflows share a name ({names})")
+
+    def workflow_map(self) -> dict[str, Workflow]:
+        return {w.name: w for w in self.workflows}
 
     def tool_fingerprints(self) -> dict[str, str]:
         """Tool name -> a short hash of what a card of it depends on (see :func:`tool_fingerprint`)."""
@@ -56,7 +68,9 @@ class App:
     def fingerprint(self) -> str:
         """A hash of the app's name and its tools' fingerprints: two processes with the same
         fingerprint propose, decide and run the same cards the same way."""
-        payload = {"app": self.name, "tools": self.tool_fingerprints()}
+        payload: dict[str, object] = {"app": self.name, "tools": self.tool_fingerprints()}
+        if self.workflows:  # (apps without workflows keep the fingerprint they had)
+            payload["workflows"] = {w.name: w.shape() for w in self.workflows}
         return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:16]
 
 

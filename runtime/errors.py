@@ -34,6 +34,12 @@ class ToolValidationError(InvalidInput):
     code = "tool_validation"
 
 
+class ReservedKey(InvalidInput):
+    """A payload or step result sets a state key the workflow engine owns (422)."""
+
+    code = "reserved_key"
+
+
 class Unauthenticated(SignoffError):
     """Missing, expired or forged credentials (401)."""
 
@@ -73,6 +79,12 @@ class CardNotFound(NotFound):
     code = "card_not_found"
 
 
+class WorkflowNotFound(NotFound):
+    """No workflow of that name, or no workflow run of that id (404)."""
+
+    code = "workflow_not_found"
+
+
 class Conflict(SignoffError):
     """The request lost a race or arrived too late (409)."""
 
@@ -100,6 +112,25 @@ class IllegalTransition(Conflict):
     """A move the card state machine does not allow."""
 
     code = "illegal_transition"
+
+
+class NotParked(Conflict):
+    """A workflow run is not waiting at that gate (still running, resumed by someone else,
+    finished): nothing was changed (409)."""
+
+    code = "not_parked"
+
+
+class WrongEvent(Conflict):
+    """An event whose name is not the one the run waits for (409); nothing was changed."""
+
+    code = "wrong_event"
+
+
+class NotRetriable(Conflict):
+    """``retry`` on a workflow run that did not fail at a gate (409)."""
+
+    code = "not_retriable"
 
 
 class Expired(SignoffError):

@@ -15,7 +15,11 @@ An app::
     from signoff import App, Policy, Registry, Rule
     app = App(name="helpdesk", tools=Registry([...]), policy=Policy([Rule(...)]))
 
-Served with ``signoff dev --app mypackage.module:app``. An app may bring its own offline
+Served with ``signoff dev --app mypackage.module:app``. A workflow (steps, human and event gates; ``App(workflows=[...])``)::
+
+    from signoff import Workflow, WorkflowContext, await_event, await_human
+
+An app may bring its own offline
 model (``App(offline_model=...)``, used when no Anthropic key is set): anything with a
 ``name`` and an ``async respond(...) -> ModelReply``, see :class:`Model`.
 """
@@ -36,18 +40,37 @@ from signoff.runtime.errors import (
     InvalidInput,
     NotFound,
     NotOwner,
+    NotParked,
+    NotRetriable,
     RateLimited,
+    ReservedKey,
     SignoffError,
     StaleCard,
     ToolValidationError,
     Unauthenticated,
     Unavailable,
     UnknownTool,
+    WorkflowNotFound,
+    WrongEvent,
 )
 from signoff.runtime.models.base import Message, Model, ModelReply, TextSink, ToolSpec
 from signoff.runtime.policy import Policy, Rule, Verdict
 from signoff.runtime.text import one_line
 from signoff.runtime.tools import Prepared, Registry, Revalidation, Tool, ToolContext
+from signoff.runtime.workflows import (
+    EventGate,
+    FunctionStep,
+    Gate,
+    HumanGate,
+    Interrupt,
+    Step,
+    Workflow,
+    WorkflowContext,
+    WorkflowRun,
+    WorkflowStatus,
+    await_event,
+    await_human,
+)
 
 __version__ = "0.4.0"
 
@@ -59,23 +82,32 @@ __all__ = [
     "CardNotFound",
     "ConfigError",
     "Conflict",
+    "EventGate",
     "Expired",
     "Forbidden",
+    "FunctionStep",
+    "Gate",
+    "HumanGate",
+    "Interrupt",
     "InvalidInput",
     "Message",
     "Model",
     "ModelReply",
     "NotFound",
     "NotOwner",
+    "NotParked",
+    "NotRetriable",
     "Policy",
     "Prepared",
     "RateLimited",
     "Registry",
+    "ReservedKey",
     "Revalidation",
     "Risk",
     "Rule",
     "SignoffError",
     "StaleCard",
+    "Step",
     "TextSink",
     "Tool",
     "ToolContext",
@@ -85,6 +117,14 @@ __all__ = [
     "Unavailable",
     "UnknownTool",
     "Verdict",
+    "Workflow",
+    "WorkflowContext",
+    "WorkflowNotFound",
+    "WorkflowRun",
+    "WorkflowStatus",
+    "WrongEvent",
     "__version__",
+    "await_event",
+    "await_human",
     "one_line",
 ]
