@@ -21,6 +21,7 @@ import secrets
 import statistics
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -213,6 +214,23 @@ class Cluster(_Cluster):
 
     services: Services | None = None
 
+    # Per-process spans of the workers (runtime/spans.py, ``/metrics/spans``).
+    def span_counts(self) -> dict[str, int]:
+        return {w.name: int(_spans(w, 10**18)["count"]) for w in self.workers if w.alive()}
+
+    def span_samples(self, after: dict[str, int]) -> list[tuple[str, str, int]]:
+        out: list[tuple[str, str, int]] = []
+        for w in self.workers:
+            if w.alive():
+                out += [tuple(x) for x in _spans(w, after.get(w.name, 0))["spans"]]
+        return out
+
+
+def _spans(worker: Any, after: int) -> Any:
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics/spans?after={after}"
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=5) as r:
+        return json.loads(r.read())
+
 
 @contextmanager
 def cluster(
@@ -291,6 +309,7 @@ class Costs:
                 "SELECT xact_commit, xact_rollback FROM pg_stat_database "
                 "WHERE datname = current_database()"
             )
+            wal = await _wal_counters(conn)
         finally:
             await conn.close()
         r = aioredis.from_url(svc.redis_url)
@@ -305,6 +324,7 @@ class Costs:
             "cpu": cpu,
             "machine_busy_s": machine_busy_s,
             "pg_commits": int(row["xact_commit"]),
+            "wal": wal,
             "redis": calls,
             "t": time.monotonic(),
         }
@@ -328,8 +348,30 @@ class Costs:
             # CPU used by processes that are not the bench's (other work on the machine)
             "other_cores_busy": round(max(everyone - busy, 0) / wall, 2) if wall > 0 else None,
             "pg_commits_per_decision": round((b["pg_commits"] - a["pg_commits"]) / n, 2),
+            # server-wide (the bench's private server runs nothing else meanwhile)
+            "pg_wal_fsyncs_per_decision": round(
+                (b["wal"]["fsyncs"] - a["wal"].get("fsyncs", 0)) / n, 2
+            ),
+            "pg_wal_records_per_decision": round(
+                (b["wal"]["records"] - a["wal"].get("records", 0)) / n, 1
+            ),
+            "pg_wal_bytes_per_decision": round((b["wal"]["bytes"] - a["wal"].get("bytes", 0)) / n),
             "redis_commands_per_decision": dict(sorted(redis.items(), key=lambda kv: -kv[1])),
         }
+
+
+async def _wal_counters(conn: Any) -> dict[str, int]:
+    """WAL fsyncs, records and bytes so far, server-wide (Postgres 18 moved the fsync
+    count from ``pg_stat_wal`` to ``pg_stat_io``)."""
+    version = int(await conn.fetchval("SELECT current_setting('server_version_num')"))
+    row = await conn.fetchrow("SELECT wal_records, wal_bytes FROM pg_stat_wal")
+    if version >= 180000:
+        fsyncs = await conn.fetchval(
+            "SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal'"
+        )
+    else:
+        fsyncs = await conn.fetchval("SELECT wal_sync FROM pg_stat_wal")
+    return {"fsyncs": int(fsyncs or 0), "records": int(row[0]), "bytes": int(row[1])}
 
 
 # --------------------------------------------------------------------------- WebSocket users
@@ -430,6 +472,7 @@ def summarize_ms(values_ns: Sequence[float]) -> dict[str, float]:
         "p50": round(percentile(ms, 50), 3),
         "p90": round(percentile(ms, 90), 3),
         "p99": round(percentile(ms, 99), 3),
+        "p99.9": round(percentile(ms, 99.9), 3),
         "max": round(max(ms), 3),
         "mean": round(statistics.fmean(ms), 3),
     }

@@ -140,6 +140,7 @@ async def _worker(args: argparse.Namespace) -> int:
                 settings.metrics_port,
                 lambda: m.worker_text(worker),
                 worker.decision_latency_ns,
+                worker.waits.woken.spans,
             )
         print(f"signoff worker {settings.worker_id} running app {app.name}", flush=True)
         await stop.wait()

@@ -25,6 +25,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
+from signoff.runtime.spans import Spans, spans_json
+
 # Seconds. Dense where signoff should live (sub-millisecond to tens of milliseconds).
 LATENCY_BUCKETS = (
     0.0005,
@@ -211,7 +213,11 @@ def samples_json(samples: LatencySamples, query: str) -> bytes:
 
 
 async def serve(
-    host: str, port: int, text: Callable[[], str], samples: LatencySamples | None = None
+    host: str,
+    port: int,
+    text: Callable[[], str],
+    samples: LatencySamples | None = None,
+    spans: Spans | None = None,
 ) -> asyncio.Server:
     """A minimal HTTP/1.1 server for ``GET /metrics`` (and the raw samples); one request per
     connection. For a process with no web server of its own (the worker)."""
@@ -229,6 +235,8 @@ async def serve(
                 method == "GET" and url.path == "/metrics/decision-latency" and samples is not None
             ):
                 status, ctype, body = "200 OK", "application/json", samples_json(samples, url.query)
+            elif method == "GET" and url.path == "/metrics/spans" and spans is not None:
+                status, ctype, body = "200 OK", "application/json", spans_json(spans, url.query)
             elif method == "GET" and url.path == "/healthz":
                 status, ctype, body = "200 OK", "application/json", b'{"ok":true}'
             writer.write(

@@ -71,9 +71,7 @@ class Worker:
         self.waits = WaitRegistry(on_ready=self._on_ready)
         self._signalled_again: dict[str, float] = {}  # stale approved card -> when
         self.faults = Faults(settings.faults)
-        kwargs: dict[str, Any] = {}
-        if app.system:
-            kwargs["system"] = app.system
+        kwargs: dict[str, Any] = {"system": app.system} if app.system else {}
         self.agent = Agent(
             store=store,
             bus=bus,
@@ -98,8 +96,7 @@ class Worker:
         self._step_slots = asyncio.Semaphore(max(settings.pool_size, 2))
         self._adopting = 0  # adopted runs not yet continued
         self._draining = False
-        # Decision latency samples in ns: the gateway received the decision -> this worker's
-        # future resolved (wall clocks of one machine; read by the bench and /metrics).
+        # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -286,11 +283,11 @@ class Worker:
         # A decision may have landed between the proposal and this registration (if the
         # store does not answer now, the slow poll looks again).
         with contextlib.suppress(SignoffError):
-            await self._recheck([c.id for c in pending])
+            await self._recheck([c.id for c in pending], "park")
 
-    async def _recheck(self, card_ids: list[str]) -> None:
+    async def _recheck(self, card_ids: list[str], path: str) -> None:
         for card_id, status in (await self.store.decided_among(card_ids)).items():
-            self.waits.resolve(card_id, status)
+            self.waits.resolve(card_id, status, path)
 
     def _on_ready(self, run_id: str) -> None:
         self.spawn(self._wake(run_id))
@@ -301,7 +298,9 @@ class Worker:
             # connection, and one that waits past the store timeout fails mid-step (after
             # the provider acted, a card is then left `executing` for an operator).
             async with self._step_slots:
+                started = time.monotonic_ns()
                 run = await self.agent.continue_run(run_id)
+            self.waits.woken.finished(run_id, started)
         except UnknownTool as exc:
             await self._hand_over(run_id, exc, attempt)
             return
@@ -370,7 +369,7 @@ class Worker:
             try:
                 async with self.bus.subscribe(channel) as sub:
                     self._subscribed.set()
-                    await self._recheck(self.waits.parked_cards())
+                    await self._recheck(self.waits.parked_cards(), "subscribe")
                     async for raw in sub:
                         try:
                             signal = signal_decoder.decode(raw)
@@ -389,7 +388,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.settings.poll_seconds)
             with contextlib.suppress(SignoffError):
-                await self._recheck(self.waits.parked_cards())
+                await self._recheck(self.waits.parked_cards(), "poll")
 
     # -- leases and adoption -------------------------------------------------------------
 
@@ -419,6 +418,7 @@ class Worker:
         # Bounded: a batch of adopted runs must not queue on the pool past its timeout.
         try:
             async with self._adopt_slots:
+                self.waits.woken.woke(run_id, "adoption")
                 await self._wake(run_id)
         finally:
             self._adopting -= 1
@@ -445,7 +445,7 @@ class Worker:
             if moved is not None:
                 card = moved.card
                 expired.append(card)
-                if not self.waits.resolve(card.id, "expired"):
+                if not self.waits.resolve(card.id, "expired", "expiry"):
                     await self.notify.card(card, entry=moved.entry)
                 else:
                     await self.notify.thread(card.thread_id, [moved.entry])
@@ -473,7 +473,7 @@ class Worker:
                 signalled[card.id] = now
                 COUNTERS.inc("signoff_approved_stale_total")
                 log.warning("card %s approved but not started; signalling its run again", card.id)
-                if not self.waits.resolve(card.id, str(card.status)):
+                if not self.waits.resolve(card.id, str(card.status), "sweep"):
                     await self.notify.card(card)
                 continue
             COUNTERS.inc("signoff_approved_stale_total")
