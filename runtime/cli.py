@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from signoff.runtime import config as cfg
+from signoff.runtime import loops
 from signoff.runtime.app import App, load_app
 from signoff.runtime.errors import ConfigError, SignoffError
 
@@ -341,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cards": _cards,
         }[args.command]
         with contextlib.suppress(KeyboardInterrupt):
-            return asyncio.run(runner(args))
+            return loops.run(runner(args), cfg.from_env().event_loop)
         return 130
     except NoApp as exc:
         print(f"signoff {exc.message}", file=sys.stderr)
