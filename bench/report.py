@@ -185,10 +185,10 @@ def summary(data: dict[str, dict[str, Any]]) -> dict[str, Any]:
             # issue 14: what the person sees, timed by the client
             for q in ("p50", "p99", "p999", "max"):
                 if f"click_to_resolved_{q}_ms" in g:
-                    s[f"click_to_ack_{q}_ms_at_{r}"] = g[f"click_to_resolved_{q}_ms"]
+                    s[f"click_to_ack_{q}_ms_at_{r}"] = dict(g[f"click_to_resolved_{q}_ms"])
                 if f"decision_to_result_{q}_ms" in g:
-                    s[f"click_to_executed_{q}_ms_at_{r}"] = g[f"decision_to_result_{q}_ms"]
-            s[f"answered_per_s_at_{r}"] = g["decisions_per_s"]
+                    s[f"click_to_executed_{q}_ms_at_{r}"] = dict(g[f"decision_to_result_{q}_ms"])
+            s[f"answered_per_s_at_{r}"] = dict(g["decisions_per_s"])
         closed = {k: v for k, v in ds.items() if k.startswith("closed_")}
         if closed:
             best = max(closed, key=lambda k: closed[k]["decisions_per_s"]["value"] or 0)
@@ -397,7 +397,10 @@ def targets(s: dict[str, Any]) -> str:
         )
     floor = s.get("floor_ms", {})
     if floor.get("value") is not None:
-        lines += ["", f"Floor measured in the same run (`floor_ms`): {_fmt(floor['value'])} ms."]
+        lines += [
+            "",
+            f"Floor (`floor_ms`, `limits.py` of the same suite run): {_fmt(floor['value'])} ms.",
+        ]
     return "\n".join(lines)
 
 
