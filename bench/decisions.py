@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import (
     TMP,
     Cluster,
-    Costs,
     base_parser,
     cdf_points,
     cluster,
@@ -52,6 +51,7 @@ from bench.common import (
     summarize_ms,
     write_json,
 )
+from bench.costs import Costs
 from bench.users import Card, Users
 
 
