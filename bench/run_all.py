@@ -29,7 +29,7 @@ from bench import report
 from bench.common import RESULTS, ROOT, log, machine_busy
 
 SCRIPTS = [
-    ("limits", ["--samples", "600"], 60),
+    ("limits", ["--samples", "600"], 90),
     ("decisions", [], 220),
     ("compare_langgraph", [], 200),
     ("parked", [], 320),
