@@ -402,6 +402,8 @@ def machine() -> dict[str, Any]:
         "uvicorn",
         "wsproto",
         "websockets",
+        "uvloop",
+        "dbos",
         "langgraph",
         "langgraph-checkpoint-postgres",
         "psycopg",

@@ -295,7 +295,8 @@ def table(s: dict[str, Any], data: dict[str, dict[str, Any]]) -> str:
         f"Postgres {m.get('postgres')} (fsync {m.get('postgres_fsync')}, synchronous_commit "
         f"{m.get('postgres_synchronous_commit')}), {m.get('redis_server')} {m.get('redis')}; "
         f"asyncpg {pk.get('asyncpg')}, redis-py {pk.get('redis')}, uvicorn {pk.get('uvicorn')} + "
-        f"wsproto {pk.get('wsproto')}, LangGraph {pk.get('langgraph')} with "
+        f"websockets {pk.get('websockets')} (sans-I/O; wsproto {pk.get('wsproto')} selectable), "
+        f"uvloop {pk.get('uvloop')}, LangGraph {pk.get('langgraph')} with "
         f"langgraph-checkpoint-postgres {pk.get('langgraph-checkpoint-postgres')} "
         f"(psycopg {pk.get('psycopg')}). Postgres, Redis, gateways, workers and the load "
         "generator share the same cores.",

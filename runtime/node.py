@@ -184,7 +184,8 @@ async def running(
 async def serve_gateway(
     node: Node, tokens: Any, host: str, port: int, started: asyncio.Event | None = None
 ) -> None:
-    """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped."""
+    """Serve the gateway with uvicorn until stopped (WebSockets: ``settings.ws_protocol``,
+    the websockets library's sans-I/O protocol by default; no per-message compression)."""
     import uvicorn
 
     from signoff.gateway.app import build_app
@@ -202,7 +203,7 @@ async def serve_gateway(
         app,
         host=host,
         port=port,
-        ws="wsproto",
+        ws=node.settings.ws_protocol,
         # h11 with header and body deadlines (slowloris): uvicorn has neither.
         http=http_protocol(node.settings),
         lifespan="off",
