@@ -21,6 +21,7 @@ import secrets
 import statistics
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ if str(ROOT) not in sys.path:
 import asyncpg  # noqa: E402
 import msgspec  # noqa: E402
 
+from bench.checks import exactly_once as exactly_once  # noqa: E402  (re-exported)
 from signoff.store.postgres import PostgresStore  # noqa: E402
 from signoff.testing.cluster import Cluster as _Cluster  # noqa: E402
 from signoff.testing.servers import EmbeddedServer, start_postgres, start_valkey  # noqa: E402
@@ -215,6 +217,23 @@ class Cluster(_Cluster):
 
     services: Services | None = None
 
+    # Per-process spans of the workers (runtime/spans.py, ``/metrics/spans``).
+    def span_counts(self) -> dict[str, int]:
+        return {w.name: int(_spans(w, 10**18)["count"]) for w in self.workers if w.alive()}
+
+    def span_samples(self, after: dict[str, int]) -> list[tuple[str, str, int]]:
+        out: list[tuple[str, str, int]] = []
+        for w in self.workers:
+            if w.alive():
+                out += [tuple(x) for x in _spans(w, after.get(w.name, 0))["spans"]]
+        return out
+
+
+def _spans(worker: Any, after: int) -> Any:
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics/spans?after={after}"
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=5) as r:
+        return json.loads(r.read())
+
 
 @contextmanager
 def cluster(
@@ -233,105 +252,6 @@ def cluster(
         yield c
     finally:
         c.stop()
-
-
-# --------------------------------------------------------------------------- cost accounting
-
-
-def _children(ppid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = Path(f"/proc/{name}/stat").read_text()
-                if int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
-                    out.append(int(name))
-    return out
-
-
-def _cpu_or_zero(pid: int) -> float:
-    try:
-        return cpu_seconds(pid)
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _machine_busy_seconds() -> float:
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-class Costs:
-    """CPU seconds per role, Postgres transactions and Redis commands, between two snapshots.
-
-    Postgres CPU is counted only for the private server (its postmaster and every
-    backend); exited backends are lost, so pools keep their connections open.
-    """
-
-    def __init__(self, c: Cluster) -> None:
-        self.c = c
-
-    async def snapshot(self) -> dict[str, Any]:
-        import redis.asyncio as aioredis
-
-        svc = self.c.services
-        assert svc is not None
-        cpu = {
-            "gateways": sum(_cpu_or_zero(p.pid) for p in self.c.gateways if p.alive()),
-            "workers": sum(_cpu_or_zero(p.pid) for p in self.c.workers if p.alive()),
-            "load_generator": _cpu_or_zero(os.getpid()),
-        }
-        if svc.pg_server is not None:
-            pg = svc.pg_server.pid
-            cpu["postgres"] = _cpu_or_zero(pg) + sum(_cpu_or_zero(x) for x in _children(pg))
-        if svc.redis_server is not None:
-            cpu["redis"] = _cpu_or_zero(svc.redis_server.pid)
-        conn = await asyncpg.connect(svc.database_url)
-        try:
-            row = await conn.fetchrow(
-                "SELECT xact_commit, xact_rollback FROM pg_stat_database "
-                "WHERE datname = current_database()"
-            )
-        finally:
-            await conn.close()
-        r = aioredis.from_url(svc.redis_url)
-        try:
-            stats = await r.info("commandstats")
-        finally:
-            await r.aclose()
-        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-        machine_busy_s = _machine_busy_seconds()
-        assert row is not None  # pg_stat_database has the bench's database
-        return {
-            "cpu": cpu,
-            "machine_busy_s": machine_busy_s,
-            "pg_commits": int(row["xact_commit"]),
-            "redis": calls,
-            "t": time.monotonic(),
-        }
-
-    @staticmethod
-    def per(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
-        n = max(n, 1)
-        cpu = {k: round((b["cpu"][k] - a["cpu"].get(k, 0)) / n * 1000, 3) for k in b["cpu"]}
-        redis = {
-            k: round((v - a["redis"].get(k, 0)) / n, 2)
-            for k, v in b["redis"].items()
-            if v - a["redis"].get(k, 0) > 0 and k not in ("info",)
-        }
-        wall = b["t"] - a["t"]
-        busy = sum(b["cpu"][k] - a["cpu"].get(k, 0) for k in b["cpu"])
-        everyone = b["machine_busy_s"] - a["machine_busy_s"]
-        return {
-            "decisions": n,
-            "cpu_ms_per_decision": {**cpu, "total": round(sum(cpu.values()), 3)},
-            "machine_cores_busy": round(busy / wall, 2) if wall > 0 else None,
-            # CPU used by processes that are not the bench's (other work on the machine)
-            "other_cores_busy": round(max(everyone - busy, 0) / wall, 2) if wall > 0 else None,
-            "pg_commits_per_decision": round((b["pg_commits"] - a["pg_commits"]) / n, 2),
-            "redis_commands_per_decision": dict(sorted(redis.items(), key=lambda kv: -kv[1])),
-        }
 
 
 # --------------------------------------------------------------------------- WebSocket users
@@ -432,6 +352,7 @@ def summarize_ms(values_ns: Sequence[float]) -> dict[str, float]:
         "p50": round(percentile(ms, 50), 3),
         "p90": round(percentile(ms, 90), 3),
         "p99": round(percentile(ms, 99), 3),
+        "p99.9": round(percentile(ms, 99.9), 3),
         "max": round(max(ms), 3),
         "mean": round(statistics.fmean(ms), 3),
     }
@@ -451,108 +372,7 @@ def spread(values: Sequence[float], unit: str, digits: int = 3) -> dict[str, Any
     }
 
 
-# --------------------------------------------------------------------------- exactly once
-
-
-async def exactly_once(
-    database_url: str, tenant: str | None = None, settle: float = 60.0
-) -> dict[str, Any]:
-    """Every approved card executed once; nothing executed twice (store + demo provider).
-
-    First waits up to ``settle`` seconds for cards still ``approved`` or ``executing``
-    (work in flight) to finish. ``ok`` is False when a card went to ``executing`` more
-    than once, when the executed cards and the provider's charges differ, when a
-    charge has no executed card, or when an approved card was never executed (lost)
-    or stays ``executing`` (outcome unknown, left for an operator by design).
-    """
-    conn = await asyncpg.connect(database_url)
-    try:
-        deadline = time.monotonic() + settle
-        while time.monotonic() < deadline:
-            busy = await conn.fetchval(
-                "SELECT count(*) FROM cards WHERE status IN ('approved', 'executing')"
-            )
-            if busy == 0:
-                break
-            await asyncio.sleep(0.5)
-        where = "" if tenant is None else "WHERE c.tenant = $1"
-        args = () if tenant is None else (tenant,)
-        row = await conn.fetchrow(
-            f"""
-            SELECT
-              count(*) FILTER (WHERE c.status = 'executed') AS executed,
-              count(*) FILTER (WHERE c.status = 'failed') AS failed,
-              count(*) FILTER (WHERE c.status IN ('approved')) AS approved_waiting,
-              count(*) FILTER (WHERE c.status = 'executing') AS executing_now,
-              count(*) FILTER (WHERE c.status = 'pending') AS pending,
-              count(*) AS cards
-            FROM cards c {where}""",
-            *args,
-        )
-        executing_events = await conn.fetchval(
-            f"SELECT count(*) FROM card_events e JOIN cards c ON c.id = e.card_id {where} "
-            f"{'AND' if where else 'WHERE'} e.to_status = 'executing' AND e.from_status = 'approved'",
-            *args,
-        )
-        cards_twice = await conn.fetchval(
-            f"""SELECT count(*) FROM (SELECT e.card_id FROM card_events e JOIN cards c
-                ON c.id = e.card_id {where} {"AND" if where else "WHERE"}
-                e.to_status = 'executing' AND e.from_status = 'approved'
-                GROUP BY e.card_id HAVING count(*) > 1) t""",
-            *args,
-        )
-        has_charges = await conn.fetchval("SELECT to_regclass('demo_charges') IS NOT NULL")
-        charges = keyed = dup_keys = charged_executing = 0
-        if has_charges:
-            cw = "" if tenant is None else "WHERE d.tenant = $1"
-            charges = await conn.fetchval(f"SELECT count(*) FROM demo_charges d {cw}", *args)
-            keyed = await conn.fetchval(
-                f"SELECT count(*) FROM demo_charges d JOIN cards c ON "
-                f"c.operation_id::text = d.idempotency_key {cw} "
-                f"{'AND' if cw else 'WHERE'} c.status = 'executed'",
-                *args,
-            )
-            charged_executing = await conn.fetchval(
-                f"SELECT count(*) FROM demo_charges d JOIN cards c ON "
-                f"c.operation_id::text = d.idempotency_key {cw} "
-                f"{'AND' if cw else 'WHERE'} c.status = 'executing'",
-                *args,
-            )
-            dup_keys = await conn.fetchval(
-                f"SELECT count(*) FROM (SELECT idempotency_key FROM demo_charges d {cw} "
-                "GROUP BY idempotency_key HAVING count(*) > 1) t",
-                *args,
-            )
-    finally:
-        await conn.close()
-    assert row is not None  # an aggregate always returns its one row
-    executed = int(row["executed"])
-    result = {
-        "cards": int(row["cards"]),
-        "executed": executed,
-        "failed": int(row["failed"]),
-        "pending": int(row["pending"]),
-        "approved_not_executed": int(row["approved_waiting"]),
-        "stuck_executing": int(row["executing_now"]),
-        "executing_events": int(executing_events),
-        "provider_charges": int(charges),
-        "charges_matching_executed_cards": int(keyed),
-        "double_executions": int(cards_twice) + int(dup_keys),
-    }
-    # Left `executing` although the provider charged: executed once, but the store never
-    # recorded it (finish_execution failed); an operator must reconcile it (I4).
-    result["charged_but_executing"] = int(charged_executing)
-    result["lost"] = (
-        result["approved_not_executed"] + result["stuck_executing"] - int(charged_executing)
-    )
-    result["ok"] = (
-        result["double_executions"] == 0
-        and result["lost"] == 0
-        and result["stuck_executing"] == 0
-        and executed == charges == keyed
-        and int(executing_events) == executed + result["failed"]
-    )
-    return result
+# exactly_once lives in bench/checks.py (imported here for the scripts).
 
 
 # --------------------------------------------------------------------------- results
@@ -584,6 +404,8 @@ def machine() -> dict[str, Any]:
         "uvicorn",
         "wsproto",
         "websockets",
+        "uvloop",
+        "dbos",
         "langgraph",
         "langgraph-checkpoint-postgres",
         "psycopg",

@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import (
     TMP,
     Cluster,
-    Costs,
     base_parser,
     cdf_points,
     cluster,
@@ -52,6 +51,7 @@ from bench.common import (
     summarize_ms,
     write_json,
 )
+from bench.costs import Costs
 from bench.users import Card, Users
 
 
@@ -87,6 +87,13 @@ def parser() -> Any:
         help="start no new phase after this long (the rest is reported as skipped)",
     )
     p.add_argument("--quick", action="store_true", help="a small smoke run (seconds, not minutes)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for the gateways and workers (A/B runs, bench/ab.py)",
+    )
     return p
 
 
@@ -126,6 +133,25 @@ class Bench:
                 return True
             await asyncio.sleep(0.05)
         return False
+
+    async def marks(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The workers' record counts now (decision latency, spans), to read what follows."""
+        return (
+            await asyncio.to_thread(self.c.latency_counts),
+            await asyncio.to_thread(self.c.span_counts),
+        )
+
+    async def server_side(self, marks: tuple[dict[str, int], dict[str, int]]) -> dict[str, Any]:
+        """Per-process spans recorded since ``marks``: ``{name: {path: summary}}``. Every
+        resolution is there, whatever woke it, timed by one process's monotonic clock."""
+        spans = await asyncio.to_thread(self.c.span_samples, marks[1])
+        grouped: dict[str, dict[str, list[int]]] = {}
+        for name, path, ns in spans:
+            grouped.setdefault(name, {}).setdefault(path, []).append(ns)
+        return {
+            name: {path: summarize_ms(v) for path, v in sorted(paths.items())}
+            for name, paths in grouped.items()
+        }
 
     def stats(
         self, cards: list[Card], samples: list[int], t0: int, t1: int, offered: float | None
@@ -168,7 +194,7 @@ class Bench:
 
     async def open_loop(self, cards: list[Card], rate: float) -> dict[str, Any]:
         """Send at t0 + i/rate, whatever the answers; latency figures come from here."""
-        before = await asyncio.to_thread(self.c.latency_counts)
+        before = await self.marks()
         cost0 = await self.costs.snapshot()
         self.users.expect(len(cards))
         t0 = time.perf_counter_ns()
@@ -182,8 +208,9 @@ class Bench:
         t1 = time.perf_counter_ns()
         self.clicked += cards
         drained = await self.drain(cards)
-        samples = await asyncio.to_thread(self.c.latency_samples, before)
+        samples = await asyncio.to_thread(self.c.latency_samples, before[0])
         out = self.stats(cards, samples, t0, t1, rate)
+        out["worker_spans_ms"] = await self.server_side(before)
         out["drained"] = drained
         await asyncio.sleep(1.0)  # Postgres publishes its counters about once a second
         out["cost"] = Costs.per(cost0, await self.costs.snapshot(), len(cards))
@@ -194,7 +221,7 @@ class Bench:
     ) -> dict[str, Any]:
         """``concurrency`` users, each approving its next card once the last was answered
         (``until="ack"``: the gateway committed it; ``"result"``: it was executed)."""
-        before = await asyncio.to_thread(self.c.latency_counts)
+        before = await self.marks()
         cost0 = await self.costs.snapshot()
         by_user: dict[str, list[Card]] = {}
         for card in cards:
@@ -213,8 +240,9 @@ class Bench:
         t1 = time.perf_counter_ns()
         self.clicked += cards
         drained = await self.drain(cards)
-        samples = await asyncio.to_thread(self.c.latency_samples, before)
+        samples = await asyncio.to_thread(self.c.latency_samples, before[0])
         out = self.stats(cards, samples, t0, t1, None)
+        out["worker_spans_ms"] = await self.server_side(before)
         out["concurrency"] = concurrency
         out["users"] = len(by_user)
         out["waits_for"] = until
@@ -295,13 +323,14 @@ def summarize(phases: list[dict[str, Any]]) -> dict[str, Any]:
         key = f"{kind}_{x}"
         g: dict[str, Any] = {}
         for fig in ("decision_latency_ms", "click_to_resolved_ms", "decision_to_result_ms"):
-            for q in ("p50", "p90", "p99", "max"):
-                g[f"{fig.removesuffix('_ms')}_{q}_ms"] = spread(
+            for q in ("p50", "p90", "p99", "p99.9", "max"):
+                g[f"{fig.removesuffix('_ms')}_{q.replace('.', '')}_ms"] = spread(
                     [r[fig].get(q, float("nan")) for r in runs], "ms"
                 )
         g["decisions_per_s"] = spread([r["decisions_per_s"] for r in runs], "1/s", 1)
         g["results_per_s"] = spread([r["results_per_s"] for r in runs], "1/s", 1)
         g["cost_run1"] = runs[0].get("cost")
+        g["worker_spans_run1_ms"] = runs[0].get("worker_spans_ms")
         g["errors"] = sum(r["errors"] for r in runs)
         g["decisions"] = sum(r["decisions"] for r in runs)
         out[key] = g
@@ -382,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     with services(args, "decisions") as svc:
         versions = asyncio.run(server_versions(svc.database_url, svc.redis_url))
         env = {"SIGNOFF_WS_FRAMES_PER_SECOND": "0", "SIGNOFF_POOL_SIZE": "10"}
+        env.update(kv.split("=", 1) for kv in args.env)
         with cluster(
             svc, TMP / "decisions", gateways=args.gateways, workers=args.workers, **env
         ) as c:
@@ -395,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         ph["latency_sample_count"] = len(ph.pop("_latency_ms"))
     data = {
         "config": {
+            "env": args.env,
             "gateways": args.gateways,
             "workers": args.workers,
             "users": result["users"],

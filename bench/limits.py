@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,10 +50,14 @@ from bench.common import (
 SUBSCRIBER = r"""
 import socket, sys, time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+password = sys.argv[4].encode() if len(sys.argv) > 4 else b""
 s = socket.create_connection((host, port))
 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-s.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$11\r\nbench:floor\r\n")
 f = s.makefile("rb")
+if password:  # the embedded server has a password
+    s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password), password))
+    assert f.readline().startswith(b"+OK"), "AUTH refused"
+s.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$11\r\nbench:floor\r\n")
 def read():
     line = f.readline()
     if line[:1] == b"*":
@@ -85,7 +89,7 @@ def redis_hop(redis_url: str, n: int, gap: float) -> list[int]:
     parts = urlsplit(redis_url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 6379
     sub = subprocess.Popen(
-        [sys.executable, "-c", SUBSCRIBER, host, str(port), str(n)],
+        [sys.executable, "-c", SUBSCRIBER, host, str(port), str(n), unquote(parts.password or "")],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -96,6 +100,9 @@ def redis_hop(redis_url: str, n: int, gap: float) -> list[int]:
         pub = socket.create_connection((host, port))
         pub.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         reader = pub.makefile("rb")
+        if parts.password:
+            pub.sendall(resp(b"AUTH", unquote(parts.password).encode()))
+            reader.readline()
         for _ in range(n):
             pub.sendall(resp(b"PUBLISH", b"bench:floor", str(time.time_ns()).encode()))
             reader.readline()

@@ -22,7 +22,7 @@ the set is grown to 100k. At the end a sample of the clones is approved through
 the gateway and the store and demo provider are checked (executed once each).
 
 Idle WebSockets. N authenticated sockets that send nothing are opened to one
-gateway (uvicorn + wsproto, per-message compression off as signoff serves it);
+gateway (uvicorn + websockets sans-I/O, per-message compression off as signoff serves it);
 the gateway's RSS growth divided by N is the cost of one idle socket.
 """
 

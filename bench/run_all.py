@@ -29,9 +29,9 @@ from bench import report
 from bench.common import RESULTS, ROOT, log, machine_busy
 
 SCRIPTS = [
-    ("limits", ["--samples", "600"], 60),
+    ("limits", ["--samples", "600"], 90),
     ("decisions", [], 220),
-    ("compare_langgraph", [], 120),
+    ("compare_langgraph", [], 200),
     ("parked", [], 320),
     ("failover", [], 120),
     ("workflows", [], 600),

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from signoff.runtime import cli_cards, cli_ops, cli_prune, cli_runs
+from signoff.runtime import cli_cards, cli_ops, cli_prune, cli_runs, loops
 from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.errors import ConfigError, SignoffError
@@ -393,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "prune": _prune,
         }[args.command]
         with contextlib.suppress(KeyboardInterrupt):
-            return asyncio.run(runner(args))
+            return loops.run(runner(args), cfg.from_env().event_loop)
         return 130
     except NoApp as exc:
         print(f"signoff {exc.message}", file=sys.stderr)

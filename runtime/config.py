@@ -77,6 +77,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # on at once; past it a typed 503 `overloaded` with Retry-After (0: no limit).
     max_in_flight: int = 200
     adopt_batch: int = 1000  # lapsed runs one worker adopts per lease tick
+    event_loop: str = "auto"  # auto (uvloop if installed) | uvloop | asyncio; runtime/loops.py
+    # uvicorn's WebSocket implementation: websockets-sansio (the websockets library's
+    # protocol, C-accelerated framing) | wsproto (pure Python); bench/README.md, levers
+    ws_protocol: str = "websockets-sansio"
     # Per-user quotas (per tenant + user; 0: no limit), gateway/quotas.py. Refusals are
     # typed 429s (`rate_limited`, Retry-After) that change nothing.
     quota_threads_per_minute: int = 30  # threads created in any 60 s
@@ -178,6 +182,8 @@ _ENV: dict[str, str] = {
     "drain_seconds": "SIGNOFF_DRAIN_SECONDS",
     "max_in_flight": "SIGNOFF_MAX_IN_FLIGHT",
     "adopt_batch": "SIGNOFF_ADOPT_BATCH",
+    "event_loop": "SIGNOFF_EVENT_LOOP",
+    "ws_protocol": "SIGNOFF_WS_PROTOCOL",
     "quota_threads_per_minute": "SIGNOFF_QUOTA_THREADS_PER_MINUTE",
     "quota_turns_in_flight": "SIGNOFF_QUOTA_TURNS_IN_FLIGHT",
     "quota_queued_seconds": "SIGNOFF_QUOTA_QUEUED_SECONDS",

@@ -10,6 +10,8 @@
   recorded after the N-th one (how ``bench/decisions.py`` reads exact percentiles);
 * ``GET /metrics/workflow-latency?after=N``: the same for workflow wakes (a gateway
   received a resume or an event -> this worker claimed the run to run its next step);
+* ``GET /metrics/spans?after=N``: a worker's per-process spans (``runtime/spans.py``:
+  each wake labelled by the path that woke it, timed on this process's monotonic clock);
 * ``GET /healthz``.
 
 A tiny Starlette app on its own uvicorn server in the same event loop: no hand-written
@@ -39,6 +41,7 @@ from starlette.routing import Route
 
 from signoff.runtime.errors import ConfigError
 from signoff.runtime.metrics import LatencySamples
+from signoff.runtime.spans import Spans, spans_json
 
 log = logging.getLogger("signoff.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -117,9 +120,11 @@ class MetricsServer:
         self,
         samples: LatencySamples | None = None,
         workflow_samples: LatencySamples | None = None,
+        spans: Spans | None = None,
     ) -> None:
         self.samples = samples
         self.workflow_samples = workflow_samples
+        self.spans = spans
         self.collectors: list[Collector] = []
         self.refreshers: list[Callable[[], Any]] = []
         self.port = 0
@@ -151,6 +156,12 @@ class MetricsServer:
         async def workflow_latency(request: Request) -> Response:
             return serve_samples(self.workflow_samples, request)
 
+        async def spans(request: Request) -> Response:
+            if self.spans is None:
+                return JSONResponse({"error": "not_found"}, 404)
+            body = spans_json(self.spans, request.url.query)
+            return Response(body, media_type="application/json")
+
         async def healthz(request: Request) -> Response:
             return JSONResponse({"ok": True})
 
@@ -159,6 +170,7 @@ class MetricsServer:
                 Route("/metrics", metrics),
                 Route("/metrics/decision-latency", latency),
                 Route("/metrics/workflow-latency", workflow_latency),
+                Route("/metrics/spans", spans),
                 Route("/healthz", healthz),
             ]
         )

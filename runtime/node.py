@@ -213,6 +213,7 @@ async def start_metrics(node: Node) -> Any:
     server = MetricsServer(
         worker.decision_latency_ns if worker is not None else None,
         worker.workflows.wake_latency_ns if worker is not None else None,
+        worker.waits.woken.spans if worker is not None else None,
     )
     if worker is not None:
         server.add(lambda: worker_gauges(worker))
@@ -231,8 +232,9 @@ async def serve_gateway(
     started: asyncio.Event | None = None,
     metrics: Any = None,
 ) -> None:
-    """Serve the gateway with uvicorn (wsproto, no per-message compression) until stopped;
-    a SIGTERM drains it first (``gateway/drain.py``). ``metrics``: the process's
+    """Serve the gateway with uvicorn until stopped (WebSockets: ``settings.ws_protocol``,
+    the websockets library's sans-I/O protocol by default; no per-message compression); a
+    SIGTERM drains it first (``gateway/drain.py``). ``metrics``: the process's
     :class:`~signoff.runtime.metrics_server.MetricsServer`, given the gateway's gauges."""
     import uvicorn
 
@@ -255,7 +257,7 @@ async def serve_gateway(
         app,
         host=host,
         port=port,
-        ws="wsproto",
+        ws=node.settings.ws_protocol,
         # h11 with header and body deadlines (slowloris): uvicorn has neither.
         http=http_protocol(node.settings),
         lifespan="off",

@@ -40,7 +40,7 @@ class Sweeper:
             if moved is not None:
                 card = moved.card
                 expired.append(card)
-                if not w.waits.resolve(card.id, "expired"):
+                if not w.waits.resolve(card.id, "expired", "expiry"):
                     await w.notify.card(card, entry=moved.entry)  # deletes its wait token
                 else:
                     await w.notify.clear_wait(card.id)
@@ -71,7 +71,7 @@ class Sweeper:
                 signalled[card.id] = now
                 COUNTERS.inc("signoff_approved_stale_total")
                 log.warning("card %s approved but not started; signalling its run again", card.id)
-                if not w.waits.resolve(card.id, str(card.status)):
+                if not w.waits.resolve(card.id, str(card.status), "sweep"):
                     await w.notify.card(card)
                 continue
             COUNTERS.inc("signoff_approved_stale_total")

@@ -22,6 +22,8 @@ import contextvars
 import heapq
 from collections.abc import Callable, Iterable
 
+from signoff.runtime.spans import WakeTimer
+
 # The heap is rebuilt when it holds more than twice the live deadlines plus this.
 _STALE_SLACK = 64
 
@@ -37,6 +39,7 @@ class WaitRegistry:
         self._heap: list[tuple[float, str]] = []  # (deadline, run), stale entries included
         self._timer: asyncio.TimerHandle | None = None
         self._context = contextvars.Context()  # done callbacks run here, one for all cards
+        self.woken = WakeTimer()  # how and when each run was woken (runtime/spans.py)
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -76,15 +79,17 @@ class WaitRegistry:
         """The run parked on this card, if any."""
         return self._card_run.get(card_id)
 
-    def resolve(self, card_id: str, status: str = "") -> bool:
+    def resolve(self, card_id: str, status: str = "", path: str = "signal") -> bool:
         """The fast path: a decision for a parked card. False if nothing here waits on it.
 
-        ``status`` is not kept: the woken run re-reads its cards from Postgres.
+        ``status`` is not kept: the woken run re-reads its cards from Postgres. ``path``
+        names how the decision was learnt, for the run's wake span (:attr:`woken`).
         """
         fut = self._futures.get(card_id)
         if fut is None or fut.done():
             return False
         fut.set_result(card_id)
+        self.woken.woke(self._card_run.get(card_id), path)
         return True
 
     def drop_run(self, run_id: str) -> None:

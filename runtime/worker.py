@@ -68,9 +68,7 @@ class Worker:
         self.worker_id = settings.worker_id
         self.waits = WaitRegistry(on_ready=self._on_ready)
         self.faults = Faults(settings.faults)
-        kwargs: dict[str, Any] = {}
-        if app.system:
-            kwargs["system"] = app.system
+        kwargs: dict[str, Any] = {"system": app.system} if app.system else {}
         self.agent = Agent(
             store=store,
             bus=bus,
@@ -97,8 +95,7 @@ class Worker:
         self._step_slots = asyncio.Semaphore(max(settings.pool_size, 2))
         self._adopting = 0  # adopted runs not yet continued
         self._draining = False
-        # Decision latency samples in ns: the gateway received the decision -> this worker's
-        # future resolved (wall clocks of one machine; read by the bench and /metrics).
+        # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
 
@@ -294,11 +291,11 @@ class Worker:
         # A decision may have landed between the proposal and this registration (if the
         # store does not answer now, the slow poll looks again).
         with contextlib.suppress(SignoffError):
-            await self._recheck([c.id for c in pending])
+            await self._recheck([c.id for c in pending], "park")
 
-    async def _recheck(self, card_ids: list[str]) -> None:
+    async def _recheck(self, card_ids: list[str], path: str) -> None:
         for card_id, status in (await self.store.decided_among(card_ids)).items():
-            self.waits.resolve(card_id, status)
+            self.waits.resolve(card_id, status, path)
 
     def _on_ready(self, run_id: str) -> None:
         trace = self._traces.pop(run_id, "") if self._traces else ""
@@ -311,8 +308,10 @@ class Worker:
             # the provider acted, a card is then left `executing` for an operator).
             async with self._step_slots:
                 logs.bind(run_id=run_id)  # this task's lines carry the run's id
+                started = time.monotonic_ns()
                 with telemetry.span("continue", run_id=run_id):
                     run = await self.agent.continue_run(run_id)
+            self.waits.woken.finished(run_id, started)
         except UnknownTool as exc:
             await self._hand_over(run_id, exc, attempt)
             return
@@ -381,7 +380,7 @@ class Worker:
             try:
                 async with self.bus.subscribe(channel) as sub:
                     self._subscribed.set()
-                    await self._recheck(self.waits.parked_cards())
+                    await self._recheck(self.waits.parked_cards(), "subscribe")
                     await self.workflows.recheck()
                     async for raw in sub:
                         try:
@@ -406,7 +405,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.settings.poll_seconds)
             with contextlib.suppress(SignoffError):
-                await self._recheck(self.waits.parked_cards())
+                await self._recheck(self.waits.parked_cards(), "poll")
 
     # -- leases and adoption -------------------------------------------------------------
 
@@ -437,6 +436,7 @@ class Worker:
         # Bounded: a batch of adopted runs must not queue on the pool past its timeout.
         try:
             async with self._adopt_slots:
+                self.waits.woken.woke(run_id, "adoption")
                 await self._wake(run_id)
         finally:
             self._adopting -= 1

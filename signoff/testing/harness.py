@@ -225,7 +225,7 @@ class Harness:
                 asgi,
                 host="127.0.0.1",
                 port=port,
-                ws="wsproto",
+                ws=self.settings.ws_protocol,
                 http=http_protocol(self.settings),
                 lifespan="off",
                 log_level="warning",
