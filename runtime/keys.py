@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import binascii
 import functools
 from dataclasses import dataclass
 
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+# A Redis Cluster's slots; a key's slot is CRC16/XMODEM of its hash tag (or of the whole
+# key) modulo this. Computed here so that naming keys loads no Redis client.
+REDIS_CLUSTER_HASH_SLOTS = 16384
+
+
+def key_slot(key: bytes) -> int:
+    """The cluster slot of ``key`` (the part inside its first non-empty ``{...}``, if any)."""
+    start = key.find(b"{")
+    if start > -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return binascii.crc_hqx(key, 0) % REDIS_CLUSTER_HASH_SLOTS
 
 
 @dataclass(frozen=True)
