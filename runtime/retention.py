@@ -106,7 +106,7 @@ class RetentionStore(Protocol):
         archive: Callable[[list[dict[str, Any]]], Awaitable[None]],
     ) -> tuple[PruneCounts, int]: ...
 
-    def exclusive(self) -> AbstractAsyncContextManager[bool]: ...
+    def exclusive(self, lease_seconds: float = 300.0) -> AbstractAsyncContextManager[bool]: ...
 
 
 def archive_dir(settings: Settings) -> Path:
@@ -192,7 +192,8 @@ async def prune_loop(
     while True:
         await asyncio.sleep(settings.retention_interval_seconds)
         try:
-            async with store.exclusive() as mine:
+            lease = max(settings.retention_interval_seconds * 2, 60.0)
+            async with store.exclusive(lease) as mine:
                 if not mine:
                     continue
                 done = await prune(

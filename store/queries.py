@@ -130,7 +130,8 @@ class Queries:
     retention_audit: str
     retention_delete: str
     retention_dry_run: str
-    retention_lock: str
+    retention_lease_take: str
+    retention_lease_give: str
     # operators (store/operator.py)
     cards_find: str
     card_ids_between: str

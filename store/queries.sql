@@ -1381,10 +1381,19 @@ SELECT (SELECT count(*) FROM doomed) AS threads,
     (SELECT count(*) FROM cards WHERE thread_id IN (SELECT id FROM doomed)
         AND status IN ('executed', 'failed')) AS audited;
 
--- name: retention_lock
--- One scheduled prune at a time across the workers: a session advisory lock, taken on a
--- dedicated connection (never a pooled one, DESIGN.md §9) and released when it closes.
-SELECT pg_try_advisory_lock(hashtext('signoff.retention'));
+-- name: retention_lease_take
+-- One scheduled prune at a time across the workers: a leased row, taken by holder $1 for
+-- $2 seconds when free or lapsed (a killed pruner's lease lapses). Not a session advisory
+-- lock: behind PgBouncer in transaction mode a session lock would stay on a server
+-- connection nobody owns.
+INSERT INTO retention_lease (name, holder, until)
+VALUES ('prune', $1, now() + make_interval(secs => $2))
+ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
+WHERE retention_lease.until < now()
+RETURNING holder;
+
+-- name: retention_lease_give
+DELETE FROM retention_lease WHERE name = 'prune' AND holder = $1;
 
 -- == operators (store/operator.py, `signoff cards`) ======================================
 

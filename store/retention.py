@@ -11,12 +11,13 @@ a re-run finishes the job. The SQL is in ``store/queries.sql`` (``retention_*``)
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import asyncpg
-
+from signoff.runtime.errors import SignoffError
 from signoff.runtime.records import PruneCounts
 from signoff.store.connector import Conn, Connector
 from signoff.store.queries import SQL
@@ -83,13 +84,16 @@ class Retention:
         return await self._db.transaction(go)
 
     @asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[bool]:
+    async def exclusive(self, lease_seconds: float = 300.0) -> AsyncIterator[bool]:
         """Whether this process may run the scheduled prune now (one at a time across the
-        workers): a session advisory lock on a dedicated connection, held while the
-        context is open and released when the connection closes (a killed process's
-        connection dies with it, and so does its lock)."""
-        conn = await asyncpg.connect(self._db.pool.url, timeout=self._db.timeout or 60.0)
+        workers): a lease row, held while the context is open and given back after it; a
+        killed process's lease lapses after ``lease_seconds``. (Two prunes at once would
+        still be safe, each batch locking its threads: the lease only saves the work.)"""
+        holder = secrets.token_hex(8)
+        taken = await self._db.fetchval(SQL.retention_lease_take, holder, lease_seconds)
         try:
-            yield bool(await conn.fetchval(SQL.retention_lock))
+            yield taken is not None
         finally:
-            await conn.close()
+            if taken is not None:
+                with contextlib.suppress(SignoffError):
+                    await self._db.execute(SQL.retention_lease_give, holder)

@@ -237,3 +237,9 @@ ALTER TABLE runs SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_
 ALTER TABLE cards SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
 ALTER TABLE card_events SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
 ALTER TABLE threads SET (autovacuum_vacuum_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.02);
+-- One scheduled prune at a time across the workers: a leased row (retention_lease_take).
+CREATE TABLE retention_lease (
+    name    text PRIMARY KEY,
+    holder  text NOT NULL,
+    until   timestamptz NOT NULL
+);

@@ -10,6 +10,7 @@ count of executions), so tests in any process can check that each card ran once.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any, ClassVar
 
@@ -153,7 +154,11 @@ def build() -> App:
     pools: list[asyncpg.Pool] = []
 
     async def setup(database_url: str) -> asyncpg.Pool:
-        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+        # (as every app behind PgBouncer < 1.21: SIGNOFF_DB_STATEMENT_CACHE_SIZE=0)
+        cache = int(os.environ.get("SIGNOFF_DB_STATEMENT_CACHE_SIZE", "100"))
+        pool = await asyncpg.create_pool(
+            database_url, min_size=1, max_size=4, statement_cache_size=cache
+        )
         await pool.execute(TABLE)
         pools.append(pool)
         return pool

@@ -129,3 +129,10 @@ async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
         url, statement_cache_size=statement_cache_size(), **kwargs
     )
     return conn
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a signoff process a test starts: none of this process's
+    ``SIGNOFF_*`` settings, except the statement cache setting PgBouncer mode needs."""
+    keep = {"SIGNOFF_DB_STATEMENT_CACHE_SIZE"}
+    return {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_") or k in keep}

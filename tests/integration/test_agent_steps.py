@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import asyncpg
 import pytest
 
 from signoff import Edit, InvalidInput, NotParked, WorkflowRun
@@ -20,7 +19,7 @@ from signoff.runtime.workflows.agent_runner import AgentSteps
 from signoff.runtime.workflows.agent_step import CARDS_KEY, AgentStep, workflow_thread_id
 from signoff.runtime.workflows.service import WorkflowService
 from signoff.testing import Harness
-from tests import agent_wf_app
+from tests import agent_wf_app, pgbouncer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -238,7 +237,7 @@ async def test_a_slow_postgres_at_resume_delays_the_map_and_changes_nothing_else
     h: Harness,
 ) -> None:
     run, (a, b, c) = await parked_on_cards(h)
-    conn = await asyncpg.connect(h.database_url)
+    conn = await pgbouncer.connect(h.database_url)
     try:
         async with conn.transaction():  # a long transaction holds the run's row
             await conn.execute("SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE", run.id)
@@ -261,7 +260,7 @@ async def test_cards_that_expire_before_the_resume_let_the_run_go_on(h: Harness)
     """The cards keep their policy's TTL: expired (database clock), the model is told, and
     the step's gate passes by itself (``system:cards``)."""
     run, cards = await parked_on_cards(h)
-    conn = await asyncpg.connect(h.database_url)
+    conn = await pgbouncer.connect(h.database_url)
     try:
         await conn.execute(
             "UPDATE cards SET expires_at = now() - interval '1 second' WHERE run_id = $1",

@@ -20,6 +20,7 @@ from signoff.runtime.cards import Decision, Status
 from signoff.runtime.errors import NotFound, SignoffError, Unavailable
 from signoff.runtime.records import PruneCounts
 from signoff.store.postgres import PostgresStore
+from tests import pgbouncer
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
 
@@ -246,7 +247,7 @@ async def test_a_message_after_the_prune_is_a_clear_error_and_writes_nothing(
 def _prune_cli(
     database_url: str, tenant: str, folder: Path, *faults: str
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+    env = pgbouncer.child_env()
     env.update(
         SIGNOFF_DATABASE_URL=database_url,
         SIGNOFF_RETENTION_TENANTS=f"{tenant}=1",
@@ -321,7 +322,17 @@ async def test_one_scheduled_prune_at_a_time(database_url: str) -> None:
             async with store.retention.exclusive() as second:
                 assert first and not second
         async with store.retention.exclusive() as again:
-            assert again  # released with its connection
+            assert again  # given back when the first one ended
+        # A pruner killed while holding it: its lease lapses, then another takes it.
+        await store.pool.execute(
+            "INSERT INTO retention_lease VALUES ('prune', 'killed', now() + interval '0.3 s')"
+            " ON CONFLICT (name) DO UPDATE SET holder = 'killed', until = EXCLUDED.until"
+        )
+        async with store.retention.exclusive() as during:
+            assert not during
+        await asyncio.sleep(0.4)
+        async with store.retention.exclusive() as after:
+            assert after
     finally:
         await store.close()
 

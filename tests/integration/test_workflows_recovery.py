@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import httpx
 import pytest
 
@@ -39,6 +37,7 @@ from signoff.runtime.workflows.engine import STEP_KINDS, register_step_kind
 from signoff.runtime.workflows.records import GateOpening
 from signoff.runtime.workflows.service import WorkflowService
 from signoff.testing import Harness
+from tests import pgbouncer
 from tests.integration import wf_app
 from tests.integration.wf_app import calls, release
 
@@ -132,7 +131,7 @@ async def test_cli_runs_list_and_show(h: Harness) -> None:
     run = await parked(h)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SIGNOFF_")}
+        env = pgbouncer.child_env()
         env["SIGNOFF_DATABASE_URL"] = h.database_url
         return subprocess.run(
             [sys.executable, "-m", "signoff", "runs", *args],
@@ -280,7 +279,7 @@ async def test_a_slow_postgres_at_resume_delays_it_and_changes_nothing_else(
     h: Harness,
 ) -> None:
     run = await parked(h)
-    conn = await asyncpg.connect(h.database_url)
+    conn = await pgbouncer.connect(h.database_url)
     try:
         async with conn.transaction():  # a long transaction holds the run's row
             await conn.execute("SELECT 1 FROM workflow_runs WHERE id = $1 FOR UPDATE", run.id)
