@@ -35,7 +35,11 @@ _services: list[Services] = []
 
 async def setup(database_url: str) -> Services:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
-    await pool.execute(TABLE)
+    async with pool.acquire() as conn, conn.transaction():
+        # The gateway and the worker start at once: CREATE TABLE IF NOT EXISTS races
+        # (pg_type's unique index), so one creates it at a time.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bench.wf_wakes'))")
+        await conn.execute(TABLE)
     services = Services(pool)
     _services.append(services)
     return services
