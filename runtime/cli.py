@@ -393,7 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "prune": _prune,
         }[args.command]
         with contextlib.suppress(KeyboardInterrupt):
-            return loops.run(runner(args), cfg.from_env().event_loop)
+            chosen = _settings(args)  # flags over the environment, as the command sees them
+            return loops.run(runner(args), chosen.event_loop, chosen.redis_url)
         return 130
     except NoApp as exc:
         print(f"signoff {exc.message}", file=sys.stderr)

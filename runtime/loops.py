@@ -1,7 +1,11 @@
 """The event loop the ``signoff`` processes run on (``SIGNOFF_EVENT_LOOP``).
 
 ``auto`` (the default) runs on uvloop when it is installed (it is a dependency on
-Linux and macOS) and on asyncio's own loop otherwise; ``uvloop`` insists on it;
+Linux and macOS) and on asyncio's own loop otherwise — and on asyncio's loop with a
+Redis Cluster bus: under uvloop a cluster node connection redis-py had closed raised
+``RuntimeError`` (uvloop's closed-transport error) instead of a connection error,
+which redis-py's cluster client does not retry (seen as 500s in
+``tests/e2e/test_redis_cluster.py``); ``uvloop`` insists on it;
 ``asyncio`` keeps the standard loop. uvloop is libuv under asyncio's interface:
 nothing in signoff depends on which loop runs it. What it bought is measured in
 ``bench/README.md`` (levers).
@@ -20,11 +24,14 @@ T = TypeVar("T")
 CHOICES = ("auto", "uvloop", "asyncio")
 
 
-def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+def loop_factory(
+    choice: str, redis_url: str | None = None
+) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The factory for ``asyncio.Runner`` (None: asyncio's default loop)."""
     if choice not in CHOICES:
         raise ConfigError(f"SIGNOFF_EVENT_LOOP must be one of {', '.join(CHOICES)}, not {choice!r}")
-    if choice == "asyncio":
+    cluster = (redis_url or "").lower().split("://", 1)[0].endswith("+cluster")
+    if choice == "asyncio" or (choice == "auto" and cluster):
         return None
     try:
         import uvloop
@@ -36,7 +43,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
-    """``asyncio.run`` on the chosen loop."""
-    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+def run(main: Coroutine[Any, Any, T], choice: str = "auto", redis_url: str | None = None) -> T:
+    """``asyncio.run`` on the chosen loop (``redis_url``: the bus, see ``auto``)."""
+    with asyncio.Runner(loop_factory=loop_factory(choice, redis_url)) as runner:
         return runner.run(main)

@@ -29,3 +29,11 @@ def test_an_unknown_loop_is_a_config_error() -> None:
 def test_the_setting_comes_from_the_environment() -> None:
     assert config.from_env({}).event_loop == "auto"
     assert config.from_env({"SIGNOFF_EVENT_LOOP": "asyncio"}).event_loop == "asyncio"
+
+
+def test_auto_keeps_the_standard_loop_on_a_redis_cluster_bus() -> None:
+    """redis-py's cluster client does not retry uvloop's closed-transport RuntimeError."""
+    cluster = "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"
+    assert not issubclass(loops.run(_loop_type(), "auto", cluster), uvloop.Loop)
+    assert loops.run(_loop_type(), "auto", "redis://127.0.0.1:6379") is uvloop.Loop
+    assert loops.run(_loop_type(), "uvloop", cluster) is uvloop.Loop  # asked for: kept
