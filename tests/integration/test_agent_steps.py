@@ -4,8 +4,8 @@ with every pending card on the interrupt; one resume decides them all (design no
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -20,22 +20,9 @@ from signoff.runtime.workflows.agent_step import CARDS_KEY, AgentStep, workflow_
 from signoff.runtime.workflows.service import WorkflowService
 from signoff.testing import Harness
 from tests import agent_wf_app, pgbouncer
+from tests.integration.wf_kit import OWNER, status_is, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-T = TypeVar("T")
-OWNER = "ana"
-
-
-async def until(fn: Callable[[], Awaitable[T]], timeout: float = 15.0, what: str = "") -> T:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = await fn()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not met within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -45,14 +32,6 @@ async def h(database_url: str) -> AsyncIterator[Harness]:
         agent_wf_app.build, database_url=database_url, offline=True, settings=settings
     ) as harness:
         yield harness
-
-
-def status_is(h: Harness, run_id: str, *statuses: str) -> Callable[[], Awaitable[Any]]:
-    async def check() -> WorkflowRun | None:
-        run = await h.store.workflows.get_workflow_run(run_id)
-        return run if str(run.status) in statuses else None
-
-    return check
 
 
 async def parked_on_cards(h: Harness) -> tuple[WorkflowRun, list[Card]]:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -26,22 +25,9 @@ from signoff.runtime.models.command import CommandModel
 from signoff.testing import Harness
 from tests.integration import wf_app
 from tests.integration.wf_app import calls, release
+from tests.integration.wf_kit import OWNER, parked, start, status_is, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
-
-T = TypeVar("T")
-OWNER = "ana"
-
-
-async def until(fn: Callable[[], Awaitable[T]], timeout: float = 15.0, what: str = "") -> T:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = await fn()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not met within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -51,23 +37,6 @@ async def h(database_url: str) -> AsyncIterator[Harness]:
         wf_app.build(), database_url=database_url, model=CommandModel(), settings=settings
     ) as harness:
         yield harness
-
-
-async def start(h: Harness, name: str, owner: str = OWNER) -> WorkflowRun:
-    return await h.workflows.start(name, tenant=h.tenant, owner=owner)
-
-
-def status_is(h: Harness, run_id: str, *statuses: str) -> Callable[[], Awaitable[Any]]:
-    async def check() -> WorkflowRun | None:
-        run = await h.store.workflows.get_workflow_run(run_id)
-        return run if str(run.status) in statuses else None
-
-    return check
-
-
-async def parked(h: Harness, name: str = "three") -> WorkflowRun:
-    run = await start(h, name)
-    return await until(status_is(h, run.id, "awaiting_human", "awaiting_event"), what="park")
 
 
 async def test_human_gate_parks_resumes_and_completes(h: Harness) -> None:
