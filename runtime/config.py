@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from signoff.runtime import levers
 from signoff.runtime.errors import ConfigError
 
 
@@ -243,6 +244,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"bad setting: {exc}") from exc
     if not settings.worker_id:
         settings = settings.with_(worker_id=f"w-{os.getpid()}-{secrets.token_hex(3)}")
+    levers.disabled(source)  # a misspelt SIGNOFF_DISABLE is refused at start-up
     return settings
 
 

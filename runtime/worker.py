@@ -125,6 +125,8 @@ class Worker:
             await asyncio.wait(list(self._tasks), timeout=10)
         for task in list(self._tasks):
             task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.notify.settle(), 5)  # hints left in flight
         parked = self.waits.parked_cards()
         self.waits.drop_all()
         if not release:

@@ -1,0 +1,58 @@
+"""Speed levers that can be switched off for an A/B run (``SIGNOFF_DISABLE``).
+
+Every lever here is on by default and changes no guarantee (I1-I9); each was measured
+on and off in one run by ``bench/ab.py`` (``bench/README.md``, levers table).
+``SIGNOFF_DISABLE`` names the ones to switch off, comma-separated; it exists for those
+measurements, not as a tuning knob. Unknown names are refused at start-up
+(:class:`~signoff.runtime.errors.ConfigError`), so a typo cannot silently measure the
+wrong thing.
+
+- ``redis-coalesce``: commands issued in one turn of the event loop leave in one write
+  on the pipelined Redis connection (``runtime/bus/pipe.py``).
+- ``hint-overlap``: a hint whose reply nobody needs before going on is not waited for
+  before the next step (the decision's thread hint beside its worker signal, the
+  ``executing`` hint beside the provider call, the wait token's delete).
+- ``group-commit``: decisions arriving while the gateway's deciding statements are all
+  busy are written together by one statement (``store/decide_batch.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from signoff.runtime.errors import ConfigError
+
+LEVERS = ("redis-coalesce", "hint-overlap", "group-commit")
+
+
+def disabled(env: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The levers ``SIGNOFF_DISABLE`` switches off."""
+    raw = (os.environ if env is None else env).get("SIGNOFF_DISABLE", "")
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    unknown = sorted(names - set(LEVERS))
+    if unknown:
+        raise ConfigError(
+            f"SIGNOFF_DISABLE names unknown levers {', '.join(unknown)}; "
+            f"known: {', '.join(LEVERS)}"
+        )
+    return names
+
+
+_disabled: frozenset[str] | None = None
+
+
+def on(name: str) -> bool:
+    """Whether lever ``name`` is on in this process (``SIGNOFF_DISABLE`` is read once, at
+    first use; ``Settings`` checks it at start-up)."""
+    global _disabled
+    assert name in LEVERS, name
+    if _disabled is None:
+        _disabled = disabled()
+    return name not in _disabled
+
+
+def reset() -> None:
+    """Read ``SIGNOFF_DISABLE`` again at the next :func:`on` (tests)."""
+    global _disabled
+    _disabled = None
