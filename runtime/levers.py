@@ -33,8 +33,7 @@ def disabled(env: Mapping[str, str] | None = None) -> frozenset[str]:
     unknown = sorted(names - set(LEVERS))
     if unknown:
         raise ConfigError(
-            f"SIGNOFF_DISABLE names unknown levers {', '.join(unknown)}; "
-            f"known: {', '.join(LEVERS)}"
+            f"SIGNOFF_DISABLE names unknown levers {', '.join(unknown)}; known: {', '.join(LEVERS)}"
         )
     return names
 

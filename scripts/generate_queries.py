@@ -203,6 +203,66 @@ UPDATE cards
             detail="$8::jsonb",
         ),
     ),
+    "card_decide_batch": (
+        "Group commit (lever group-commit, store/group.py): the decisions of card_decide_logged\n"
+        "-- for several cards in one statement, one transaction. Per decision i (arrays, one\n"
+        "-- element each): $1 card, $2 approved|rejected, $3 principal, $4 channel, $5 reason,\n"
+        "-- $6 the hash shown, $7 tenant, $8 the tools served (comma-separated; NULL: any).\n"
+        "-- The cards' threads are locked first, in id order; a thread with k decisions gets\n"
+        "-- k log entries in the order given. One row per card decided, with its position\n"
+        "-- ``ord`` (from 1); a decision with no row changed nothing. Card ids must be distinct.",
+        f"""\
+WITH req AS MATERIALIZED (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::text[])
+        WITH ORDINALITY AS r(card_id, status, principal, channel, reason, hash, tenant, tools,
+                             ord)
+),
+lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id IN (SELECT cards.thread_id FROM cards JOIN req ON cards.id = req.card_id)
+    ORDER BY threads.id FOR NO KEY UPDATE
+),
+c AS (
+    UPDATE cards
+    SET status = req.status, decided_at = now(), decided_by = req.principal,
+        channel = req.channel, reason = req.reason
+    FROM lk, req
+    WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = 'pending'
+      AND cards.owner = req.principal AND cards.snapshot_hash = req.hash
+      AND cards.expires_at > now() AND (req.tenant IS NULL OR cards.tenant = req.tenant)
+      AND (req.tools IS NULL OR cards.tool = ANY (string_to_array(req.tools, ',')))
+    RETURNING cards.*, req.ord, {card_json("cards", "    ")} AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, 'pending', status, decided_by, channel, snapshot_hash,
+        CASE WHEN coalesce(reason, '') = '' THEN '{{}}'::jsonb
+             ELSE jsonb_build_object('reason', reason) END
+    FROM c
+),
+n AS (
+    SELECT c.thread_id AS n_thread, count(*) AS k FROM c GROUP BY c.thread_id
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + n.k FROM n WHERE threads.id = n.n_thread
+    RETURNING threads.id AS t_thread, threads.last_seq AS t_last, n.k AS t_k
+),
+s AS (
+    SELECT c.id AS s_card, t.t_thread AS s_thread,
+        t.t_last - t.t_k + row_number() OVER (PARTITION BY c.thread_id ORDER BY c.ord) AS s_seq
+    FROM c JOIN t ON t.t_thread = c.thread_id
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT s.s_thread, s.s_seq, c.run_id, 'card_update', c.body FROM s JOIN c ON c.id = s.s_card
+    RETURNING thread_id AS m_thread, seq AS m_seq, created_at AS log_at
+)
+SELECT {CARD_COLUMNS},
+    c.body, s.s_seq AS log_seq, m.log_at, c.ord,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c JOIN s ON s.s_card = c.id JOIN m ON m.m_thread = s.s_thread AND m.m_seq = s.s_seq""",
+    ),
     "card_move_logged": (
         "A conditional move $2 -> $3 of card $1 with its audit row and log entry ($4 result,\n"
         "-- $5 actor, $6 channel, $7 detail).",

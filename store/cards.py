@@ -27,6 +27,7 @@ from signoff.runtime.errors import (
 from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, ToolUseOutcome
 from signoff.store import rows
 from signoff.store.connector import Conn, Connector
+from signoff.store.group import GroupCommit
 from signoff.store.queries import SQL
 from signoff.store.threads import append_in
 
@@ -53,6 +54,7 @@ async def move_in(
 class Cards:
     def __init__(self, db: Connector) -> None:
         self._db = db
+        self._group = GroupCommit(db)  # decisions that arrive together, one statement
 
     # -- proposals and reads ----------------------------------------------------------
 
@@ -139,18 +141,17 @@ class Cards:
             raise IllegalTransition("edits go through edit()")
         target = Status.APPROVED if decision is Decision.APPROVE else Status.REJECTED
         cid = rows.uuid_of(card_id)
-        detail = {"reason": reason} if reason else {}
-        row = await self._db.fetchrow(
-            SQL.card_decide_logged,
-            cid,
-            str(target),
-            principal,
-            channel,
-            reason,
-            snapshot_hash,
-            tenant,
-            detail,
-            None if tools is None else ",".join(tools),  # tool names have no commas
+        row = await self._group.decide(
+            (
+                cid,
+                str(target),
+                principal,
+                channel,
+                reason,
+                snapshot_hash,
+                tenant,
+                None if tools is None else ",".join(tools),  # tool names have no commas
+            )
         )
         if row is None:
             now = await self._db.fetchrow(SQL.card_diagnose, cid)

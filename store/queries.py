@@ -65,6 +65,7 @@ class Queries:
     card_lock_thread: str
     card_diagnose: str
     card_decide_logged: str
+    card_decide_batch: str
     card_decide: str
     card_set_superseded_by: str
     card_move_logged: str

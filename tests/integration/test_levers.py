@@ -78,7 +78,9 @@ async def test_a_cards_hints_reach_its_thread_in_log_order(
             finally:
                 reader.cancel()
         entries = [e for hint in got for e in hint.entries]
-        updates = [msgspec.json.decode(e.data)["status"] for e in entries if e.kind == "card_update"]
+        updates = [
+            msgspec.json.decode(e.data)["status"] for e in entries if e.kind == "card_update"
+        ]
         assert updates == ["approved", "executing", "executed"]
         seqs = [e.seq for e in entries]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)

@@ -143,7 +143,7 @@ async def test_commands_of_one_turn_leave_in_one_write(redis_url: str, coalesce:
         writes.append(len(data))
         real_write(data)
 
-    pipe._writer.write = counting  # type: ignore[method-assign]
+    pipe._writer.write = counting  # type: ignore[method-assign,assignment]
     key = f"pipe-{secrets.token_hex(4)}"
     try:
         got = await asyncio.gather(*(pipe.call(b"INCR", key) for _ in range(50)))
