@@ -203,7 +203,7 @@ async def test_a_thread_started_over_whatsapp_appears_in_the_live_list(database_
     """A number's first message makes its thread: the number's open chat page (same
     tenant, user = wa_id) is told on its channel, as for a thread made over HTTP."""
     async with harness(
-        database_url, model=Scripted(pix()), gateway=True, settings=wa_settings()
+        database_url, model=Scripted(pix(), pix()), gateway=True, settings=wa_settings()
     ) as h:
         wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
         ws = await ws_connect(h, wa_id)
@@ -214,14 +214,17 @@ async def test_a_thread_started_over_whatsapp_appears_in_the_live_list(database_
             assert r.status_code == 200, r.text
             changed = await next_frame(ws, "threads_changed")
             assert changed["thread_id"] is None  # the person's channel: re-list
-            made = await h.store.pool.fetchval(
-                "SELECT thread_id::text FROM wa_contacts WHERE tenant = $1 AND wa_id = $2",
-                h.tenant,
-                wa_id,
-            )
+            made = await h.store.whatsapp.contact_thread(h.tenant, wa_id)
+            assert made is not None
             await ws.send(json.dumps({"type": "threads", "id": "t2"}))
             assert [t["id"] for t in (await next_frame(ws, "threads"))["threads"]] == [made]
-            # ... and it is watched from that list on: its card shows up as a change.
+            # ... and it is watched from that list on: deciding its card (made by the
+            # worker, maybe before that list) is a change of that thread.
+            for _ in range(200):
+                if pending := await h.store.pending_cards(made):
+                    break
+                await asyncio.sleep(0.05)
+            await h.decide(pending[0], Decision.REJECT)
             while (await next_frame(ws, "threads_changed"))["thread_id"] != made:
                 pass
             # A second message goes to the same thread: no new thread, no hint of one.
