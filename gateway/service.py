@@ -27,6 +27,15 @@ MAX_TEXT = 8000
 NEW_THREAD = b'{"seq":0}'  # the hint on a person's channel: their thread list changed
 
 
+async def announce_thread(bus: Bus, keys: Keys, tenant: str, user: str) -> bool:
+    """After a new thread of ``user`` is committed (HTTP, WebSocket or a channel such as
+    WhatsApp): sockets watching their thread list (gateway/watch.py) re-list. Never raises
+    (a lost hint only delays the list, which is read from Postgres); True if it went."""
+    return await quietly(
+        bus.publish(keys.user_channel(tenant, user), NEW_THREAD), "thread list hint"
+    )
+
+
 class MessageIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     text: str
 
@@ -118,12 +127,8 @@ class GatewayService:
 
     async def create_thread(self, who: Principal) -> Thread:
         thread = await self.quotas.create_thread(who)
-        # After the commit, never failing the request: sockets watching the person's
-        # thread list (gateway/watch.py) re-list.
-        await quietly(
-            self.bus.publish(self.quotas.keys.user_channel(who.tenant, who.user), NEW_THREAD),
-            "thread list hint",
-        )
+        # After the commit, never failing the request.
+        await announce_thread(self.bus, self.quotas.keys, who.tenant, who.user)
         return thread
 
     async def list_threads(self, who: Principal, limit: int = 50) -> list[dict[str, Any]]:

@@ -6,9 +6,10 @@ one is made, so the page re-lists.
 It rides on the gateway's existing fan-out (``gateway/feed.py``): one listener per
 listed thread on the thread's channel (the same subscription the thread's sockets
 share), and one on the person's channel (``Keys.user_channel``), which
-``GatewayService.create_thread`` hints after a thread is committed. A lost hint only
-delays the list until the next change or reconnect: the list itself is always read
-from Postgres.
+``announce_thread`` (gateway/service.py) hints after a thread is committed: one made
+over HTTP or WebSocket (``GatewayService.create_thread``) or by a WhatsApp number's
+first message (the channel's ``thread_of``). A lost hint only delays the list until the
+next change or reconnect: the list itself is always read from Postgres.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """``signoff prune``: apply the retention policy now (``--dry-run``: only count).
 
-Prints what was deleted (or would be) per rule. Safe beside running workers and another
-prune: threads are taken with ``FOR UPDATE SKIP LOCKED``, each batch is its own
-transaction (runtime/retention.py).
+Prints what was deleted (or would be) per rule, then the channel delivery ids (they
+carry no tenant: pruned by a whole prune, never by one of ``--tenant``). Safe beside
+running workers and another prune: threads and rows are taken with ``FOR UPDATE SKIP
+LOCKED``, each batch is its own transaction (runtime/retention.py).
 """
 
 from __future__ import annotations
@@ -38,11 +39,16 @@ def add_parser(
         help="keep this many days for every tenant without a rule of its own "
         "(SIGNOFF_RETENTION_DAYS; fractions allowed)",
     )
-    pr.add_argument("--tenant", help="prune this tenant only (its own rule, else the default days)")
+    pr.add_argument(
+        "--tenant",
+        help="prune this tenant only (its own rule, else the default days); channel "
+        "delivery ids, which carry no tenant, are left for a whole prune",
+    )
     pr.add_argument(
         "--batch",
         type=int,
-        help="threads deleted per transaction (SIGNOFF_RETENTION_BATCH, 200)",
+        help="threads (or WhatsApp bookkeeping rows) deleted per transaction "
+        "(SIGNOFF_RETENTION_BATCH, 200)",
     )
     pr.add_argument(
         "--archive-dir",
@@ -89,15 +95,20 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         await store.close()
     if args.json:
-        print(json.dumps({"dry_run": args.dry_run, "rules": msgspec.to_builtins(done)}))
+        print(json.dumps({"dry_run": args.dry_run, **msgspec.to_builtins(done)}))
         return 0
     verb = "would delete" if args.dry_run else "deleted"
-    for label, counts in done.items():
+    for label, counts in done.rules.items():
         who = "every other tenant" if label == retention.DEFAULT_RULE else f"tenant {label}"
         print(
             f"{who}: {verb} {counts.threads} threads, {counts.messages} messages, "
             f"{counts.runs} runs, {counts.cards} cards ({counts.audited} audited cards"
             + ("" if args.dry_run else f" exported to {archive.folder}")
-            + ")"
+            + f"), {counts.wa_outbound} finished WhatsApp outbound rows"
+        )
+    if done.deliveries_days:
+        print(
+            f"channel deliveries: {verb} {done.deliveries} delivery ids older than "
+            f"{done.deliveries_days:g} days (kept at least 7 days for Meta's redelivery)"
         )
     return 0

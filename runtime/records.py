@@ -125,14 +125,17 @@ class ToolUseOutcome(msgspec.Struct, frozen=True):
 
 
 class PruneCounts(msgspec.Struct, frozen=True, kw_only=True):
-    """What a prune deleted (or, dry, would delete): threads and the rows that went with
-    them; ``audited``: cards that reached the provider, whose audit was exported first."""
+    """What a prune deleted (or, dry, would delete) under one rule: threads and the rows
+    that went with them; ``audited``: cards that reached the provider, whose audit was
+    exported first; ``wa_outbound``: finished WhatsApp outbound rows of the rule's
+    tenants."""
 
     threads: int = 0
     messages: int = 0
     runs: int = 0
     cards: int = 0
     audited: int = 0
+    wa_outbound: int = 0
 
     def __add__(self, other: PruneCounts) -> PruneCounts:
         return PruneCounts(
@@ -141,4 +144,15 @@ class PruneCounts(msgspec.Struct, frozen=True, kw_only=True):
             runs=self.runs + other.runs,
             cards=self.cards + other.cards,
             audited=self.audited + other.audited,
+            wa_outbound=self.wa_outbound + other.wa_outbound,
         )
+
+
+class PruneReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole prune: the counts of each rule (by tenant, ``*`` for the default rule), and
+    the channel delivery ids deleted (they carry no tenant: pruned once for the policy,
+    older than ``deliveries_days``; 0 days: not pruned by this run)."""
+
+    rules: dict[str, PruneCounts] = {}
+    deliveries: int = 0
+    deliveries_days: float = 0.0

@@ -7,6 +7,11 @@ the audit of every card that reached the provider (executed or failed) is first 
 to a JSONL file in the archive folder and synced to disk (at least once: a batch retried
 after a lost race writes its lines again; card ids are unique, so a reader dedupes).
 
+The WhatsApp channel's bookkeeping goes with it: finished ``wa_outbound`` rows (sent,
+failed, skipped; never one still claimed) of each rule's tenants once older than the
+rule, and ``deliveries`` (inbound message ids, no tenant) once older than the policy's
+longest rule and never younger than Meta's 7 days of redelivery.
+
 ``signoff prune`` runs it by hand (``--dry-run`` counts); workers run it every
 ``retention_interval_seconds``, one at a time (``RetentionStore.exclusive``). Each batch
 is its own transaction, so a prune killed half-way is finished by the next one.
@@ -20,6 +25,7 @@ import os
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,12 +34,16 @@ import msgspec
 from signoff.runtime.config import Settings, data_path
 from signoff.runtime.errors import ConfigError, SignoffError
 from signoff.runtime.faults import Faults
-from signoff.runtime.records import PruneCounts
+from signoff.runtime.records import PruneCounts, PruneReport
 
 log = logging.getLogger("signoff.retention")
 
 DAY = 86_400.0
 DEFAULT_RULE = "*"  # the label of the rule for every tenant without one of its own
+# Meta redelivers an unacknowledged webhook for up to about 7 days; a delivery id
+# forgotten sooner would let a late redelivery be handled twice (a second model turn, a
+# second reply). Delivery ids are kept at least this long whatever the rules say.
+DELIVERY_DEDUP_SECONDS = 7 * DAY
 
 
 class ArchiveFailed(SignoffError):
@@ -106,6 +116,18 @@ class RetentionStore(Protocol):
         archive: Callable[[list[dict[str, Any]]], Awaitable[None]],
     ) -> tuple[PruneCounts, int]: ...
 
+    async def prune_outbound(
+        self, tenant: str | None, older_than_seconds: float, exclude: list[str], limit: int
+    ) -> int: ...
+
+    async def count_outbound(
+        self, tenant: str | None, older_than_seconds: float, exclude: list[str]
+    ) -> int: ...
+
+    async def prune_deliveries(self, older_than_seconds: float, limit: int) -> int: ...
+
+    async def count_deliveries(self, older_than_seconds: float) -> int: ...
+
     def exclusive(self, lease_seconds: float = 300.0) -> AbstractAsyncContextManager[bool]: ...
 
 
@@ -151,6 +173,27 @@ class JsonlArchive:
             os.close(fd)
 
 
+async def _drain(batch: Callable[[], Awaitable[int]], size: int) -> int:
+    """Run a batch (one statement deleting at most ``size`` rows) until one comes back
+    short; how many went in all."""
+    total = 0
+    while True:
+        gone = await batch()
+        total += gone
+        if gone < size:
+            return total
+
+
+def deliveries_window(policy: Policy) -> float:
+    """Seconds a channel delivery id is kept: ``deliveries`` carries no tenant, so the
+    policy's longest deleting rule applies to all of them, and never less than Meta's
+    redelivery period (:data:`DELIVERY_DEDUP_SECONDS`). 0: the policy deletes nothing."""
+    rules = policy.rules()
+    if not rules:
+        return 0.0
+    return max(max(seconds for _, seconds in rules), DELIVERY_DEDUP_SECONDS)
+
+
 async def prune(
     store: RetentionStore,
     policy: Policy,
@@ -160,26 +203,41 @@ async def prune(
     dry_run: bool = False,
     only: str | None = None,
     faults: Faults | None = None,
-) -> dict[str, PruneCounts]:
+) -> PruneReport:
     """Apply every rule of ``policy`` (or ``only`` that tenant's) until nothing is left to
-    prune; what was deleted (dry: would be), by rule (tenant, or ``*`` for the default)."""
+    prune; what was deleted (dry: would be), by rule (tenant, or ``*`` for the default).
+
+    Each rule deletes its quiet threads, then its tenants' finished WhatsApp outbound rows
+    older than the rule. Channel delivery ids (no tenant) go last, once for the whole
+    policy (:func:`deliveries_window`); a prune of ``only`` one tenant leaves them."""
     named = sorted(policy.tenants)
+    size = max(batch, 1)
     done: dict[str, PruneCounts] = {}
     for tenant, seconds in policy.rules(only):
         label = tenant or DEFAULT_RULE
         if dry_run:
-            done[label] = await store.dry_run(tenant, seconds, named)
+            counts = await store.dry_run(tenant, seconds, named)
+            outbound = await store.count_outbound(tenant, seconds, named)
+            done[label] = counts + PruneCounts(wa_outbound=outbound)
             continue
         total = PruneCounts()
         while True:
-            counts, picked = await store.prune_batch(tenant, seconds, named, max(batch, 1), archive)
+            counts, picked = await store.prune_batch(tenant, seconds, named, size, archive)
             total += counts
             if counts.threads and faults is not None:
                 faults.hit("prune.after_batch")
-            if picked < max(batch, 1):
+            if picked < size:
                 break
-        done[label] = total
-    return done
+        outbound = await _drain(partial(store.prune_outbound, tenant, seconds, named, size), size)
+        done[label] = total + PruneCounts(wa_outbound=outbound)
+    keep = deliveries_window(policy) if only is None else 0.0
+    deliveries = 0
+    if keep:
+        if dry_run:
+            deliveries = await store.count_deliveries(keep)
+        else:
+            deliveries = await _drain(partial(store.prune_deliveries, keep, size), size)
+    return PruneReport(rules=done, deliveries=deliveries, deliveries_days=keep / DAY)
 
 
 async def prune_loop(
@@ -199,9 +257,16 @@ async def prune_loop(
                 done = await prune(
                     store, policy, archive=archive, batch=settings.retention_batch, faults=faults
                 )
-            deleted = sum(c.threads for c in done.values())
-            if deleted:
-                log.info("retention: pruned %d threads (%s)", deleted, msgspec.to_builtins(done))
+            threads = sum(c.threads for c in done.rules.values())
+            outbound = sum(c.wa_outbound for c in done.rules.values())
+            if threads or outbound or done.deliveries:
+                log.info(
+                    "retention: pruned %d threads, %d WhatsApp outbound rows, %d delivery ids (%s)",
+                    threads,
+                    outbound,
+                    done.deliveries,
+                    msgspec.to_builtins(done),
+                )
         except SignoffError as exc:
             log.warning("retention: prune failed (%s); trying again later", exc)
         except Exception:

@@ -131,6 +131,10 @@ class Queries:
     retention_audit: str
     retention_delete: str
     retention_dry_run: str
+    retention_outbound_delete: str
+    retention_outbound_dry_run: str
+    retention_deliveries_delete: str
+    retention_deliveries_dry_run: str
     retention_lease_take: str
     retention_lease_give: str
     # operators (store/operator.py)

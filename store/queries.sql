@@ -1381,6 +1381,54 @@ SELECT (SELECT count(*) FROM doomed) AS threads,
     (SELECT count(*) FROM cards WHERE thread_id IN (SELECT id FROM doomed)
         AND status IN ('executed', 'failed')) AS audited;
 
+-- name: retention_outbound_delete
+-- Up to $3 finished WhatsApp outbound rows (sent, failed or skipped) of the rule's tenants
+-- ($1 and $4 as in retention_pick) made before now() - $2 seconds, oldest first; how many
+-- went. A row still 'claimed' (being sent, or waiting for another gateway's courier to
+-- take it over) is never deleted; a row another prune holds is skipped. A finished row is
+-- no longer needed: the contact's cursor (sent_seq) moved past its entry when it was
+-- claimed, and a direct reply's inbound delivery is deduplicated by `deliveries`.
+WITH doomed AS (
+    SELECT key FROM wa_outbound
+    WHERE status IN ('sent', 'failed', 'skipped')
+        AND (($1::text IS NULL AND NOT (tenant = ANY($4::text[]))) OR tenant = $1)
+        AND created_at < now() - make_interval(secs => $2::float8)
+    ORDER BY created_at LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM wa_outbound o USING doomed
+    WHERE o.key = doomed.key AND o.status IN ('sent', 'failed', 'skipped')
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: retention_outbound_dry_run
+-- How many rows retention_outbound_delete would find without a limit ($1..$3 as in
+-- retention_dry_run).
+SELECT count(*) FROM wa_outbound
+WHERE status IN ('sent', 'failed', 'skipped')
+    AND (($1::text IS NULL AND NOT (tenant = ANY($3::text[]))) OR tenant = $1)
+    AND created_at < now() - make_interval(secs => $2::float8);
+
+-- name: retention_deliveries_delete
+-- Up to $2 channel delivery ids received before now() - $1 seconds, oldest first; how many
+-- went. They carry no tenant: the caller picks the window (never under Meta's 7 days of
+-- redelivery, runtime/retention.py). A row another prune holds is skipped.
+WITH doomed AS (
+    SELECT channel, message_id FROM deliveries
+    WHERE received_at < now() - make_interval(secs => $1::float8)
+    ORDER BY received_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM deliveries d USING doomed
+    WHERE d.channel = doomed.channel AND d.message_id = doomed.message_id
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: retention_deliveries_dry_run
+SELECT count(*) FROM deliveries WHERE received_at < now() - make_interval(secs => $1::float8);
+
 -- name: retention_lease_take
 -- One scheduled prune at a time across the workers: a leased row, taken by holder $1 for
 -- $2 seconds when free or lapsed (a killed pruner's lease lapses). Not a session advisory

@@ -6,7 +6,10 @@ statement, the audit of their executed and failed cards is handed to ``archive``
 (written and synced before anything is deleted), then the threads are deleted and their
 rows go by ``ON DELETE CASCADE``. Two prunes at once take disjoint threads; a prune
 killed between batches leaves every batch it committed done and nothing half-done, and
-a re-run finishes the job. The SQL is in ``store/queries.sql`` (``retention_*``).
+a re-run finishes the job. The WhatsApp channel's bookkeeping (finished ``wa_outbound``
+rows, ``deliveries``) is deleted the same way: batches of rows taken ``FOR UPDATE SKIP
+LOCKED``, oldest first, each batch one statement. The SQL is in ``store/queries.sql``
+(``retention_*``).
 """
 
 from __future__ import annotations
@@ -82,6 +85,38 @@ class Retention:
             return counts, len(picked)
 
         return await self._db.transaction(go)
+
+    async def prune_outbound(
+        self, tenant: str | None, older_than_seconds: float, exclude: list[str], limit: int
+    ) -> int:
+        """Delete up to ``limit`` finished WhatsApp outbound rows (sent, failed, skipped) of
+        the rule's tenants older than the window, in one transaction; how many went. Rows
+        still ``claimed`` are never touched."""
+        value = await self._db.fetchval(
+            SQL.retention_outbound_delete, tenant, older_than_seconds, limit, exclude
+        )
+        return int(value or 0)
+
+    async def count_outbound(
+        self, tenant: str | None, older_than_seconds: float, exclude: list[str]
+    ) -> int:
+        """What :meth:`prune_outbound` would delete now, without a limit (dry run)."""
+        value = await self._db.fetchval(
+            SQL.retention_outbound_dry_run, tenant, older_than_seconds, exclude
+        )
+        return int(value or 0)
+
+    async def prune_deliveries(self, older_than_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` channel delivery ids received before the window, in one
+        transaction; how many went. The caller keeps the window above Meta's redelivery
+        period (runtime/retention.py)."""
+        value = await self._db.fetchval(SQL.retention_deliveries_delete, older_than_seconds, limit)
+        return int(value or 0)
+
+    async def count_deliveries(self, older_than_seconds: float) -> int:
+        """What :meth:`prune_deliveries` would delete now, without a limit (dry run)."""
+        value = await self._db.fetchval(SQL.retention_deliveries_dry_run, older_than_seconds)
+        return int(value or 0)
 
     @asynccontextmanager
     async def exclusive(self, lease_seconds: float = 300.0) -> AsyncIterator[bool]:

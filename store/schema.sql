@@ -243,3 +243,8 @@ CREATE TABLE retention_lease (
     holder  text NOT NULL,
     until   timestamptz NOT NULL
 );
+-- Retention of the WhatsApp bookkeeping (migration 0010): deliveries by age, finished
+-- outbound rows by age, oldest first.
+CREATE INDEX deliveries_received ON deliveries (received_at);
+CREATE INDEX wa_outbound_finished ON wa_outbound (created_at)
+    WHERE status IN ('sent', 'failed', 'skipped');

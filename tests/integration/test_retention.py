@@ -88,7 +88,7 @@ async def prune(
         dry_run=dry_run,
         only=h.tenant,
     )
-    return done.get(h.tenant, PruneCounts())
+    return done.rules.get(h.tenant, PruneCounts())
 
 
 def audit_lines(folder: Path) -> list[dict[str, Any]]:
@@ -168,7 +168,7 @@ async def test_another_tenant_and_a_zero_rule_are_kept(database_url: str, tmp_pa
             policy = retention.Policy.parse(0, [f"{a.tenant}=1", f"{b.tenant}=0"])
             archive = retention.JsonlArchive(tmp_path)
             done = await retention.prune(a.store.retention, policy, archive=archive)
-            assert done[a.tenant].threads == 1 and b.tenant not in done
+            assert done.rules[a.tenant].threads == 1 and b.tenant not in done.rules
             assert (await rows_of(b.store, [tb]))["threads"] == 1
             assert (await rows_of(a.store, [ta]))["threads"] == 0
 

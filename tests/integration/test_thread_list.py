@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,9 +15,12 @@ import pytest
 
 from signoff.gateway.service import GatewayService
 from signoff.runtime.cards import Decision
+from signoff.runtime.config import Settings
+from signoff.testing import delivery, signed, text_message
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
 from tests.integration.test_gateway import auth, ws_connect
+from tests.integration.test_quotas import queued_jobs
 
 pytestmark = pytest.mark.anyio
 
@@ -174,3 +178,82 @@ async def test_a_thread_is_made_and_listed_when_its_hint_cannot_be_published(h: 
         assert [t["id"] for t in (await listed(h, "carol")).json()["threads"]] == [made]
     finally:
         service.bus = service.bus._bus
+
+
+WA_SECRET = "wa-secret"
+
+
+def wa_settings() -> Settings:
+    return Settings(
+        whatsapp_phone_number_id="100",
+        whatsapp_token="wa-token",
+        whatsapp_app_secret=WA_SECRET,
+        whatsapp_verify_token="verify",
+        whatsapp_base_url="http://127.0.0.1:9",  # nothing is sent in these tests
+    )
+
+
+async def wa_post(h: Harness, message: dict[str, Any]) -> httpx.Response:
+    body = delivery(message)
+    async with httpx.AsyncClient(base_url=h.base_url, timeout=30) as c:
+        return await c.post("/v1/whatsapp/webhook", content=body, headers=signed(body, WA_SECRET))
+
+
+async def test_a_thread_started_over_whatsapp_appears_in_the_live_list(database_url: str) -> None:
+    """A number's first message makes its thread: the number's open chat page (same
+    tenant, user = wa_id) is told on its channel, as for a thread made over HTTP."""
+    async with harness(
+        database_url, model=Scripted(pix(), pix()), gateway=True, settings=wa_settings()
+    ) as h:
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        ws = await ws_connect(h, wa_id)
+        try:
+            await ws.send(json.dumps({"type": "threads", "id": "t1"}))
+            assert (await next_frame(ws, "threads"))["threads"] == []
+            r = await wa_post(h, text_message(wa_id, "cobre 150 do João"))
+            assert r.status_code == 200, r.text
+            changed = await next_frame(ws, "threads_changed")
+            assert changed["thread_id"] is None  # the person's channel: re-list
+            made = await h.store.whatsapp.contact_thread(h.tenant, wa_id)
+            assert made is not None
+            await ws.send(json.dumps({"type": "threads", "id": "t2"}))
+            assert [t["id"] for t in (await next_frame(ws, "threads"))["threads"]] == [made]
+            # ... and it is watched from that list on: deciding its card (made by the
+            # worker, maybe before that list) is a change of that thread.
+            for _ in range(200):
+                if pending := await h.store.pending_cards(made):
+                    break
+                await asyncio.sleep(0.05)
+            await h.decide(pending[0], Decision.REJECT)
+            while (await next_frame(ws, "threads_changed"))["thread_id"] != made:
+                pass
+            # A second message goes to the same thread: no new thread, no hint of one.
+            assert (await wa_post(h, text_message(wa_id, "saldo"))).status_code == 200
+            n = await h.store.pool.fetchval(
+                "SELECT count(*) FROM threads WHERE tenant = $1 AND owner = $2", h.tenant, wa_id
+            )
+            assert n == 1
+        finally:
+            await ws.close()
+
+
+async def test_a_whatsapp_thread_is_made_when_its_hint_cannot_be_published(
+    database_url: str,
+) -> None:
+    async with harness(
+        database_url,
+        model=Scripted(pix()),
+        gateway=True,
+        settings=wa_settings(),
+        start_worker=False,
+    ) as h:
+        channel = h.asgi.state.whatsapp
+        channel.bus = _DeadPublish(channel.bus)
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        r = await wa_post(h, text_message(wa_id, "cobre 150 do João"))
+        assert r.status_code == 200, r.text  # the hint failed after the commit: still 200
+        [made] = (await listed(h, wa_id)).json()["threads"]
+        # ... and the message was queued on its thread, once.
+        assert [(j.thread_id, j.text) for j in await queued_jobs(h)] == [
+            (made["id"], "cobre 150 do João")
+        ]

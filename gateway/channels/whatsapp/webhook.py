@@ -21,6 +21,7 @@ from signoff.gateway.channels.whatsapp.courier import Courier, OutboundRows
 from signoff.gateway.channels.whatsapp.graph import GraphSender
 from signoff.gateway.http import error_response, json_response
 from signoff.gateway.quotas import MemoryLedger, Quotas
+from signoff.gateway.service import announce_thread
 from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
@@ -165,6 +166,9 @@ class WhatsAppChannel:
             again = await self.rows.contact_thread(self.tenant, wa_id)
             assert again is not None
             return again
+        # The number's thread is committed: a chat page of the same person (tenant,
+        # wa_id) re-lists, as for a thread made over HTTP. Never fails the delivery.
+        await announce_thread(self.bus, self.quotas.keys, self.tenant, wa_id)
         return bound
 
     async def text(self, item: inbound.Inbound) -> None:
