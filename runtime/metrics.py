@@ -113,11 +113,11 @@ class Counters:
         "signoff_runs_adopted_total": "Runs whose holder's lease lapsed, adopted here.",
         "signoff_whatsapp_sent_total": "WhatsApp messages the Graph API accepted.",
         "signoff_whatsapp_failed_total": "WhatsApp messages given up after their attempts.",
-        "signoff_group_commit_batches_total": "Statements that wrote several decisions at "
-        "once (group commit, store/group.py).",
-        "signoff_group_commit_decisions_total": "Decisions written by those statements.",
+        "signoff_group_commit_batches_total": "Statements that wrote several card "
+        "transitions at once (group commit, store/group.py).",
+        "signoff_group_commit_transitions_total": "Card transitions written by those statements.",
         "signoff_group_commit_fallbacks_total": "Batches that failed as a whole, their "
-        "decisions then run one by one.",
+        "transitions then run one by one.",
     }
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:

@@ -139,6 +139,10 @@ class Notifier:
         if not self.overlap:
             await started
 
+    def sending(self) -> bool:
+        """Whether a send started by :meth:`later` is still in flight."""
+        return bool(self._later)
+
     async def settle(self) -> None:
         """Wait for every send started by :meth:`later` (shutdown, tests)."""
         while self._later:
@@ -199,8 +203,8 @@ class Notifier:
         if card.status is not Status.PENDING:
             # The card left pending (decided, expired, superseded): its wait token has
             # served (the signal above read it if it needed to). Deleted, not left to
-            # expire; nobody waits for the delete (a token left over only expires).
-            await self.aside(self.clear_wait(card.id))
+            # expire, before the caller is answered (while the thread hint is in flight).
+            await self.clear_wait(card.id)
         await hint
         return heard
 

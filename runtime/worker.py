@@ -147,13 +147,17 @@ class Worker:
         return task
 
     def busy(self) -> bool:
-        return bool(self._tasks)
+        return bool(self._tasks) or self.notify.sending()
 
     async def idle(self, timeout: float = 10.0) -> None:
-        """Wait until no step is in flight (tests and burst mode)."""
+        """Wait until no step is in flight and no hint is being sent (tests, burst mode)."""
         deadline = time.monotonic() + timeout
-        while self._tasks and time.monotonic() < deadline:
-            await asyncio.wait(list(self._tasks), timeout=deadline - time.monotonic())
+        while self.busy() and time.monotonic() < deadline:
+            left = deadline - time.monotonic()
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=left)
+            else:
+                await asyncio.wait_for(self.notify.settle(), left)
 
     # -- running turns -------------------------------------------------------------
 

@@ -156,6 +156,73 @@ def move_logged(also: str = "") -> str:
     )
 
 
+def batch_logged(columns: str, update: str, event: str, also: str = "") -> str:
+    """Group commit (lever group-commit, ``store/group.py``): the transitions of several
+    distinct cards in one statement, one transaction. ``columns``: the ``unnest`` of the
+    parameter arrays, one element per transition, as ``req(card_id, ...)`` with its
+    position ``ord``; ``update``: the ``UPDATE cards ... FROM lk, req WHERE ...`` (no
+    RETURNING); ``event``: the ``card_events`` values selected from ``c``. The cards'
+    threads are locked first, in id order; a thread with k transitions gets k log
+    entries in the order given. One row per card moved, with ``ord``."""
+    return f"""\
+WITH req AS MATERIALIZED (
+    {columns}
+),
+lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id IN (SELECT cards.thread_id FROM cards JOIN req ON cards.id = req.card_id)
+    ORDER BY threads.id FOR NO KEY UPDATE
+),
+c AS (
+    {update}
+    RETURNING cards.*, req.*, {card_json("cards", "    ")} AS body
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    {event}
+    FROM c
+),
+n AS (
+    SELECT c.thread_id AS n_thread, count(*) AS k FROM c GROUP BY c.thread_id
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + n.k FROM n WHERE threads.id = n.n_thread
+    RETURNING threads.id AS t_thread, threads.last_seq AS t_last, n.k AS t_k
+),
+s AS (
+    SELECT c.id AS s_card, t.t_thread AS s_thread,
+        t.t_last - t.t_k + row_number() OVER (PARTITION BY c.thread_id ORDER BY c.ord) AS s_seq
+    FROM c JOIN t ON t.t_thread = c.thread_id
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT s.s_thread, s.s_seq, c.run_id, 'card_update', c.body FROM s JOIN c ON c.id = s.s_card
+    RETURNING thread_id AS m_thread, seq AS m_seq, created_at AS log_at
+){also}
+SELECT {CARD_COLUMNS},
+    c.body, s.s_seq AS log_seq, m.log_at, c.ord,
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
+FROM c JOIN s ON s.s_card = c.id JOIN m ON m.m_thread = s.s_thread AND m.m_seq = s.s_seq"""
+
+
+_BATCH_MOVE = """\
+UPDATE cards
+    SET status = req.dst,
+        result = COALESCE(req.r_result::jsonb, cards.result),
+        executing_since = CASE WHEN req.dst = 'executing' THEN now()
+                               ELSE cards.executing_since END
+    FROM lk, req
+    WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = req.src"""
+
+_BATCH_MOVE_COLUMNS = """\
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                         $7::text[], $8::text[])
+        WITH ORDINALITY AS r(card_id, src, dst, r_result, actor, r_channel, detail, outcome,
+                             ord)"""
+
+_BATCH_MOVE_EVENT = "SELECT id, src, status, actor, r_channel, NULL, detail::jsonb"
+
+
 # name -> (what it does, the statement). The order is the order they are appended in.
 GENERATED: dict[str, tuple[str, str]] = {
     "card_propose": (
@@ -204,64 +271,59 @@ UPDATE cards
         ),
     ),
     "card_decide_batch": (
-        "Group commit (lever group-commit, store/group.py): the decisions of card_decide_logged\n"
-        "-- for several cards in one statement, one transaction. Per decision i (arrays, one\n"
-        "-- element each): $1 card, $2 approved|rejected, $3 principal, $4 channel, $5 reason,\n"
+        "Group commit of card_decide_logged (store/group.py): per decision (arrays, one\n"
+        "-- element each) $1 card, $2 approved|rejected, $3 principal, $4 channel, $5 reason,\n"
         "-- $6 the hash shown, $7 tenant, $8 the tools served (comma-separated; NULL: any).\n"
-        "-- The cards' threads are locked first, in id order; a thread with k decisions gets\n"
-        "-- k log entries in the order given. One row per card decided, with its position\n"
-        "-- ``ord`` (from 1); a decision with no row changed nothing. Card ids must be distinct.",
-        f"""\
-WITH req AS MATERIALIZED (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+        "-- Card ids distinct; one row per card decided, with its position ``ord`` (from 1).",
+        batch_logged(
+            """\
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::text[])
-        WITH ORDINALITY AS r(card_id, status, principal, channel, reason, hash, tenant, tools,
-                             ord)
-),
-lk AS MATERIALIZED (
-    SELECT threads.id AS locked FROM threads
-    WHERE threads.id IN (SELECT cards.thread_id FROM cards JOIN req ON cards.id = req.card_id)
-    ORDER BY threads.id FOR NO KEY UPDATE
-),
-c AS (
-    UPDATE cards
-    SET status = req.status, decided_at = now(), decided_by = req.principal,
-        channel = req.channel, reason = req.reason
+        WITH ORDINALITY AS r(card_id, dst, principal, r_channel, r_reason, hash, r_tenant,
+                             tools, ord)""",
+            """\
+UPDATE cards
+    SET status = req.dst, decided_at = now(), decided_by = req.principal,
+        channel = req.r_channel, reason = req.r_reason
     FROM lk, req
     WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = 'pending'
       AND cards.owner = req.principal AND cards.snapshot_hash = req.hash
-      AND cards.expires_at > now() AND (req.tenant IS NULL OR cards.tenant = req.tenant)
-      AND (req.tools IS NULL OR cards.tool = ANY (string_to_array(req.tools, ',')))
-    RETURNING cards.*, req.ord, {card_json("cards", "    ")} AS body
-),
-ev AS (
-    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
-    SELECT id, 'pending', status, decided_by, channel, snapshot_hash,
-        CASE WHEN coalesce(reason, '') = '' THEN '{{}}'::jsonb
-             ELSE jsonb_build_object('reason', reason) END
-    FROM c
-),
-n AS (
-    SELECT c.thread_id AS n_thread, count(*) AS k FROM c GROUP BY c.thread_id
-),
-t AS (
-    UPDATE threads SET last_seq = threads.last_seq + n.k FROM n WHERE threads.id = n.n_thread
-    RETURNING threads.id AS t_thread, threads.last_seq AS t_last, n.k AS t_k
-),
-s AS (
-    SELECT c.id AS s_card, t.t_thread AS s_thread,
-        t.t_last - t.t_k + row_number() OVER (PARTITION BY c.thread_id ORDER BY c.ord) AS s_seq
-    FROM c JOIN t ON t.t_thread = c.thread_id
-),
-m AS (
-    INSERT INTO messages (thread_id, seq, run_id, kind, body)
-    SELECT s.s_thread, s.s_seq, c.run_id, 'card_update', c.body FROM s JOIN c ON c.id = s.s_card
-    RETURNING thread_id AS m_thread, seq AS m_seq, created_at AS log_at
-)
-SELECT {CARD_COLUMNS},
-    c.body, s.s_seq AS log_seq, m.log_at, c.ord,
-    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
-FROM c JOIN s ON s.s_card = c.id JOIN m ON m.m_thread = s.s_thread AND m.m_seq = s.s_seq""",
+      AND cards.expires_at > now() AND (req.r_tenant IS NULL OR cards.tenant = req.r_tenant)
+      AND (req.tools IS NULL OR cards.tool = ANY (string_to_array(req.tools, ',')))""",
+            """\
+SELECT id, 'pending', status, principal, r_channel, hash,
+        CASE WHEN coalesce(r_reason, '') = '' THEN '{}'::jsonb
+             ELSE jsonb_build_object('reason', r_reason) END""",
+        ),
+    ),
+    "card_begin_batch": (
+        "Group commit of card_begin_execution: per move (arrays) $1 card, $2 from, $3 to,\n"
+        "-- $4 result (JSON text), $5 actor, $6 channel, $7 detail (JSON text), $8 unused.\n"
+        "-- Card ids distinct; one row per card moved, with ``ord``.",
+        batch_logged(
+            _BATCH_MOVE_COLUMNS,
+            _BATCH_MOVE,
+            _BATCH_MOVE_EVENT,
+            """,
+op AS (
+    INSERT INTO operations (operation_id, card_id, tool, status)
+    SELECT operation_id, id, tool, 'started' FROM c
+)""",
+        ),
+    ),
+    "card_finish_batch": (
+        "Group commit of card_finish_execution: the parameters of card_begin_batch, $8 the\n"
+        "-- operation's outcome.",
+        batch_logged(
+            _BATCH_MOVE_COLUMNS,
+            _BATCH_MOVE,
+            _BATCH_MOVE_EVENT,
+            """,
+op AS (
+    UPDATE operations SET status = c.outcome, result = c.r_result::jsonb, finished_at = now()
+    FROM c WHERE operations.operation_id = c.operation_id
+)""",
+        ),
     ),
     "card_move_logged": (
         "A conditional move $2 -> $3 of card $1 with its audit row and log entry ($4 result,\n"

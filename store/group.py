@@ -1,20 +1,22 @@
-"""Group commit of decisions: those that arrive while the deciding statements are all busy
+"""Group commit of card transitions: those that arrive while their statements are all busy
 are written together, by one statement (lever ``group-commit``, ``runtime/levers.py``).
 
-At most ``SLOTS`` deciding statements of a process are in flight. A decision that finds a
-slot free runs ``card_decide_logged`` at once, as it always did: an unloaded gateway
-waits for nothing. One that finds them all busy queues; when a slot frees, everything
-queued (up to ``MAX_BATCH`` decisions, one per card) goes in one ``card_decide_batch``
-statement: one transaction, one commit, one round trip instead of one each, which is
-what a saturated gateway and Postgres spend their time on.
+A :class:`GroupCommit` serves one kind of transition (a person's decision; a worker's
+``approved -> executing``; its ``executing -> executed|failed``). At most ``SLOTS`` of its
+statements are in flight per process. A transition that finds a slot free runs its single
+statement at once, as it always did: an unloaded process waits for nothing. One that
+finds them all busy queues; when a slot frees, everything queued (up to ``MAX_BATCH``
+transitions, one per card) goes in one ``card_*_batch`` statement: one transaction, one
+commit and one round trip instead of one each, which is what a saturated process and
+Postgres spend their time on.
 
-Each caller is still answered only after the commit that carries its decision, with the
-row its own statement would have returned, or ``None`` when its decision changed
-nothing (the caller then diagnoses why, as it always did: ``Cards.decide``). The batch
+Each caller is still answered only after the commit that carries its transition, with the
+row its own statement would have returned, or ``None`` when it changed nothing (the
+caller then finds out why, as it always did, e.g. ``Cards.decide``'s diagnosis). A batch
 statement locks the cards' threads in id order before any card (the one lock order,
-note 16), and writes k log entries in order for a thread with k decisions. If the batch
-statement fails as a whole, each of its decisions is run again on its own: a refusal
-or error is never shared with another person's decision.
+note 16) and writes k log entries, in order, for a thread with k transitions. If it fails
+as a whole, each of its transitions is run again on its own: one person's refusal or
+error is never another's.
 """
 
 from __future__ import annotations
@@ -22,21 +24,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from signoff.runtime import levers
 from signoff.runtime.metrics import COUNTERS
 from signoff.store.connector import Connector, Row
-from signoff.store.queries import SQL
 
 log = logging.getLogger("signoff.store")
 
-SLOTS = 4  # deciding statements in flight per process before decisions queue
-MAX_BATCH = 64  # decisions per batch statement
+SLOTS = 4  # statements of one kind in flight per process before transitions queue
+MAX_BATCH = 64  # transitions per batch statement
 
-# One decision: card, status, principal, channel, reason, hash, tenant, tools (comma-joined).
-Args = tuple[str, str, str, str, str | None, str, str | None, str | None]
+Args = tuple[Any, ...]  # one transition's values; the card id first
 
 
 class _Waiting:
@@ -48,10 +48,24 @@ class _Waiting:
 
 
 class GroupCommit:
-    """The deciding statements of one process (one per store)."""
+    """One kind of transition: ``single`` runs one (its row or None); ``batch`` is the
+    statement taking, for each of its parameters, the array of ``columns(args)``'s values
+    of the transitions it writes, and returning their rows with their position ``ord``."""
 
-    def __init__(self, db: Connector, *, slots: int = SLOTS, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self,
+        db: Connector,
+        *,
+        single: Callable[[Args], Awaitable[Row | None]],
+        batch: str,
+        columns: Callable[[Args], Args] = lambda args: args,
+        slots: int = SLOTS,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
         self._db = db
+        self._single = single
+        self._batch = batch
+        self._columns = columns
         self._slots = max(slots, 1)
         self._max_batch = max(max_batch, 1)
         self._busy = 0
@@ -59,13 +73,12 @@ class GroupCommit:
         self._tasks: set[asyncio.Task[None]] = set()
         self.on = levers.on("group-commit")
 
-    async def decide(self, args: Args) -> Row | None:
-        """Run one decision (``card_decide_logged``'s parameters but the event detail,
-        derived from the reason); its row, or None when it changed nothing."""
+    async def run(self, args: Args) -> Row | None:
+        """One transition; its row, or None when it changed nothing."""
         if not self.on or (self._busy < self._slots and not self._queue):
             self._busy += 1
             try:
-                return await self._one(args)
+                return await self._single(args)
             finally:
                 self._busy -= 1
                 self._next()
@@ -73,33 +86,17 @@ class GroupCommit:
         self._queue.append(_Waiting(args, future))
         return await future
 
-    async def _one(self, args: Args) -> Row | None:
-        card, status, principal, channel, reason, snapshot_hash, tenant, tools = args
-        detail = {"reason": reason} if reason else {}
-        return await self._db.fetchrow(
-            SQL.card_decide_logged,
-            card,
-            status,
-            principal,
-            channel,
-            reason,
-            snapshot_hash,
-            tenant,
-            detail,
-            tools,
-        )
-
     def _next(self) -> None:
         """Start a batch of what is queued for each free slot."""
         while self._queue and self._busy < self._slots:
             batch: list[_Waiting] = []
-            cards: set[str] = set()
+            cards: set[Any] = set()
             later: list[_Waiting] = []
             while self._queue and len(batch) < self._max_batch:
                 item = self._queue.popleft()
                 if item.future.done():  # its caller gave up
                     continue
-                if item.args[0] in cards:  # one decision per card in a statement
+                if item.args[0] in cards:  # one transition per card in a statement
                     later.append(item)
                     continue
                 cards.add(item.args[0])
@@ -115,17 +112,18 @@ class GroupCommit:
     async def _run(self, batch: list[_Waiting]) -> None:
         try:
             if len(batch) == 1:
-                await _settle(batch[0], self._one(batch[0].args))
+                await _settle(batch[0], self._single(batch[0].args))
                 return
+            columns = [self._columns(item.args) for item in batch]
             try:
-                found = await self._db.fetch(SQL.card_decide_batch, *_columns(batch))
-            except Exception as exc:  # the statement as a whole: each decision on its own
-                log.warning("a batch of %d decisions failed (%s); one by one", len(batch), exc)
+                found = await self._db.fetch(self._batch, *_arrays(columns))
+            except Exception as exc:  # the statement as a whole: each transition on its own
+                log.warning("a batch of %d transitions failed (%s); one by one", len(batch), exc)
                 COUNTERS.inc("signoff_group_commit_fallbacks_total")
-                await asyncio.gather(*(_settle(item, self._one(item.args)) for item in batch))
+                await asyncio.gather(*(_settle(item, self._single(item.args)) for item in batch))
                 return
             COUNTERS.inc("signoff_group_commit_batches_total")
-            COUNTERS.inc("signoff_group_commit_decisions_total", len(batch))
+            COUNTERS.inc("signoff_group_commit_transitions_total", len(batch))
             by_position = {int(row["ord"]): row for row in found}
             for position, item in enumerate(batch, start=1):
                 if not item.future.done():
@@ -135,7 +133,7 @@ class GroupCommit:
             self._next()
 
 
-async def _settle(item: _Waiting, step: Any) -> None:
+async def _settle(item: _Waiting, step: Awaitable[Row | None]) -> None:
     try:
         row = await step
     except BaseException as exc:
@@ -148,6 +146,6 @@ async def _settle(item: _Waiting, step: Any) -> None:
         item.future.set_result(row)
 
 
-def _columns(batch: Sequence[_Waiting]) -> list[list[Any]]:
-    """The batch as the statement's eight arrays (one element per decision)."""
-    return [list(column) for column in zip(*(item.args for item in batch), strict=True)]
+def _arrays(columns: Sequence[Args]) -> list[list[Any]]:
+    """The transitions' values as one array per statement parameter."""
+    return [list(column) for column in zip(*columns, strict=True)]

@@ -62,7 +62,11 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
             assert await h.charges() == 1
             final = await h.store.get_card(card.id)
             assert not final.needs_reconciliation
-            assert COUNTERS.values["signoff_hints_failed_total"] > failed_before
+            # The hints after the cut failed, were counted and did not stop the step (the
+            # `executing` hint goes beside the provider call: it may be counted just after).
+            while COUNTERS.values["signoff_hints_failed_total"] == failed_before:
+                assert loop.time() < deadline, "no failed hint counted"
+                await asyncio.sleep(0.05)
             assert COUNTERS.values["signoff_redis_errors_total"] > errors_before
             proxy.heal()
             await h.settle()

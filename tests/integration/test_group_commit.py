@@ -15,6 +15,7 @@ from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.errors import AlreadyDecided, NotOwner, SignoffError, StaleCard
 from signoff.runtime.metrics import COUNTERS
 from signoff.store.group import GroupCommit
+from signoff.store.queries import SQL
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
 
@@ -33,8 +34,9 @@ async def cards_on_threads(h: Harness, threads: int, user: str = "alice") -> lis
 
 def one_slot(h: Harness) -> GroupCommit:
     """The store's deciding statements with one slot, so that concurrent decisions queue."""
-    group = GroupCommit(h.store.cards._db, slots=1)
-    h.store.cards._group = group
+    cards = h.store.cards
+    group = GroupCommit(cards._db, single=cards._decide_one, batch=SQL.card_decide_batch, slots=1)
+    cards._decide = group
     return group
 
 
@@ -56,12 +58,12 @@ async def test_concurrent_decisions_share_statements_and_each_gets_its_own_row(
     async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
         cards = await cards_on_threads(h, 12)
         one_slot(h)
-        before = COUNTERS.values["signoff_group_commit_decisions_total"]
+        before = COUNTERS.values["signoff_group_commit_transitions_total"]
         moved = await asyncio.gather(
             *(decide(h, c, decision=Decision.APPROVE if i % 3 else Decision.REJECT)
               for i, c in enumerate(cards))
         )  # fmt: skip
-        batched = COUNTERS.values["signoff_group_commit_decisions_total"] - before
+        batched = COUNTERS.values["signoff_group_commit_transitions_total"] - before
         assert batched >= len(cards) // 2  # most went in shared statements
         for i, (card, m) in enumerate(zip(cards, moved, strict=True)):
             assert m.card.id == card.id
@@ -210,3 +212,54 @@ async def test_a_batch_killed_mid_statement_writes_nothing_then_each_runs_alone(
             assert await h.trail(cards[0]) == ["pending"]
         finally:
             await conn.close()
+
+
+def one_slot_moves(h: Harness) -> None:
+    """The worker's executing/executed statements with one slot each, so that they queue."""
+    cards = h.store.cards
+    for name in ("_begin", "_finish"):
+        group: GroupCommit = getattr(cards, name)
+        group._slots = 1
+
+
+async def test_a_workers_moves_share_statements_one_winner_per_card(database_url: str) -> None:
+    """approved -> executing and executing -> executed|failed through the group commit:
+    each card moved once whatever races, its operation row written with it, its thread's
+    log in order; a card raced twice in one turn has one winner."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        cards = await cards_on_threads(h, 6)
+        assert h.worker is not None
+        await h.worker.stop(release=False)  # nobody else executes them
+        for card in cards:
+            await decide(h, card)
+        one_slot_moves(h)
+        before = COUNTERS.values["signoff_group_commit_transitions_total"]
+        begun = await asyncio.gather(
+            *(h.store.begin_execution(c.id, "worker:a") for c in cards),
+            *(h.store.begin_execution(c.id, "worker:b") for c in cards[:4]),
+        )
+        assert COUNTERS.values["signoff_group_commit_transitions_total"] > before
+        for card in cards:
+            won = [m for m in begun if m is not None and m.card.id == card.id]
+            assert len(won) == 1 and won[0].card.status is Status.EXECUTING
+        finished = await asyncio.gather(
+            *(
+                h.store.finish_execution(c.id, ok=i % 4 != 0, result={"n": i}, actor="worker:a")
+                for i, c in enumerate(cards)
+            )
+        )
+        for i, (card, m) in enumerate(zip(cards, finished, strict=True)):
+            assert m is not None and m.card.result == {"n": i}
+            assert m.card.status is (Status.FAILED if i % 4 == 0 else Status.EXECUTED)
+            assert await h.trail(card) == ["pending", "approved", "executing", str(m.card.status)]
+            op = await h.provider.pool.fetchrow(
+                "SELECT status, result FROM operations WHERE card_id = $1::uuid", card.id
+            )
+            assert op is not None and op["status"] == ("failed" if i % 4 == 0 else "succeeded")
+        assert await h.store.finish_execution(cards[0].id, ok=True, result={}, actor="x") is None
+        for thread in {c.thread_id for c in cards}:
+            log = await h.store.entries_after(thread, 0)
+            seqs = [e.seq for e in log]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+            mine = [e.body["status"] for e in log if e.kind == "card_update"]
+            assert mine.count("executing") == 2 and len(mine) == 6
