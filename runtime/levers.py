@@ -12,8 +12,10 @@ wrong thing.
 - ``hint-overlap``: a hint whose reply nobody needs before going on is not waited for
   before the next step (the decision's thread hint beside its worker signal, the
   ``executing`` hint beside the provider call, the wait token's delete).
-- ``group-commit``: decisions arriving while the gateway's deciding statements are all
-  busy are written together by one statement (``store/decide_batch.py``).
+- ``group-commit``: decisions arriving while a process's deciding statements are all
+  busy are written together by one statement (``store/group.py``).
+- ``group-moves``: the same for a worker's ``approved -> executing`` and
+  ``executing -> executed|failed`` (off with ``group-commit`` too).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 
 from signoff.runtime.errors import ConfigError
 
-LEVERS = ("redis-coalesce", "hint-overlap", "group-commit")
+LEVERS = ("redis-coalesce", "hint-overlap", "group-commit", "group-moves")
 
 
 def disabled(env: Mapping[str, str] | None = None) -> frozenset[str]:

@@ -163,14 +163,16 @@ def batch_logged(columns: str, update: str, event: str, also: str = "") -> str:
     position ``ord``; ``update``: the ``UPDATE cards ... FROM lk, req WHERE ...`` (no
     RETURNING); ``event``: the ``card_events`` values selected from ``c``. The cards'
     threads are locked first, in id order; a thread with k transitions gets k log
-    entries in the order given. One row per card moved, with ``ord``."""
+    entries in the order given. One row per card moved, with ``ord``. Cards are found by
+    ``cards.id = ANY ($1)`` (an index scan whatever the plan): joined to ``req`` alone, a
+    generic plan scanned the whole table."""
     return f"""\
 WITH req AS MATERIALIZED (
     {columns}
 ),
 lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
-    WHERE threads.id IN (SELECT cards.thread_id FROM cards JOIN req ON cards.id = req.card_id)
+    WHERE threads.id IN (SELECT cards.thread_id FROM cards WHERE cards.id = ANY ($1::uuid[]))
     ORDER BY threads.id FOR NO KEY UPDATE
 ),
 c AS (
@@ -212,7 +214,8 @@ UPDATE cards
         executing_since = CASE WHEN req.dst = 'executing' THEN now()
                                ELSE cards.executing_since END
     FROM lk, req
-    WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = req.src"""
+    WHERE cards.id = ANY ($1::uuid[]) AND cards.id = req.card_id
+      AND lk.locked = cards.thread_id AND cards.status = req.src"""
 
 _BATCH_MOVE_COLUMNS = """\
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -286,8 +289,8 @@ UPDATE cards
     SET status = req.dst, decided_at = now(), decided_by = req.principal,
         channel = req.r_channel, reason = req.r_reason
     FROM lk, req
-    WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = 'pending'
-      AND cards.owner = req.principal AND cards.snapshot_hash = req.hash
+    WHERE cards.id = ANY ($1::uuid[]) AND cards.id = req.card_id
+      AND lk.locked = cards.thread_id AND cards.status = 'pending' AND cards.owner = req.principal AND cards.snapshot_hash = req.hash
       AND cards.expires_at > now() AND (req.r_tenant IS NULL OR cards.tenant = req.r_tenant)
       AND (req.tools IS NULL OR cards.tool = ANY (string_to_array(req.tools, ',')))""",
             """\

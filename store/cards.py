@@ -59,11 +59,11 @@ class Cards:
         self._decide = GroupCommit(db, single=self._decide_one, batch=SQL.card_decide_batch)
         self._begin = GroupCommit(
             db, single=self._fetch(SQL.card_begin_execution, 7), batch=SQL.card_begin_batch,
-            columns=_move_columns,
+            columns=_move_columns, lever="group-moves",
         )  # fmt: skip
         self._finish = GroupCommit(
             db, single=self._fetch(SQL.card_finish_execution, 8), batch=SQL.card_finish_batch,
-            columns=_move_columns,
+            columns=_move_columns, lever="group-moves",
         )  # fmt: skip
 
     def _fetch(

@@ -61,6 +61,7 @@ class GroupCommit:
         columns: Callable[[Args], Args] = lambda args: args,
         slots: int = SLOTS,
         max_batch: int = MAX_BATCH,
+        lever: str = "group-commit",
     ) -> None:
         self._db = db
         self._single = single
@@ -71,7 +72,7 @@ class GroupCommit:
         self._busy = 0
         self._queue: deque[_Waiting] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.on = levers.on("group-commit")
+        self.on = levers.on("group-commit") and levers.on(lever)
 
     async def run(self, args: Args) -> Row | None:
         """One transition; its row, or None when it changed nothing."""

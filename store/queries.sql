@@ -1480,7 +1480,7 @@ WITH req AS MATERIALIZED (
 ),
 lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
-    WHERE threads.id IN (SELECT cards.thread_id FROM cards JOIN req ON cards.id = req.card_id)
+    WHERE threads.id IN (SELECT cards.thread_id FROM cards WHERE cards.id = ANY ($1::uuid[]))
     ORDER BY threads.id FOR NO KEY UPDATE
 ),
 c AS (
@@ -1488,8 +1488,8 @@ c AS (
     SET status = req.dst, decided_at = now(), decided_by = req.principal,
         channel = req.r_channel, reason = req.r_reason
     FROM lk, req
-    WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = 'pending'
-      AND cards.owner = req.principal AND cards.snapshot_hash = req.hash
+    WHERE cards.id = ANY ($1::uuid[]) AND cards.id = req.card_id
+      AND lk.locked = cards.thread_id AND cards.status = 'pending' AND cards.owner = req.principal AND cards.snapshot_hash = req.hash
       AND cards.expires_at > now() AND (req.r_tenant IS NULL OR cards.tenant = req.r_tenant)
       AND (req.tools IS NULL OR cards.tool = ANY (string_to_array(req.tools, ',')))
     RETURNING cards.*, req.*, jsonb_build_object(
@@ -1575,7 +1575,7 @@ WITH req AS MATERIALIZED (
 ),
 lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
-    WHERE threads.id IN (SELECT cards.thread_id FROM cards JOIN req ON cards.id = req.card_id)
+    WHERE threads.id IN (SELECT cards.thread_id FROM cards WHERE cards.id = ANY ($1::uuid[]))
     ORDER BY threads.id FOR NO KEY UPDATE
 ),
 c AS (
@@ -1585,7 +1585,8 @@ c AS (
         executing_since = CASE WHEN req.dst = 'executing' THEN now()
                                ELSE cards.executing_since END
     FROM lk, req
-    WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = req.src
+    WHERE cards.id = ANY ($1::uuid[]) AND cards.id = req.card_id
+      AND lk.locked = cards.thread_id AND cards.status = req.src
     RETURNING cards.*, req.*, jsonb_build_object(
         'id', cards.id,
         'thread_id', cards.thread_id,
@@ -1670,7 +1671,7 @@ WITH req AS MATERIALIZED (
 ),
 lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
-    WHERE threads.id IN (SELECT cards.thread_id FROM cards JOIN req ON cards.id = req.card_id)
+    WHERE threads.id IN (SELECT cards.thread_id FROM cards WHERE cards.id = ANY ($1::uuid[]))
     ORDER BY threads.id FOR NO KEY UPDATE
 ),
 c AS (
@@ -1680,7 +1681,8 @@ c AS (
         executing_since = CASE WHEN req.dst = 'executing' THEN now()
                                ELSE cards.executing_since END
     FROM lk, req
-    WHERE lk.locked = cards.thread_id AND cards.id = req.card_id AND cards.status = req.src
+    WHERE cards.id = ANY ($1::uuid[]) AND cards.id = req.card_id
+      AND lk.locked = cards.thread_id AND cards.status = req.src
     RETURNING cards.*, req.*, jsonb_build_object(
         'id', cards.id,
         'thread_id', cards.thread_id,
