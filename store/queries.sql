@@ -1016,7 +1016,14 @@ ORDER BY d.thread_id, d.seq;
 -- Take over up to $1 thread-log claims that stayed 'claimed' longer than the lease ($3
 -- seconds): their gateway died between claim and send (design note 24). The re-checked
 -- WHERE of the UPDATE lets one gateway win each row. $2: the new claimer, $4: the window.
-WITH stale AS (
+-- A direct reply's claim left so (no thread: its text was never stored, it cannot be
+-- sent by another gateway) is closed as failed, so that it is counted and pruned.
+WITH abandoned AS (
+    UPDATE wa_outbound
+    SET status = 'failed', error = 'the gateway that claimed this reply stopped before sending it'
+    WHERE status = 'claimed' AND thread_id IS NULL
+      AND claimed_at < now() - make_interval(secs => $3)
+), stale AS (
     SELECT key FROM wa_outbound
     WHERE status = 'claimed' AND thread_id IS NOT NULL
       AND claimed_at < now() - make_interval(secs => $3)

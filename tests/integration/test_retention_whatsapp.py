@@ -239,3 +239,23 @@ async def test_the_cli_reports_what_went(
     await delivery(store, 8)
     scoped = await asyncio.to_thread(_prune_cli, database_url, tenant, tmp_path, "--tenant", tenant)
     assert "0 finished WhatsApp outbound rows" in scoped and "channel deliveries" not in scoped
+
+
+async def test_a_reply_claim_left_by_a_dead_gateway_is_closed_then_pruned(
+    store: PostgresStore, tmp_path: Path
+) -> None:
+    """A direct reply claimed by a gateway that died before sending it cannot be sent by
+    another (its text was never stored): past the claim lease the next courier tick
+    closes it as failed, and retention then prunes it like any finished row; a fresh
+    claim is left alone."""
+    tenant = a_tenant()
+    dead = await outbound(store, tenant, "claimed", days_old=2)
+    fresh = await outbound(store, tenant, "claimed")
+    await store.whatsapp.reclaim_outgoing("gateway-live", 60, 86400)
+    status = "SELECT status, error FROM wa_outbound WHERE key = $1"
+    row = await store.db.fetchrow(status, dead)
+    assert row is not None and row["status"] == "failed" and "stopped" in row["error"]
+    row = await store.db.fetchrow(status, fresh)
+    assert row is not None and row["status"] == "claimed"
+    await run(store, retention.Policy.from_settings(Settings(retention_days=1)), tmp_path)
+    assert await outbound_left(store, [dead, fresh]) == {fresh}
