@@ -14,8 +14,7 @@ wrong thing.
   ``executing`` hint beside the provider call, the wait token's delete).
 - ``group-commit``: decisions arriving while a process's deciding statements are all
   busy are written together by one statement (``store/group.py``).
-- ``group-moves``: the same for a worker's ``approved -> executing`` and
-  ``executing -> executed|failed`` (off with ``group-commit`` too).
+
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from collections.abc import Mapping
 
 from signoff.runtime.errors import ConfigError
 
-LEVERS = ("redis-coalesce", "hint-overlap", "group-commit", "group-moves")
+LEVERS = ("redis-coalesce", "hint-overlap", "group-commit")
 
 
 def disabled(env: Mapping[str, str] | None = None) -> frozenset[str]:

@@ -207,25 +207,6 @@ SELECT {CARD_COLUMNS},
 FROM c JOIN s ON s.s_card = c.id JOIN m ON m.m_thread = s.s_thread AND m.m_seq = s.s_seq"""
 
 
-_BATCH_MOVE = """\
-UPDATE cards
-    SET status = req.dst,
-        result = COALESCE(req.r_result::jsonb, cards.result),
-        executing_since = CASE WHEN req.dst = 'executing' THEN now()
-                               ELSE cards.executing_since END
-    FROM lk, req
-    WHERE cards.id = ANY ($1::uuid[]) AND cards.id = req.card_id
-      AND lk.locked = cards.thread_id AND cards.status = req.src"""
-
-_BATCH_MOVE_COLUMNS = """\
-SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                         $7::text[], $8::text[])
-        WITH ORDINALITY AS r(card_id, src, dst, r_result, actor, r_channel, detail, outcome,
-                             ord)"""
-
-_BATCH_MOVE_EVENT = "SELECT id, src, status, actor, r_channel, NULL, detail::jsonb"
-
-
 # name -> (what it does, the statement). The order is the order they are appended in.
 GENERATED: dict[str, tuple[str, str]] = {
     "card_propose": (
@@ -297,35 +278,6 @@ UPDATE cards
 SELECT id, 'pending', status, principal, r_channel, hash,
         CASE WHEN coalesce(r_reason, '') = '' THEN '{}'::jsonb
              ELSE jsonb_build_object('reason', r_reason) END""",
-        ),
-    ),
-    "card_begin_batch": (
-        "Group commit of card_begin_execution: per move (arrays) $1 card, $2 from, $3 to,\n"
-        "-- $4 result (JSON text), $5 actor, $6 channel, $7 detail (JSON text), $8 unused.\n"
-        "-- Card ids distinct; one row per card moved, with ``ord``.",
-        batch_logged(
-            _BATCH_MOVE_COLUMNS,
-            _BATCH_MOVE,
-            _BATCH_MOVE_EVENT,
-            """,
-op AS (
-    INSERT INTO operations (operation_id, card_id, tool, status)
-    SELECT operation_id, id, tool, 'started' FROM c
-)""",
-        ),
-    ),
-    "card_finish_batch": (
-        "Group commit of card_finish_execution: the parameters of card_begin_batch, $8 the\n"
-        "-- operation's outcome.",
-        batch_logged(
-            _BATCH_MOVE_COLUMNS,
-            _BATCH_MOVE,
-            _BATCH_MOVE_EVENT,
-            """,
-op AS (
-    UPDATE operations SET status = c.outcome, result = c.r_result::jsonb, finished_at = now()
-    FROM c WHERE operations.operation_id = c.operation_id
-)""",
         ),
     ),
     "card_move_logged": (

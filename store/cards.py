@@ -8,7 +8,6 @@ card's status, so Postgres decides races between processes (I4, I8).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -57,24 +56,6 @@ class Cards:
         self._db = db
         # Transitions that arrive together share a statement (group commit, store/group.py).
         self._decide = GroupCommit(db, single=self._decide_one, batch=SQL.card_decide_batch)
-        self._begin = GroupCommit(
-            db, single=self._fetch(SQL.card_begin_execution, 7), batch=SQL.card_begin_batch,
-            columns=_move_columns, lever="group-moves",
-        )  # fmt: skip
-        self._finish = GroupCommit(
-            db, single=self._fetch(SQL.card_finish_execution, 8), batch=SQL.card_finish_batch,
-            columns=_move_columns, lever="group-moves",
-        )  # fmt: skip
-
-    def _fetch(
-        self, statement: str, params: int
-    ) -> Callable[[tuple[Any, ...]], Awaitable[Row | None]]:
-        """The single statement for a move's values (its first ``params`` of them)."""
-
-        async def one(args: tuple[Any, ...]) -> Row | None:
-            return await self._db.fetchrow(statement, *args[:params])
-
-        return one
 
     async def _decide_one(self, args: tuple[Any, ...]) -> Row | None:
         """``card_decide_logged`` for ``card_decide_batch``'s values (the event's detail
@@ -264,7 +245,9 @@ class Cards:
 
     async def begin_execution(self, card_id: str, actor: str) -> Moved | None:
         """``approved -> executing`` and the operation row, atomically; ``None`` if we lost (I4)."""
-        return await self._grouped(self._begin, card_id, Status.APPROVED, Status.EXECUTING, actor)
+        return await self._move(
+            SQL.card_begin_execution, card_id, Status.APPROVED, Status.EXECUTING, actor
+        )
 
     async def finish_execution(
         self, card_id: str, *, ok: bool, result: dict[str, Any], actor: str
@@ -272,8 +255,8 @@ class Cards:
         """``executing -> executed|failed`` and the operation's outcome, atomically."""
         dst = Status.EXECUTED if ok else Status.FAILED
         outcome = "succeeded" if ok else "failed"
-        return await self._grouped(
-            self._finish, card_id, Status.EXECUTING, dst, actor, result, outcome
+        return await self._move(
+            SQL.card_finish_execution, card_id, Status.EXECUTING, dst, actor, result, None, outcome
         )
 
     async def expire(self, card_id: str) -> Moved | None:
@@ -299,33 +282,6 @@ class Cards:
             statement, cid, str(src), str(dst), result, actor, None, detail or {}, *extra
         )
         return None if row is None else rows.moved(row)
-
-    async def _grouped(
-        self,
-        group: GroupCommit,
-        card_id: str,
-        src: Status,
-        dst: Status,
-        actor: str,
-        result: dict[str, Any] | None = None,
-        outcome: str | None = None,
-    ) -> Moved | None:
-        """A worker's transition through its group commit (``card_move_logged``'s
-        parameters, the operation's ``outcome`` last)."""
-        check_move(src, dst)
-        cid = rows.uuid_of(card_id)
-        row = await group.run((cid, str(src), str(dst), result, actor, None, {}, outcome))
-        return None if row is None else rows.moved(row)
-
-
-_json = msgspec.json.Encoder()
-
-
-def _move_columns(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A move's values as ``card_*_batch`` takes them (JSON as text)."""
-    card, src, dst, result, actor, channel, detail, outcome = args
-    text = None if result is None else _json.encode(result).decode()
-    return (card, src, dst, text, actor, channel, _json.encode(detail).decode(), outcome)
 
 
 def _values(new: NewCard, card_id: str, op_id: str) -> tuple[Any, ...]:

@@ -1,8 +1,9 @@
 """Group commit of card transitions: those that arrive while their statements are all busy
 are written together, by one statement (lever ``group-commit``, ``runtime/levers.py``).
 
-A :class:`GroupCommit` serves one kind of transition (a person's decision; a worker's
-``approved -> executing``; its ``executing -> executed|failed``). At most ``SLOTS`` of its
+A :class:`GroupCommit` serves one kind of transition (today a person's decision: the
+worker's ``executing`` and ``executed`` moves were batched the same way and measured, and
+it did not pay, ``bench/README.md``). At most ``SLOTS`` of its
 statements are in flight per process. A transition that finds a slot free runs its single
 statement at once, as it always did: an unloaded process waits for nothing. One that
 finds them all busy queues; when a slot frees, everything queued (up to ``MAX_BATCH``
@@ -61,7 +62,6 @@ class GroupCommit:
         columns: Callable[[Args], Args] = lambda args: args,
         slots: int = SLOTS,
         max_batch: int = MAX_BATCH,
-        lever: str = "group-commit",
     ) -> None:
         self._db = db
         self._single = single
@@ -72,7 +72,7 @@ class GroupCommit:
         self._busy = 0
         self._queue: deque[_Waiting] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.on = levers.on("group-commit") and levers.on(lever)
+        self.on = levers.on("group-commit")
 
     async def run(self, args: Args) -> Row | None:
         """One transition; its row, or None when it changed nothing."""

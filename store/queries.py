@@ -66,8 +66,6 @@ class Queries:
     card_diagnose: str
     card_decide_logged: str
     card_decide_batch: str
-    card_begin_batch: str
-    card_finish_batch: str
     card_decide: str
     card_set_superseded_by: str
     card_move_logged: str

@@ -23,7 +23,7 @@ from tests.integration.test_decisions import Scripted, one_card, pix
 
 pytestmark = pytest.mark.anyio
 
-BOTH = ["", "redis-coalesce,hint-overlap,group-commit,group-moves"]
+BOTH = ["", "redis-coalesce,hint-overlap,group-commit"]
 
 
 @pytest.fixture
