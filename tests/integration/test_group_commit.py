@@ -144,6 +144,27 @@ async def lock_thread(conn: asyncpg.Connection, thread_id: str) -> None:
     await conn.execute("SELECT 1 FROM threads WHERE id = $1::uuid FOR UPDATE", thread_id)
 
 
+async def waiting(conn: asyncpg.Connection, n: int = 1) -> None:
+    """Until ``n`` deciding statements wait for a lock (10 s at most)."""
+    for _ in range(500):
+        count = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%cards%' AND pid <> pg_backend_pid()"
+        )
+        if count >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no {n} statement(s) waiting for a lock")
+
+
+async def queued(group: GroupCommit, n: int) -> None:
+    for _ in range(500):
+        if len(group._queue) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{len(group._queue)} decisions queued, not {n}")
+
+
 async def kill_waiting(conn: asyncpg.Connection) -> int:
     """Terminate the backends waiting for a lock on a deciding statement."""
     killed: int = await conn.fetchval(
@@ -159,14 +180,15 @@ async def test_a_slow_thread_holds_its_batch_then_it_commits_whole(database_url:
     and then commits every decision in it."""
     async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
         cards = await cards_on_threads(h, 3)
-        one_slot(h)
+        group = one_slot(h)
         conn = await asyncpg.connect(database_url)
         try:
             await lock_thread(conn, cards[0].thread_id)
             first = asyncio.create_task(decide(h, cards[0]))  # holds the one slot, blocked
-            await asyncio.sleep(0.05)
+            await waiting(conn)
             batch = asyncio.gather(*(decide(h, c) for c in cards[1:]))
-            await asyncio.sleep(0.3)
+            await queued(group, len(cards) - 1)
+            await asyncio.sleep(0.2)
             assert not first.done() and not batch.done()
             await conn.execute("ROLLBACK")
             moved = [await first, *await batch]
@@ -185,27 +207,26 @@ async def test_a_batch_killed_mid_statement_writes_nothing_then_each_runs_alone(
     taken once, and the caller whose own statement was killed hears a typed error."""
     async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
         cards = await cards_on_threads(h, 4)
-        one_slot(h)
+        group = one_slot(h)
         conn = await asyncpg.connect(database_url)
         try:
             await lock_thread(conn, cards[0].thread_id)
             first = asyncio.create_task(decide(h, cards[0]))  # the slot, blocked
-            await asyncio.sleep(0.05)
-            queued = asyncio.gather(
+            await waiting(conn)
+            rest = asyncio.gather(
                 *(decide(h, c) for c in (cards[2], cards[4], cards[1], cards[6])),
                 return_exceptions=True,
             )
-            await asyncio.sleep(0.1)
+            await queued(group, 4)
             assert await kill_waiting(conn) == 1  # the lone statement of cards[0]
             with pytest.raises(SignoffError):
                 await first
-            await asyncio.sleep(0.3)  # the batch has started and waits for cards[1]'s thread
+            await waiting(conn)  # the batch has started and waits for cards[1]'s thread
             for card in cards[1:7:2] + cards[2:7:2]:
                 assert await h.trail(card) == ["pending"]  # nothing half written
             assert await kill_waiting(conn) == 1  # the batch statement itself
-            await asyncio.sleep(0.1)
             await conn.execute("ROLLBACK")
-            results = await queued
+            results = await rest
             assert all(not isinstance(r, BaseException) for r in results), results
             for card in (cards[2], cards[4], cards[1], cards[6]):
                 assert await h.trail(card) == ["pending", "approved"]
