@@ -492,7 +492,7 @@ class Agent:
             if card.status is Status.APPROVED:
                 card = await self.executor.execute(card, self._ctx(run))
             results[use_id] = outcomes.card_outcome(use_id, card)
-            await self.notify.aside(self.notify.clear_wait(card.id))
+            await self.notify.clear_wait(card.id)
         blocks = [results[i] for i in run.state.get("order", [])]
         # The results are written with the step's next write (see _step).
         return await self._step(run, conversation, [("tool_results", {"content": blocks})])

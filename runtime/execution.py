@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
 
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import Unavailable, UnknownTool
@@ -89,28 +88,9 @@ class Executor:
                 detail={"reason": reason, "changes": changes},
             )
             return await self.notify.moved(moved) or await self.store.get_card(card.id)
-        begun = await self.store.begin_execution(card.id, actor)
-        if begun is None:
+        started = await self.notify.moved(await self.store.begin_execution(card.id, actor))
+        if started is None:
             return await self.store.get_card(card.id)
-        started = begun.card
-        # The `executing` hint goes out beside the provider call (lever hint-overlap); it
-        # is sent before the outcome's hint, so the thread's gateways see them in order.
-        hinted = self.notify.later(self.notify.thread(started.thread_id, [begun.entry]))
-        if not self.notify.overlap:
-            await hinted
-        try:
-            return await self._call(card, started, ctx, hinted)
-        finally:
-            await hinted
-
-    async def _call(
-        self, card: Card, started: Card, ctx: ToolContext, hinted: Awaitable[bool]
-    ) -> Card:
-        """The provider call with the frozen snapshot, then its outcome recorded (and
-        hinted after the `executing` hint, ``hinted``, went out)."""
-        tool = self.tools.get(card.tool)
-        assert tool is not None  # checked by _execute
-        actor = self.actor
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
@@ -143,5 +123,4 @@ class Executor:
                 if wait is None:
                     raise
                 await asyncio.sleep(wait)
-        await hinted
         return await self.notify.moved(finished) or await self.store.get_card(card.id)

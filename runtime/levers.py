@@ -1,17 +1,13 @@
 """Speed levers that can be switched off for an A/B run (``SIGNOFF_DISABLE``).
 
 Every lever here is on by default and changes no guarantee (I1-I9); each was measured
-on and off in one run by ``bench/ab.py`` (``bench/README.md``, levers table).
+on and off in one run by ``bench/ab.py`` (``bench/README.md``, levers table; the levers
+that did not pay were removed, and are listed there).
 ``SIGNOFF_DISABLE`` names the ones to switch off, comma-separated; it exists for those
 measurements, not as a tuning knob. Unknown names are refused at start-up
 (:class:`~signoff.runtime.errors.ConfigError`), so a typo cannot silently measure the
 wrong thing.
 
-- ``redis-coalesce``: commands issued in one turn of the event loop leave in one write
-  on the pipelined Redis connection (``runtime/bus/pipe.py``).
-- ``hint-overlap``: a hint whose reply nobody needs before going on is not waited for
-  before the next step (the decision's thread hint beside its worker signal, the
-  ``executing`` hint beside the provider call, the wait token's delete).
 - ``group-commit``: decisions arriving while a process's deciding statements are all
   busy are written together by one statement (``store/group.py``).
 
@@ -24,7 +20,7 @@ from collections.abc import Mapping
 
 from signoff.runtime.errors import ConfigError
 
-LEVERS = ("redis-coalesce", "hint-overlap", "group-commit")
+LEVERS = ("group-commit",)
 
 
 def disabled(env: Mapping[str, str] | None = None) -> frozenset[str]:

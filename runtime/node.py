@@ -188,9 +188,6 @@ async def running(
                 await pruner
         if node.worker is not None:
             await node.worker.stop()
-        if node.decisions is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(node.decisions.notify.settle(), 5)
         if app.teardown is not None:
             with contextlib.suppress(Exception):
                 await app.teardown()

@@ -14,14 +14,13 @@ the worker re-reads its run before doing anything.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine, Generator, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
 import msgspec
 
-from signoff.runtime import hints, levers
+from signoff.runtime import hints
 from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import SignoffError
@@ -94,21 +93,6 @@ async def quietly(step: Awaitable[object], what: str) -> bool:
     return True
 
 
-class _Once:
-    """A send awaited where it is first awaited (``hint-overlap`` off); awaiting it again
-    gives the same result."""
-
-    def __init__(self, send: Coroutine[Any, Any, bool]) -> None:
-        self._send: Coroutine[Any, Any, bool] | None = send
-        self._result = False
-
-    def __await__(self) -> Generator[Any, None, bool]:
-        if self._send is not None:
-            send, self._send = self._send, None
-            self._result = yield from send.__await__()
-        return self._result
-
-
 class Notifier:
     """Publishes every hint of one process (agent, worker, sweeper, decisions)."""
 
@@ -116,37 +100,6 @@ class Notifier:
         self.bus = bus
         self.keys = keys
         self.runs = runs
-        # Lever ``hint-overlap`` (runtime/levers.py): sends nobody waits for go on beside
-        # the next step; kept here until done (a task nobody references may be collected).
-        self.overlap = levers.on("hint-overlap")
-        self._later: set[asyncio.Task[Any]] = set()
-
-    def later(self, send: Coroutine[Any, Any, bool]) -> Awaitable[bool]:
-        """Start a send (one of this notifier's, which never raise) without waiting for it;
-        await the result to wait for it after all. With ``hint-overlap`` off, it is simply
-        the send, run when awaited."""
-        if not self.overlap:
-            return _Once(send)
-        task = asyncio.get_running_loop().create_task(send)
-        self._later.add(task)
-        task.add_done_callback(self._later.discard)
-        return task
-
-    async def aside(self, send: Coroutine[Any, Any, bool]) -> None:
-        """A send nobody waits for: started and left to finish (``hint-overlap``), or
-        awaited here when the lever is off."""
-        started = self.later(send)
-        if not self.overlap:
-            await started
-
-    def sending(self) -> bool:
-        """Whether a send started by :meth:`later` is still in flight."""
-        return bool(self._later)
-
-    async def settle(self) -> None:
-        """Wait for every send started by :meth:`later` (shutdown, tests)."""
-        while self._later:
-            await asyncio.gather(*list(self._later), return_exceptions=True)
 
     async def thread(self, thread_id: str, entries: Sequence[Entry] = ()) -> bool:
         """Tell the thread's gateways the log grew by these entries (none: re-read it)."""
@@ -189,9 +142,6 @@ class Notifier:
         read, then the run's holder in Postgres. ``entry``: the log entry the change
         wrote, carried to the thread's gateways (without it they re-read the log).
         """
-        # The thread's gateways are told beside the worker's signal (one round trip with
-        # lever ``hint-overlap``: both leave in one write, runtime/bus/pipe.py).
-        hint = self.later(self.thread(card.thread_id, [entry] if entry is not None else ()))
         heard = 0
         try:
             heard = await self._signal_holder(card, at_ns, holder, trace)
@@ -202,10 +152,9 @@ class Notifier:
             )
         if card.status is not Status.PENDING:
             # The card left pending (decided, expired, superseded): its wait token has
-            # served (the signal above read it if it needed to). Deleted, not left to
-            # expire, before the caller is answered (while the thread hint is in flight).
+            # served (the signal above read it if it needed to). Deleted, not left to expire.
             await self.clear_wait(card.id)
-        await hint
+        await self.thread(card.thread_id, [entry] if entry is not None else ())
         return heard
 
     async def set_wait(self, card_id: str, holder: str, ttl_ms: int) -> bool:

@@ -125,8 +125,6 @@ class Worker:
             await asyncio.wait(list(self._tasks), timeout=10)
         for task in list(self._tasks):
             task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.notify.settle(), 5)  # hints left in flight
         parked = self.waits.parked_cards()
         self.waits.drop_all()
         if not release:
@@ -147,17 +145,13 @@ class Worker:
         return task
 
     def busy(self) -> bool:
-        return bool(self._tasks) or self.notify.sending()
+        return bool(self._tasks)
 
     async def idle(self, timeout: float = 10.0) -> None:
-        """Wait until no step is in flight and no hint is being sent (tests, burst mode)."""
+        """Wait until no step is in flight (tests and burst mode)."""
         deadline = time.monotonic() + timeout
-        while self.busy() and time.monotonic() < deadline:
-            left = deadline - time.monotonic()
-            if self._tasks:
-                await asyncio.wait(list(self._tasks), timeout=left)
-            else:
-                await asyncio.wait_for(self.notify.settle(), left)
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.wait(list(self._tasks), timeout=deadline - time.monotonic())
 
     # -- running turns -------------------------------------------------------------
 

@@ -4,8 +4,7 @@ Every decision costs about seven of these across the processes. Through redis-py
 client one costs ~137 µs of CPU here (connection pool, retry and event layers);
 written straight to the socket and parsed by hiredis, ~61 µs. Commands are written
 as they come, without waiting for earlier replies, and one reader matches replies
-to commands in order; those issued in one turn of the event loop leave in one write
-(one system call, one wake-up of Redis: lever ``redis-coalesce``, ``runtime/levers.py``). Any trouble on the connection (a drop, a protocol error, a
+to commands in order. Any trouble on the connection (a drop, a protocol error, a
 command unanswered past the timeout: one watchdog per connection, no timer per
 command) fails every command in flight with :class:`ConnectionError` or
 :class:`TimeoutError`, which the bus's retry helper (``Client.call``) retries on a new
@@ -27,11 +26,7 @@ import hiredis
 from redis import exceptions as rx
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
-from signoff.runtime import levers
-
 Arg = bytes | str | int
-# Bytes waiting for the end of the loop's turn beyond which they are written at once.
-COALESCE_MAX = 1 << 16
 # Error replies after which this connection is retired: the server cannot serve it now.
 RETIRE = ("READONLY", "LOADING", "MASTERDOWN")
 
@@ -60,9 +55,6 @@ class Pipe:
         self._sent: deque[float] = deque()  # when each pending command was written
         self._error: BaseException | None = None
         self._loop = asyncio.get_running_loop()
-        self._coalesce = levers.on("redis-coalesce")
-        self._out: list[bytes] = []  # packed commands waiting for the end of this turn
-        self._out_size = 0
         self._task = self._loop.create_task(self._read(), name="signoff-redis")
         # One watchdog per connection instead of a timer per command.
         self._watch: asyncio.TimerHandle | None = None
@@ -104,7 +96,7 @@ class Pipe:
         fut: asyncio.Future[Any] = self._loop.create_future()
         self._pending.append(fut)
         self._sent.append(self._loop.time())
-        self._write(data)
+        self._writer.write(data)
         if self._writer.transport.get_write_buffer_size() > 1 << 20:
             await self._writer.drain()  # Redis is not keeping up: do not buffer without end
         return await fut
@@ -122,34 +114,12 @@ class Pipe:
             futures.append(fut)
             self._pending.append(fut)
             self._sent.append(now)
-        self._write(data)
+        self._writer.write(data)
         results = await asyncio.gather(*futures, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return results
-
-    def _write(self, data: bytes) -> None:
-        """Queue packed commands for the end of this turn of the loop (one write for all
-        the commands issued in it); in order, as the replies will be matched."""
-        if not self._coalesce:
-            self._writer.write(data)
-            return
-        if not self._out:
-            self._loop.call_soon(self._flush)
-        self._out.append(data)
-        self._out_size += len(data)
-        if self._out_size >= COALESCE_MAX:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._out:
-            return
-        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
-        self._out.clear()
-        self._out_size = 0
-        if self._error is None:
-            self._writer.write(data)
 
     def _check(self) -> None:
         """The oldest command has waited past the timeout: its reply may still come, so
@@ -196,8 +166,6 @@ class Pipe:
             self._fail(exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc)))
 
     def _fail(self, error: BaseException) -> None:
-        self._out.clear()
-        self._out_size = 0
         if self._error is None:
             self._error = error
             with contextlib.suppress(Exception):

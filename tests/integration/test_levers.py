@@ -23,7 +23,7 @@ from tests.integration.test_decisions import Scripted, one_card, pix
 
 pytestmark = pytest.mark.anyio
 
-BOTH = ["", "redis-coalesce,hint-overlap,group-commit"]
+BOTH = ["", "group-commit"]
 
 
 @pytest.fixture
@@ -39,18 +39,16 @@ def disable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def test_a_misspelt_lever_is_refused_at_start_up() -> None:
     with pytest.raises(ConfigError, match="group-comit"):
-        from_env({"SIGNOFF_DISABLE": "redis-coalesce,group-comit"})
-    assert levers.disabled({"SIGNOFF_DISABLE": " hint-overlap ,"}) == {"hint-overlap"}
+        from_env({"SIGNOFF_DISABLE": "group-commit,group-comit"})
+    assert levers.disabled({"SIGNOFF_DISABLE": " group-commit ,"}) == {"group-commit"}
 
 
 @pytest.mark.parametrize("off", BOTH)
 async def test_a_cards_hints_reach_its_thread_in_log_order(
     database_url: str, disable: Any, off: str
 ) -> None:
-    """The decision's hint goes beside the worker's signal, the `executing` hint beside the
-    provider call (hint-overlap), several commands leave in one write (redis-coalesce):
-    the thread's gateways still hear approved -> executing -> executed, in log order, each
-    hint sent before the step it tells about is reported done."""
+    """With decisions written by the group commit or one by one, the thread's gateways hear
+    approved -> executing -> executed, in log order, each entry once."""
     disable(off)
     keys = Keys(f"so-lev-{secrets.token_hex(3)}:")
     bus = RedisBus.from_url(services.redis_url(), keys)
@@ -69,8 +67,6 @@ async def test_a_cards_hints_reach_its_thread_in_log_order(
                 await h.decide(card, Decision.APPROVE)
                 await h.settle()
                 for _ in range(100):
-                    if h.worker is not None:
-                        await h.worker.notify.settle()
                     seen = [e for hint in got for e in hint.entries]
                     if any(e.kind == "assistant" for e in seen):
                         break

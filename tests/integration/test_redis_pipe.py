@@ -125,36 +125,3 @@ async def test_a_connection_is_retired_on_readonly_or_loading(redis_url: str, re
             await pipe.call(b"GET", key)
     finally:
         pipe.close()
-
-
-@pytest.mark.parametrize("coalesce", [True, False])
-async def test_commands_of_one_turn_leave_in_one_write(redis_url: str, coalesce: bool) -> None:
-    """Lever ``redis-coalesce``: commands issued in one turn of the event loop are one
-    write (one system call); the replies still go to their own commands, in order, and a
-    turn that packs more than ``COALESCE_MAX`` bytes writes early."""
-    from signoff.runtime.bus import pipe as pipe_module
-
-    pipe = await Pipe.open(kwargs_of(redis_url), 5.0)
-    pipe._coalesce = coalesce
-    writes: list[int] = []
-    real_write = pipe._writer.write
-
-    def counting(data: bytes) -> None:  # the real transport's write, counted
-        writes.append(len(data))
-        real_write(data)
-
-    pipe._writer.write = counting  # type: ignore[method-assign,assignment]
-    key = f"pipe-{secrets.token_hex(4)}"
-    try:
-        got = await asyncio.gather(*(pipe.call(b"INCR", key) for _ in range(50)))
-        assert got == list(range(1, 51))
-        assert len(writes) == (1 if coalesce else 50)
-        writes.clear()
-        big = b"x" * (pipe_module.COALESCE_MAX // 4)
-        got = await asyncio.gather(*(pipe.call(b"SET", f"{key}-{i}", big) for i in range(10)))
-        assert got == [b"OK"] * 10
-        assert (1 < len(writes) < 10) if coalesce else len(writes) == 10
-        assert await pipe.call(b"GET", f"{key}-9") == big
-    finally:
-        await pipe.call(b"DEL", key, *(f"{key}-{i}" for i in range(10)))
-        pipe.close()
