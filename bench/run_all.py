@@ -29,20 +29,20 @@ from bench import report
 from bench.common import RESULTS, ROOT, log, machine_busy
 
 WORKFLOWS = [
-    "--repeat", "1", "--dbos-parked", "1000", "--latency-wakes", "400",
-    "--saturation-wakes", "800", "--parked", "10000,50000",
+    "--repeat", "1", "--dbos-parked", "1000", "--latency-wakes", "300",
+    "--saturation-wakes", "600", "--parked", "5000,30000",
 ]  # fmt: skip
 
 SCRIPTS = [
     ("limits", ["--samples", "600"], 90),
     ("decisions", [], 220),
     ("compare_langgraph", [], 200),
-    # 10k and 50k parked runs (100k alone: bench/parked.py): 100k took 175 s of adoption
+    # 10k and 30k parked runs (100k alone: bench/parked.py): 100k took 175 s of adoption
     # on the slower machine of 2026-12-01
-    ("parked", ["--runs", "10000,50000"], 320),
+    ("parked", ["--runs", "10000,30000"], 320),
     ("failover", [], 120),
-    # one repeat, fewer wakes and 1k DBOS parked here (DBOS did ~40 wakes/s and started
-    # ~30 workflows/s on that machine): the suite stays under 10 minutes;
+    # one repeat, 300/600 wakes, 5k/30k signoff and 1k DBOS parked here (DBOS did ~45
+    # wakes/s on that machine): the suite stays under 10 minutes;
     # bench/workflows.py alone takes --repeat and larger sets
     ("workflows", WORKFLOWS, 300),
 ]
