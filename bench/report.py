@@ -84,7 +84,7 @@ LABELS = {
     "decision_to_result_p99_ms_at_100": "decision-to-result p99, 100/s",
     "saturation_decisions_per_s": "saturation: decisions answered/s (closed loop, best level)",
     "saturation_results_per_s": "executed results/s in that phase (end to end)",
-    "parked_runs_measured": "parked runs in the largest set (100k asked; fewer if adoption ran out of time)",
+    "parked_runs_measured": "parked runs in the largest set (fewer than asked if adoption ran out of time)",
     "parked_worker_bytes": "worker RSS per parked run (largest set)",
     "parked_worker_bytes_10k": "worker RSS per parked run (10k)",
     "parked_redis_bytes": "Redis used_memory per parked run (largest set)",
@@ -148,6 +148,15 @@ LABELS = {
     "ratio_workflow_wake_per_s": "signoff / DBOS, wakes/s at saturation",
     "ws_idle_bytes_5000": "gateway RSS per idle WebSocket (5k)",
 }
+# Size-labelled keys of the workflow script (its sizes are options: run_all.py uses smaller
+# ones than the script's defaults).
+for _n in (1000, 5000, 10000, 30000, 50000, 100000):
+    LABELS.setdefault(f"dbos_parked_bytes_{_n}", f"DBOS: RSS per parked workflow, {_n:,}")
+    LABELS.setdefault(
+        f"workflow_parked_bytes_{_n}",
+        f"workflow: worker RSS per parked workflow, {_n:,} (beyond the first set: cloned in "
+        "Postgres)",
+    )
 
 
 def load(results: Path) -> dict[str, dict[str, Any]]:
