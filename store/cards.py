@@ -54,7 +54,7 @@ async def move_in(
 class Cards:
     def __init__(self, db: Connector) -> None:
         self._db = db
-        # Transitions that arrive together share a statement (group commit, store/group.py).
+        # Decisions that arrive together share a statement (group commit, store/group.py).
         self._decide = GroupCommit(db, single=self._decide_one, batch=SQL.card_decide_batch)
 
     async def _decide_one(self, args: tuple[Any, ...]) -> Row | None:

@@ -50,8 +50,8 @@ class _Waiting:
 
 class GroupCommit:
     """One kind of transition: ``single`` runs one (its row or None); ``batch`` is the
-    statement taking, for each of its parameters, the array of ``columns(args)``'s values
-    of the transitions it writes, and returning their rows with their position ``ord``."""
+    statement taking, for each of its parameters, the array of that value of every
+    transition it writes, and returning their rows with their position ``ord``."""
 
     def __init__(
         self,
@@ -59,14 +59,12 @@ class GroupCommit:
         *,
         single: Callable[[Args], Awaitable[Row | None]],
         batch: str,
-        columns: Callable[[Args], Args] = lambda args: args,
         slots: int = SLOTS,
         max_batch: int = MAX_BATCH,
     ) -> None:
         self._db = db
         self._single = single
         self._batch = batch
-        self._columns = columns
         self._slots = max(slots, 1)
         self._max_batch = max(max_batch, 1)
         self._busy = 0
@@ -115,9 +113,8 @@ class GroupCommit:
             if len(batch) == 1:
                 await _settle(batch[0], self._single(batch[0].args))
                 return
-            columns = [self._columns(item.args) for item in batch]
             try:
-                found = await self._db.fetch(self._batch, *_arrays(columns))
+                found = await self._db.fetch(self._batch, *_arrays([i.args for i in batch]))
             except Exception as exc:  # the statement as a whole: each transition on its own
                 log.warning("a batch of %d transitions failed (%s); one by one", len(batch), exc)
                 COUNTERS.inc("signoff_group_commit_fallbacks_total")

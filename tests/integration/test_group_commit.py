@@ -11,8 +11,12 @@ from typing import Any
 import asyncpg
 import pytest
 
+from signoff.embedded import free_port
+from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Card, Decision, Status
+from signoff.runtime.decisions import Decisions, Resolution
 from signoff.runtime.errors import AlreadyDecided, NotOwner, SignoffError, StaleCard
+from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
 from signoff.store.group import GroupCommit
 from signoff.store.queries import SQL
@@ -233,3 +237,41 @@ async def test_a_batch_killed_mid_statement_writes_nothing_then_each_runs_alone(
             assert await h.trail(cards[0]) == ["pending"]
         finally:
             await conn.close()
+
+
+async def test_batched_decisions_commit_and_answer_with_redis_down(database_url: str) -> None:
+    """Redis is only told after the commit: with it unreachable, decisions that share a
+    statement are all taken and each person answered; the lost hints are counted, and
+    the worker's poll finds the decisions in Postgres (I6)."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        cards = await cards_on_threads(h, 4)
+        one_slot(h)
+        keys = Keys(h.settings.key_prefix)
+        dead = RedisBus.from_url(f"redis://127.0.0.1:{free_port()}/0", keys)
+        decisions = Decisions(
+            store=h.store, bus=dead, tools=h.app.tools, policy=h.app.policy, keys=keys
+        )
+        before = COUNTERS.values["signoff_group_commit_transitions_total"]
+        failed = COUNTERS.values["signoff_hints_failed_total"]
+        try:
+            outcomes = await asyncio.gather(
+                *(
+                    decisions.resolve(
+                        c.id,
+                        Resolution(decision=Decision.APPROVE, snapshot_hash=c.snapshot_hash),
+                        principal="alice",
+                        channel="test",
+                        tenant=h.tenant,
+                    )
+                    for c in cards
+                )
+            )
+        finally:
+            await dead.close()
+        assert [o.card["status"] for o in outcomes] == ["approved"] * len(cards)
+        assert COUNTERS.values["signoff_group_commit_transitions_total"] > before
+        assert COUNTERS.values["signoff_hints_failed_total"] > failed
+        for card in cards:  # decided once; the worker's poll may already be executing it
+            trail = await h.trail(card)
+            assert trail[:2] == ["pending", "approved"] and trail.count("approved") == 1
+            assert trail.count("executing") <= 1

@@ -251,7 +251,12 @@ async def test_a_reply_claim_left_by_a_dead_gateway_is_closed_then_pruned(
     tenant = a_tenant()
     dead = await outbound(store, tenant, "claimed", days_old=2)
     fresh = await outbound(store, tenant, "claimed")
-    await store.whatsapp.reclaim_outgoing("gateway-live", 60, 86400)
+    # Two gateways' couriers at once: the claim is closed once, neither takes it over.
+    taken = await asyncio.gather(
+        store.whatsapp.reclaim_outgoing("gateway-a", 60, 86400),
+        store.whatsapp.reclaim_outgoing("gateway-b", 60, 86400),
+    )
+    assert all(dead not in {item.key for item in found} for found in taken)
     status = "SELECT status, error FROM wa_outbound WHERE key = $1"
     row = await store.db.fetchrow(status, dead)
     assert row is not None and row["status"] == "failed" and "stopped" in row["error"]
