@@ -153,7 +153,8 @@ async def waiting(conn: asyncpg.Connection, n: int = 1) -> None:
     for _ in range(500):
         count = await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%cards%' AND pid <> pg_backend_pid()"
+            "AND query LIKE '%cards%' AND pid <> pg_backend_pid() "
+            "AND datname = current_database()"
         )
         if count >= n:
             return
@@ -173,7 +174,8 @@ async def kill_waiting(conn: asyncpg.Connection) -> int:
     """Terminate the backends waiting for a lock on a deciding statement."""
     killed: int = await conn.fetchval(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE wait_event_type = 'Lock' AND query LIKE '%cards%' AND pid <> pg_backend_pid()"
+        "WHERE wait_event_type = 'Lock' AND query LIKE '%cards%' AND pid <> pg_backend_pid() "
+        "AND datname = current_database()"
     )
     return killed
 
