@@ -143,23 +143,58 @@ async def test_a_batch_that_fails_as_a_whole_runs_each_decision_alone(database_u
         assert group._busy == 0 and not group._queue
 
 
-async def lock_thread(conn: asyncpg.Connection, thread_id: str) -> None:
-    await conn.execute("BEGIN")
-    await conn.execute("SELECT 1 FROM threads WHERE id = $1::uuid FOR UPDATE", thread_id)
+class Holder:
+    """A session holding a thread's row lock, and a second one watching who waits for it.
 
+    The watcher is outside any transaction: Postgres keeps one snapshot of
+    ``pg_stat_activity`` for a whole transaction, so polling it from the holder's own
+    transaction would see the moment of its first look forever. Waiters are found by
+    ``pg_blocking_pids``: only statements blocked by this holder, never another test's."""
 
-async def waiting(conn: asyncpg.Connection, n: int = 1) -> None:
-    """Until ``n`` deciding statements wait for a lock (10 s at most)."""
-    for _ in range(500):
-        count = await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%cards%' AND pid <> pg_backend_pid() "
-            "AND datname = current_database()"
+    def __init__(self, holder: asyncpg.Connection, watcher: asyncpg.Connection) -> None:
+        self.holder = holder
+        self.watcher = watcher
+        self.pid = 0
+        self.killed: set[int] = set()  # a terminated backend may linger in the view
+
+    async def lock(self, thread_id: str) -> None:
+        self.pid = await self.holder.fetchval("SELECT pg_backend_pid()")
+        await self.holder.execute("BEGIN")
+        await self.holder.execute("SELECT 1 FROM threads WHERE id = $1::uuid FOR UPDATE", thread_id)
+
+    async def release(self) -> None:
+        await self.holder.execute("ROLLBACK")
+
+    async def blocked(self) -> list[int]:
+        rows = await self.watcher.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))", self.pid
         )
-        if count >= n:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"no {n} statement(s) waiting for a lock")
+        return [r["pid"] for r in rows if r["pid"] not in self.killed]
+
+    async def waiting(self, n: int = 1) -> list[int]:
+        """Until ``n`` statements wait for this holder's lock (10 s at most)."""
+        for _ in range(500):
+            pids = await self.blocked()
+            if len(pids) >= n:
+                return pids
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no {n} statement(s) waiting for the held thread")
+
+    async def kill_waiting(self) -> int:
+        """Terminate the backends waiting for this holder's lock; how many."""
+        killed = 0
+        for pid in await self.blocked():
+            killed += bool(await self.watcher.fetchval("SELECT pg_terminate_backend($1)", pid))
+            self.killed.add(pid)
+        return killed
+
+    async def close(self) -> None:
+        await self.holder.close()
+        await self.watcher.close()
+
+
+async def holder(database_url: str) -> Holder:
+    return Holder(await asyncpg.connect(database_url), await asyncpg.connect(database_url))
 
 
 async def queued(group: GroupCommit, n: int) -> None:
@@ -170,16 +205,6 @@ async def queued(group: GroupCommit, n: int) -> None:
     raise AssertionError(f"{len(group._queue)} decisions queued, not {n}")
 
 
-async def kill_waiting(conn: asyncpg.Connection) -> int:
-    """Terminate the backends waiting for a lock on a deciding statement."""
-    killed: int = await conn.fetchval(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE wait_event_type = 'Lock' AND query LIKE '%cards%' AND pid <> pg_backend_pid() "
-        "AND datname = current_database()"
-    )
-    return killed
-
-
 async def test_a_slow_thread_holds_its_batch_then_it_commits_whole(database_url: str) -> None:
     """Postgres slow: a card's thread is locked by another session; the batch holding that
     card waits for it (threads are locked in id order, then cards: the one lock order)
@@ -187,22 +212,22 @@ async def test_a_slow_thread_holds_its_batch_then_it_commits_whole(database_url:
     async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
         cards = await cards_on_threads(h, 3)
         group = one_slot(h)
-        conn = await asyncpg.connect(database_url)
+        held = await holder(database_url)
         try:
-            await lock_thread(conn, cards[0].thread_id)
+            await held.lock(cards[0].thread_id)
             first = asyncio.create_task(decide(h, cards[0]))  # holds the one slot, blocked
-            await waiting(conn)
+            await held.waiting()
             batch = asyncio.gather(*(decide(h, c) for c in cards[1:]))
             await queued(group, len(cards) - 1)
             await asyncio.sleep(0.2)
             assert not first.done() and not batch.done()
-            await conn.execute("ROLLBACK")
+            await held.release()
             moved = [await first, *await batch]
             assert [m.card.status for m in moved] == [Status.APPROVED] * len(cards)
             for card in cards:
                 assert await h.trail(card) == ["pending", "approved"]
         finally:
-            await conn.close()
+            await held.close()
 
 
 async def test_a_batch_killed_mid_statement_writes_nothing_then_each_runs_alone(
@@ -214,31 +239,31 @@ async def test_a_batch_killed_mid_statement_writes_nothing_then_each_runs_alone(
     async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
         cards = await cards_on_threads(h, 4)
         group = one_slot(h)
-        conn = await asyncpg.connect(database_url)
+        held = await holder(database_url)
         try:
-            await lock_thread(conn, cards[0].thread_id)
+            await held.lock(cards[0].thread_id)
             first = asyncio.create_task(decide(h, cards[0]))  # the slot, blocked
-            await waiting(conn)
+            await held.waiting()
             rest = asyncio.gather(
                 *(decide(h, c) for c in (cards[2], cards[4], cards[1], cards[6])),
                 return_exceptions=True,
             )
             await queued(group, 4)
-            assert await kill_waiting(conn) == 1  # the lone statement of cards[0]
+            assert await held.kill_waiting() == 1  # the lone statement of cards[0]
             with pytest.raises(SignoffError):
                 await first
-            await waiting(conn)  # the batch has started and waits for cards[1]'s thread
+            await held.waiting()  # the batch has started and waits for cards[1]'s thread
             for card in cards[1:7:2] + cards[2:7:2]:
                 assert await h.trail(card) == ["pending"]  # nothing half written
-            assert await kill_waiting(conn) == 1  # the batch statement itself
-            await conn.execute("ROLLBACK")
+            assert await held.kill_waiting() == 1  # the batch statement itself
+            await held.release()
             results = await rest
             assert all(not isinstance(r, BaseException) for r in results), results
             for card in (cards[2], cards[4], cards[1], cards[6]):
                 assert await h.trail(card) == ["pending", "approved"]
             assert await h.trail(cards[0]) == ["pending"]
         finally:
-            await conn.close()
+            await held.close()
 
 
 async def test_batched_decisions_commit_and_answer_with_redis_down(database_url: str) -> None:
