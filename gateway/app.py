@@ -120,6 +120,11 @@ def build_app(
                 await asyncio.wait_for(ping_bus(), READY_TIMEOUT)
         except (SignoffError, OSError) as exc:  # (TimeoutError is an OSError)
             return json_response({"ok": False, "error": str(exc)}, 503)
+        except Exception as exc:  # a probe that cannot prove ready: not ready
+            # Whatever a driver raises that nothing below typed (a dependency going away
+            # mid-check can surface oddly): not ready, never a 500 the balancer misreads.
+            log.warning("/readyz: %s: %s", type(exc).__name__, exc)
+            return json_response({"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 503)
         return json_response({"ok": True})
 
     async def openapi_json(request: Request) -> Response:

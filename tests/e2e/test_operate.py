@@ -162,8 +162,10 @@ async def test_readyz_fails_with_postgres_or_redis_down_and_recovers(
                 proxy.refuse(True)
                 proxy.reset()
                 await until(lambda: status(503), what=f"/readyz 503 with {what} down")
-                body = (await http.get("/readyz")).json()
-                assert body["ok"] is False and body["error"], body
+                r = await http.get("/readyz")
+                body = r.json()
+                assert r.status_code == 503, (r.status_code, body)
+                assert body.get("ok") is False and body.get("error"), body
                 assert (await http.get("/healthz")).status_code == 200  # alive, not ready
                 proxy.heal()
                 await until(lambda: status(200), what=f"/readyz 200 once {what} is back")

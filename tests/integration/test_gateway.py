@@ -421,3 +421,24 @@ async def test_a_feed_that_cannot_subscribe_is_unavailable_and_leaks_no_listener
         finally:
             await feeds.close()
             await bus.close()
+
+
+async def test_readyz_is_not_ready_whatever_a_dependency_check_raises(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A readiness probe that cannot prove ready answers 503 with the error, never a 500
+    (a balancer may read 500 as the gateway's own fault): here the store's check raises an
+    error no driver layer typed."""
+
+    async def odd() -> None:
+        raise RuntimeError("the check broke oddly")
+
+    monkeypatch.setattr(h.store, "ping", odd)
+    async with httpx.AsyncClient() as c:
+        r = await c.get(f"{h.base_url}/readyz")
+        assert r.status_code == 503, r.text
+        assert r.json() == {"ok": False, "error": "RuntimeError: the check broke oddly"}
+        assert (await c.get(f"{h.base_url}/healthz")).status_code == 200
+    monkeypatch.undo()
+    async with httpx.AsyncClient() as c:
+        assert (await c.get(f"{h.base_url}/readyz")).status_code == 200
