@@ -132,7 +132,26 @@ class LocalCluster:
             except (subprocess.SubprocessError, OSError):
                 pass
             time.sleep(0.05)
-        raise RuntimeError("the Redis Cluster did not become ok")
+        raise RuntimeError(f"the Redis Cluster did not become ok in {timeout:.0f}s: {self.state()}")
+
+    def state(self) -> str:
+        """What each live node says of the cluster, and the tail of its log (for a failure)."""
+        out: list[str] = []
+        for port in self.live():
+            try:
+                info = self.info(port)
+                nodes = cli(port, "CLUSTER", "NODES")
+            except (subprocess.SubprocessError, OSError) as exc:
+                out.append(f"{port}: {exc}")
+                continue
+            logged = (self.root / str(port) / "redis.log").read_text(errors="replace")
+            tail = " | ".join(logged.strip().splitlines()[-6:])
+            out.append(
+                f"\n{port}: cluster_state={info.get('cluster_state')} "
+                f"slots_ok={info.get('cluster_slots_ok')} epoch={info.get('cluster_current_epoch')}"
+                f"\n{nodes.strip()}\nlog: {tail}"
+            )
+        return "".join(out)
 
     def live(self) -> list[int]:
         return [p for p, proc in self.processes.items() if proc.poll() is None]
