@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                     svc.server_url,
                     TMP / "langgraph",
                     latency_n=args.decisions[0],
-                    rate=50.0,
+                    rate=0.0,  # one at a time
                     throughput_n=args.decisions[-1],
                     senders=args.concurrency[-1],
                     runs=args.runs,

@@ -8,8 +8,10 @@ sender's clock just before ``send`` -> the step's insert done (the DBOS process'
 clock: ``time.time_ns`` of one host, the same kernel clock). It stops before DBOS
 records the step's output, which favours DBOS slightly.
 
-* latency: ``n`` workflows woken open loop at ``rate``/s (50/s: each wake is done
-  long before the next, as one at a time);
+* latency: ``n`` workflows woken one at a time (``rate`` 0: each sent once the
+  previous one's step is done, as signoff's and LangGraph's concurrency-1 figures;
+  an open loop at 50/s queued on a slower machine where DBOS did ~40 wakes/s, and its
+  p50 was then queueing, not the span);
 * throughput: ``n`` workflows woken by ``senders`` concurrent senders; per second =
   woken / (first send -> last step done). The senders do not wait for the steps, so
   more work is in flight than with signoff's users who each wait for their result:

@@ -30,6 +30,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -147,7 +148,9 @@ async def send_all(
     """Send one message to each workflow from this process (a ``DBOSClient``).
 
     ``rate``: open loop at that many messages/s (a send that falls behind goes at
-    once); ``None``: as fast as ``senders`` concurrent senders go (saturation).
+    once); ``None``: as fast as ``senders`` concurrent senders go (saturation); ``0``:
+    one at a time, each sent once the previous one's step is done (what LangGraph's
+    and signoff's concurrency-1 figures are: no queueing on a slow machine).
     ``warm``: workflows woken first, not measured (the client's pool and threads).
     Returns the wall time of the sends."""
     from dbos import DBOSClient
@@ -171,6 +174,12 @@ async def send_all(
             await asyncio.gather(*(loop.run_in_executor(pool, send, w) for w in warm))
             await wake_rows(database_url, warm, 60)
         t0 = time.monotonic()
+        if rate == 0:
+            await _one_at_a_time(
+                database_url, ids, lambda wid: loop.run_in_executor(pool, send, wid)
+            )
+            pool.shutdown()
+            return {"send_seconds": round(time.monotonic() - t0, 3), "send_errors": errors}
         futs = []
         for i, wid in enumerate(ids):
             if rate is not None:
@@ -184,6 +193,23 @@ async def send_all(
         return {"send_seconds": round(time.monotonic() - t0, 3), "send_errors": errors}
     finally:
         client.destroy()
+
+
+async def _one_at_a_time(
+    database_url: str, ids: list[str], send: Callable[[str], Awaitable[None]]
+) -> None:
+    """Send to each workflow once the previous one's step has written its row."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        for wid in ids:
+            await send(wid)
+            deadline = time.monotonic() + 30
+            while not await conn.fetchval("SELECT 1 FROM dbos_wakes WHERE id = $1", wid):
+                if time.monotonic() > deadline:
+                    return  # the rows found tell how many were woken
+                await asyncio.sleep(0.002)
+    finally:
+        await conn.close()
 
 
 class DbosProc:
