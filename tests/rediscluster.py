@@ -119,20 +119,73 @@ class LocalCluster:
         return dict(line.split(":", 1) for line in out.split() if ":" in line)
 
     def wait_ok(self, timeout: float = 30.0) -> float:
-        """Until every live node says cluster_state:ok and sees a master per slot range;
-        the seconds it took."""
+        """Until the cluster is settled; the seconds it took.
+
+        Settled: every live node says ``cluster_state:ok`` with every slot served, and
+        all of them agree on which node owns which slots; exactly three masters own
+        the slots and no live master owns none (a restarted master first comes back
+        as one, until gossip makes it a replica of the node promoted in its place);
+        and when every node is up, each master has a replica whose link to it is up.
+        A later test reads roles, replicas and per-master counters off this topology,
+        so "ok" alone (which a node says before the restarted one has settled) left
+        it half-formed for them."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             try:
-                if (
-                    all(self.info(p).get("cluster_state") == "ok" for p in self.live())
-                    and len(self.masters()) >= 3
-                ):
+                if self._settled():
                     return time.monotonic() - started
-            except (subprocess.SubprocessError, OSError):
+            except (subprocess.SubprocessError, OSError, ValueError, IndexError):
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"the Redis Cluster did not become ok in {timeout:.0f}s: {self.state()}")
+
+    def slot_map(self, port: int) -> dict[str, list[str]]:
+        """Node id -> the slot ranges it owns, as node ``port`` sees them."""
+        out: dict[str, list[str]] = {}
+        for line in cli(port, "CLUSTER", "NODES").splitlines():
+            parts = line.split()
+            ranges = [r for r in parts[8:] if not r.startswith("[")]  # not migrations
+            if ranges:
+                out[parts[0]] = sorted(ranges)
+        return out
+
+    def owner_of(self, slot: int) -> int:
+        """The port of the master that owns ``slot`` (as the first live node sees it)."""
+        for line in cli(self.live()[0], "CLUSTER", "NODES").splitlines():
+            parts = line.split()
+            for r in parts[8:]:
+                if r.startswith("["):
+                    continue
+                low, _, high = r.partition("-")
+                if int(low) <= slot <= int(high or low):
+                    return int(parts[1].split("@")[0].rsplit(":", 1)[1])
+        raise LookupError(f"no node owns slot {slot}")
+
+    def _settled(self) -> bool:
+        live = self.live()
+        for port in live:
+            info = self.info(port)
+            if info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != "16384":
+                return False
+        views = [self.slot_map(port) for port in live]
+        if any(view != views[0] for view in views[1:]):
+            return False  # the nodes do not agree yet on who owns what
+        nodes = [line.split() for line in cli(live[0], "CLUSTER", "NODES").splitlines()]
+        up = [n for n in nodes if "fail" not in n[2] and "noaddr" not in n[2]]
+        masters = [n for n in up if "master" in n[2]]
+        if len(masters) != 3 or any(len(n) < 9 for n in masters):
+            return False  # a master owning no slot, or a fourth master
+        if len(live) < len(self.ports):
+            return True  # a node is down on purpose: its master may have no replica now
+        for master in masters:
+            replicas = [n for n in up if "slave" in n[2] and n[3] == master[0]]
+            if not replicas:
+                return False
+            for replica in replicas:
+                port = int(replica[1].split("@")[0].rsplit(":", 1)[1])
+                if "master_link_status:up" not in cli(port, "INFO", "replication"):
+                    return False
+        return True
 
     def state(self) -> str:
         """What each live node says of the cluster, and the tail of its log (for a failure)."""

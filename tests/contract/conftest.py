@@ -6,6 +6,8 @@ afterwards, so tests can share one server with other test processes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -78,8 +80,17 @@ async def open_redis_bus(tag: str, keys: Keys, url: str | None = None) -> AsyncI
     try:
         yield bus
     finally:
-        await bus.close()
-        await drop_keys_of(keys, url)
+        try:
+            async with asyncio.timeout(15):
+                await bus.close()  # must end, whatever state the servers are in
+        except TimeoutError:
+            raise AssertionError("RedisBus.close() did not end in 15 s") from None
+        # Best effort: the keys are under this test's own prefix. redis-py's cluster
+        # client retries a failed cluster for a long time; a test that broke the cluster
+        # reports that itself, its teardown does not hang on it.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(15):
+                await drop_keys_of(keys, url)
 
 
 @pytest.fixture

@@ -154,11 +154,21 @@ def node_id(port: int) -> str:
 
 
 def move_slot(cluster: LocalCluster, slot: int, to: int) -> None:
-    """Hand an empty slot to another master (CLUSTER SETSLOT ... NODE on every master)."""
+    """Hand an empty slot to another master, as ``redis-cli --cluster reshard`` does:
+    IMPORTING on the target and MIGRATING on the owner first, so that the target's
+    ``SETSLOT ... NODE`` bumps its config epoch and its claim wins on every node. (A bare
+    ``SETSLOT NODE`` everywhere changed no epoch: gossip could later hand the slot back
+    to the old claim on some nodes, and a failover then left a master with the slot
+    unassigned and the cluster failed for every later test.)"""
     target = node_id(to)
+    owner = cluster.owner_of(slot)
+    source = node_id(owner)
+    cli(to, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", source)
+    cli(owner, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", target)
     cli(to, "CLUSTER", "SETSLOT", str(slot), "NODE", target)
+    cli(owner, "CLUSTER", "SETSLOT", str(slot), "NODE", target)
     for port in cluster.masters():
-        if port != to:
+        if port not in (to, owner):
             cli(port, "CLUSTER", "SETSLOT", str(slot), "NODE", target)
 
 

@@ -61,6 +61,7 @@ async def test_postgres_restart_and_redis_master_kill_under_load_lose_nothing(
     tmp_path: Path,
     invariants: Invariants,
 ) -> None:
+    redis_cluster.wait_ok()  # a settled topology, whatever the tests before left
     direct = fresh_migrated_db(private_pg.url)
     bounced = pgbouncer.through(direct)
     with cluster(
