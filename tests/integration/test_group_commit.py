@@ -20,6 +20,7 @@ from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
 from signoff.store.group import GroupCommit
 from signoff.store.queries import SQL
+from tests import pgbouncer
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
 
@@ -158,9 +159,11 @@ class Holder:
         self.killed: set[int] = set()  # a terminated backend may linger in the view
 
     async def lock(self, thread_id: str) -> None:
-        self.pid = await self.holder.fetchval("SELECT pg_backend_pid()")
         await self.holder.execute("BEGIN")
         await self.holder.execute("SELECT 1 FROM threads WHERE id = $1::uuid FOR UPDATE", thread_id)
+        # Inside the transaction: behind PgBouncer's transaction pooling, the server
+        # session is this client's only until it ends.
+        self.pid = await self.holder.fetchval("SELECT pg_backend_pid()")
 
     async def release(self) -> None:
         await self.holder.execute("ROLLBACK")
@@ -194,7 +197,7 @@ class Holder:
 
 
 async def holder(database_url: str) -> Holder:
-    return Holder(await asyncpg.connect(database_url), await asyncpg.connect(database_url))
+    return Holder(await pgbouncer.connect(database_url), await pgbouncer.connect(database_url))
 
 
 async def queued(group: GroupCommit, n: int) -> None:
