@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -32,6 +33,7 @@ from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions
 from signoff.runtime.errors import ConfigError, SignoffError
 from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.store import Store
 from signoff.runtime.workflows.service import WorkflowService
 
@@ -114,17 +116,21 @@ def build_app(
         if getattr(request.app.state, "draining", False):
             return json_response({"ok": False, "error": "draining"}, 503)
         ping_bus = getattr(bus, "ping", None)
-        try:
-            await store.ping()
-            if ping_bus is not None:
-                await asyncio.wait_for(ping_bus(), READY_TIMEOUT)
-        except (SignoffError, OSError) as exc:  # (TimeoutError is an OSError)
-            return json_response({"ok": False, "error": str(exc)}, 503)
-        except Exception as exc:  # a probe that cannot prove ready: not ready
-            # Whatever a driver raises that nothing below typed (a dependency going away
-            # mid-check can surface oddly): not ready, never a 500 the balancer misreads.
-            log.warning("/readyz: %s: %s", type(exc).__name__, exc)
-            return json_response({"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 503)
+        checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [("postgres", store.ping)]
+        if ping_bus is not None:
+            checks.append(("redis", lambda: asyncio.wait_for(ping_bus(), READY_TIMEOUT)))
+        for name, check in checks:
+            try:
+                await check()
+            except SignoffError as exc:  # typed by the store or the bus, and counted there
+                return json_response({"ok": False, "error": str(exc)}, 503)
+            except Exception as exc:  # a probe that cannot prove ready: not ready
+                # A ping past READY_TIMEOUT (TimeoutError) or whatever a driver raises
+                # that nothing below typed: not ready, never a 500 the balancer misreads,
+                # and counted as that dependency's error like any other failed call.
+                COUNTERS.inc(f"signoff_{name}_errors_total")
+                log.warning("/readyz: %s: %s: %s", name, type(exc).__name__, exc)
+                return json_response({"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 503)
         return json_response({"ok": True})
 
     async def openapi_json(request: Request) -> Response:

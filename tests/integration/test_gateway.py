@@ -27,6 +27,7 @@ from signoff.runtime.cards import Status
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.hints import Hint
 from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import COUNTERS
 from signoff.testing.servers import free_port
 from tests import services
 from tests.faults.proxy import Proxy
@@ -434,10 +435,13 @@ async def test_readyz_is_not_ready_whatever_a_dependency_check_raises(
         raise RuntimeError("the check broke oddly")
 
     monkeypatch.setattr(h.store, "ping", odd)
+    before = COUNTERS.values.get("signoff_postgres_errors_total", 0)
     async with httpx.AsyncClient() as c:
         r = await c.get(f"{h.base_url}/readyz")
         assert r.status_code == 503, r.text
         assert r.json() == {"ok": False, "error": "RuntimeError: the check broke oddly"}
+        # counted as the dependency's error, as a failed call of the store would be
+        assert COUNTERS.values.get("signoff_postgres_errors_total", 0) == before + 1
         assert (await c.get(f"{h.base_url}/healthz")).status_code == 200
     monkeypatch.undo()
     async with httpx.AsyncClient() as c:
