@@ -49,6 +49,7 @@ class Pool:
         self._free: collections.deque[asyncpg.Connection] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[asyncpg.Connection]] = collections.deque()
         self._size = 0  # open or opening connections
+        self._retiring: set[asyncio.Task[None]] = set()  # terminated once their cancel is out
         self._closed = False
 
     @property
@@ -138,7 +139,7 @@ class Pool:
     def release(self, conn: asyncpg.Connection, *, reusable: bool = True) -> None:
         if not reusable or conn.is_closed() or conn.is_in_transaction() or self._closed:
             if not conn.is_closed():
-                conn.terminate()
+                self._retire(conn)
             self._size -= 1
             self._replace()
             return
@@ -148,6 +149,21 @@ class Pool:
                 waiter.set_result(conn)
                 return
         self._free.append(conn)
+
+    def _retire(self, conn: asyncpg.Connection) -> None:
+        """Terminate a connection we no longer trust, once asyncpg's cancel request for the
+        statement it was running (sent when that statement timed out or its caller was
+        cancelled) has reached the server. Terminated at once, asyncpg drops the request
+        with it, and the server runs the abandoned statement to its end: a write whose
+        caller was answered ``Unavailable`` (a decision waiting past the store timeout
+        for a thread's lock, say) would still commit once the lock came free."""
+        cancelling = [t for t in getattr(conn, "_cancellations", ()) if not t.done()]
+        if not cancelling:
+            conn.terminate()
+            return
+        task = asyncio.get_running_loop().create_task(_terminate_after(conn, cancelling))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     def _replace(self) -> None:
         """A connection went away while someone waits: open another for them."""
@@ -214,3 +230,15 @@ class Pool:
         for conn in self._free:
             conn.terminate()
         self._free.clear()
+
+
+# How long a retired connection waits for its statement's cancel request (a new connection
+# to the server that carries it) before it is terminated anyway.
+CANCEL_WAIT = 5.0
+
+
+async def _terminate_after(conn: asyncpg.Connection, cancelling: list[asyncio.Task[None]]) -> None:
+    try:
+        await asyncio.wait(cancelling, timeout=CANCEL_WAIT)
+    finally:
+        conn.terminate()

@@ -7,9 +7,14 @@ import asyncio
 import asyncpg
 import pytest
 
+from signoff.runtime.cards import Decision, Status
+from signoff.runtime.errors import Unavailable
 from signoff.store.connector import init_connection
 from signoff.store.pool import Pool
+from signoff.store.postgres import PostgresStore
 from tests import pgbouncer
+from tests.harness import harness
+from tests.integration.test_decisions import Scripted, one_card, pix
 
 pytestmark = pytest.mark.anyio
 
@@ -107,3 +112,46 @@ async def test_a_waiter_gets_a_fresh_connection_when_one_is_dropped(database_url
         pool.release(fresh)
     finally:
         await pool.close()
+
+
+async def test_a_decision_answered_unavailable_is_not_committed_later(database_url: str) -> None:
+    """A decision waiting past the store timeout for its thread's lock is answered
+    Unavailable (503, retry) and must not commit once the lock comes free: the connection
+    is terminated only after asyncpg's cancel request for its statement is out (before,
+    terminating it dropped the request and the server ran the decision to its end)."""
+    async with harness(database_url, model=Scripted(pix())) as h:
+        card = await one_card(h)
+        slow = await PostgresStore.connect(database_url, timeout=0.3)
+        holder = await pgbouncer.connect(database_url)
+        probe = await pgbouncer.connect(database_url)
+        try:
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute(
+                "SELECT 1 FROM threads WHERE id = $1 FOR NO KEY UPDATE", card.thread_id
+            )
+            holder_pid = await holder.fetchval("SELECT pg_backend_pid()")
+            with pytest.raises(Unavailable):
+                await slow.decide(
+                    card.id,
+                    principal=card.owner,
+                    decision=Decision.APPROVE,
+                    snapshot_hash=card.snapshot_hash,
+                    channel="test",
+                )
+            deadline = asyncio.get_running_loop().time() + 5
+            while await probe.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+                holder_pid,
+            ):
+                assert asyncio.get_running_loop().time() < deadline, "left waiting on the server"
+                await asyncio.sleep(0.02)
+            await tx.rollback()
+        finally:
+            await holder.close()
+            await probe.close()
+            await slow.close()
+        await asyncio.sleep(0.1)
+        after = await h.store.get_card(card.id)
+        assert after.status is Status.PENDING
+        assert [e.to_status for e in await h.store.card_events(card.id)] == ["pending"]
