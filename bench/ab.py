@@ -84,6 +84,13 @@ def figures(data: dict[str, Any]) -> dict[str, float]:
     cost = (c64.get("cost_run1") or {}).get("cpu_ms_per_decision", {})
     for role in ("gateways", "workers", "postgres", "total"):
         out[f"closed64_cpu_ms_{role}"] = float(cost.get(role, float("nan")))
+    # The message path, from the parking before the 64-user loop (a new thread, its first
+    # message, the card on the chat socket; at most --park-limit in flight).
+    out["parking_runs_per_s"] = v(c64, "parking_runs_per_s")
+    out["parking_message_to_card_p50_ms"] = v(c64, "message_to_card_p50_ms")
+    parking = (c64.get("parking_cost_run1") or {}).get("cpu_ms_per_decision", {})
+    for role in ("gateways", "workers", "postgres", "total"):
+        out[f"parking_cpu_ms_{role}"] = float(parking.get(role, float("nan")))
     return out
 
 

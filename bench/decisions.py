@@ -107,6 +107,7 @@ class Bench:
         self.args = args
         self.clicked: list[Card] = []
         self.costs = Costs(c)
+        self.parking: dict[str, Any] = {}  # of the last park_for
 
     async def park_for(self, n: int, user_count: int, desc: str) -> list[Card]:
         """n parked runs on the first ``user_count`` users (round robin)."""
@@ -114,10 +115,25 @@ class Bench:
         sub = Users.__new__(Users)
         sub.__dict__.update(self.users.__dict__)
         sub.users = self.users.users[:user_count]
+        cost0 = await self.costs.snapshot()
+        t0 = time.perf_counter_ns()
         try:
-            return await sub.park(n, limit=self.args.park_limit, bar=bar)
+            cards = await sub.park(n, limit=self.args.park_limit, bar=bar)
         finally:
             bar.close()
+        seconds = (time.perf_counter_ns() - t0) / 1e9
+        await asyncio.sleep(1.0)  # Postgres publishes its counters about once a second
+        # The message path (a new thread, its first message, the model's proposal, the
+        # card on the chat socket), with at most park_limit messages in flight: a
+        # diagnostic beside the decision figures, not a target.
+        self.parking = {
+            "runs": len(cards),
+            "runs_per_s": round(len(cards) / seconds, 1) if seconds else None,
+            "message_to_card_ms": summarize_ms([int(c.asked_ms * 1e6) for c in cards]),
+            "in_flight": self.args.park_limit,
+            "cost": Costs.per(cost0, await self.costs.snapshot(), len(cards)),
+        }
+        return cards
 
     async def drain(self, cards: list[Card]) -> bool:
         """Wait until every clicked card's result arrived (or errored), then for idle workers."""
@@ -287,6 +303,7 @@ async def run(c: Cluster, args: Any) -> dict[str, Any]:
             break
         t = time.monotonic()
         cards = await parked
+        parking = bench.parking
         # quiet before measuring: no step in flight anywhere
         await bench.drain([])
         log(f"  {kind} {x}: {n} parked runs ready in {time.monotonic() - t:.1f}s")
@@ -299,7 +316,7 @@ async def run(c: Cluster, args: Any) -> dict[str, Any]:
         if i + 1 < len(plan):
             nk, nx, nn, nu, _ = plan[i + 1]
             parked = asyncio.create_task(bench.park_for(nn, nu, f"{nk}-{nx}"))
-        out.update({"kind": kind, "x": x, "run": r + 1})
+        out.update({"kind": kind, "x": x, "run": r + 1, "parking": parking})
         dl = out["decision_latency_ms"]
         log(
             f"  {kind} {x} run {r + 1}: decision p50 {dl.get('p50')} p99 {dl.get('p99')} ms, "
@@ -330,6 +347,12 @@ def summarize(phases: list[dict[str, Any]]) -> dict[str, Any]:
         g["decisions_per_s"] = spread([r["decisions_per_s"] for r in runs], "1/s", 1)
         g["results_per_s"] = spread([r["results_per_s"] for r in runs], "1/s", 1)
         g["cost_run1"] = runs[0].get("cost")
+        parks = [r["parking"] for r in runs if r.get("parking")]
+        g["parking_runs_per_s"] = spread([p["runs_per_s"] for p in parks], "1/s", 1)
+        g["message_to_card_p50_ms"] = spread(
+            [p["message_to_card_ms"].get("p50", float("nan")) for p in parks], "ms"
+        )
+        g["parking_cost_run1"] = parks[0]["cost"] if parks else None
         g["worker_spans_run1_ms"] = runs[0].get("worker_spans_ms")
         g["errors"] = sum(r["errors"] for r in runs)
         g["decisions"] = sum(r["decisions"] for r in runs)

@@ -40,6 +40,7 @@ class Card:
     acked: asyncio.Future[None] | None = None
     final: str = ""  # a terminal status other than executed (failed, invalidated, ...)
     finished: asyncio.Future[None] | None = None
+    asked_ms: float = 0.0  # the message sent -> its card on the chat socket
 
 
 @dataclass
@@ -174,6 +175,7 @@ class Users:
         fid = f"m{next(self._ids)}"
         ack: asyncio.Future[str] = loop.create_future()
         u.acks[fid] = ack
+        sent = time.perf_counter_ns()
         await u.chat.send({"type": "message", "text": ASK, "id": fid})
         thread = await asyncio.wait_for(ack, timeout)
         data = u.early_cards.pop(thread, None)
@@ -182,6 +184,7 @@ class Users:
             u.card_waiters[thread] = waiter
             data = await asyncio.wait_for(waiter, timeout)
         card = Card(id=data["id"], hash=data["snapshot_hash"], thread_id=thread, user=u)
+        card.asked_ms = (time.perf_counter_ns() - sent) / 1e6
         u.by_card[card.id] = card
         u.by_thread[thread] = card
         return card

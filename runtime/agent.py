@@ -147,7 +147,7 @@ class Agent:
         """
         run_id = self.run_id_for(message_id) if message_id else None
         async with self.lock(thread_id):
-            run, superseded, old_runs, created = await self.store.start_run(
+            started = await self.store.begin_run(
                 thread_id,
                 owner=user,
                 role=role,
@@ -158,16 +158,18 @@ class Agent:
                 channel=channel,
                 run_id=run_id,
             )
-            if not created:
+            run = started.run
+            if not started.created:
                 log.info("message %s was delivered again; run %s exists", message_id, run.id)
                 return run
-            for old in old_runs:
+            for old in started.old_runs:
                 if self._unpark is not None:
                     self._unpark(old.id)
-            for card in superseded:
+            for card in started.superseded:
                 # The holder of the superseded run may be another worker: tell it to let go.
                 await self.notify.card(card)
-            await self.notify.thread(thread_id)
+            # A quiet thread's hint carries the message; after a supersede, a re-read.
+            await self.notify.thread(thread_id, [started.entry] if started.entry else ())
             return await self._step(run)
 
     # -- the loop ----------------------------------------------------------------

@@ -10,6 +10,9 @@ wrong thing.
 
 - ``group-commit``: decisions arriving while a process's deciding statements are all
   busy are written together by one statement (``store/group.py``).
+- ``quiet-start``: a user message on a thread with nothing to supersede starts its run in
+  one statement (``run_start_quiet``) instead of ``start_run``'s transaction of nine
+  round trips, and its hint carries the message (``Agent.start``).
 
 """
 
@@ -20,7 +23,7 @@ from collections.abc import Mapping
 
 from signoff.runtime.errors import ConfigError
 
-LEVERS = ("group-commit",)
+LEVERS = ("group-commit", "quiet-start")
 
 
 def disabled(env: Mapping[str, str] | None = None) -> frozenset[str]:

@@ -33,6 +33,7 @@ from signoff.runtime.records import (
     Moved,
     NewCard,
     Run,
+    RunStarted,
     Thread,
     ThreadSummary,
     ToolUseOutcome,
@@ -205,7 +206,7 @@ class Store(Protocol):
 
     # -- runs ------------------------------------------------------------------------
 
-    async def start_run(
+    async def begin_run(
         self,
         thread_id: str,
         *,
@@ -217,10 +218,11 @@ class Store(Protocol):
         actor: str,
         channel: str | None,
         run_id: str | None = None,
-    ) -> tuple[Run, list[Card], list[Run], bool]:
-        """Supersede the thread's active run and its open cards, start a run held by
-        ``holder`` and append the user message; returns the run, the cards moved, the
-        runs superseded and whether the run is new (a known ``run_id`` is found, I5)."""
+    ) -> RunStarted:
+        """Start a run held by ``holder`` for a user message and append the message; on a
+        thread with something to supersede, first supersede its active run and open cards.
+        A known ``run_id`` is found, not started again (``created=False``, I5). On a quiet
+        thread one statement, and the message's log entry comes back for the hint."""
         ...
 
     async def get_run(self, run_id: str) -> Run: ...

@@ -41,6 +41,7 @@ class Queries:
     run_active_for_thread: str
     run_supersede_active: str
     run_insert: str
+    run_start_quiet: str
     run_set_state: str
     run_step: str
     run_append: str

@@ -143,6 +143,55 @@ VALUES ($1, $2, $3, $4, $5, 'running', $6)
 RETURNING id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state,
     error;
 
+-- name: run_start_quiet
+-- A user message's run on a quiet thread, in one statement (start_run's transaction takes
+-- nine round trips): thread $2 locked first (the one lock order); no run $1 yet (I5), no
+-- active run and no pending card in the thread, and nothing committed to the thread while
+-- this statement waited for its lock (its last_seq as locked, the newest, equals the one
+-- this statement's snapshot reads: every write that adds a run or a card to a thread
+-- appends to its log); then run $1 (owner $3, role $4, held by worker $5, whose lease row
+-- is inserted with $6 seconds if missing) and the user message $7 appended. No row: the
+-- thread is not quiet, not found, or run $1 exists; start_run's transaction decides.
+WITH th AS MATERIALIZED (
+    SELECT threads.id, threads.tenant, threads.last_seq FROM threads
+    WHERE threads.id = $2 FOR NO KEY UPDATE
+),
+quiet AS MATERIALIZED (
+    SELECT th.id, th.tenant FROM th
+    WHERE th.last_seq = (SELECT s.last_seq FROM threads s WHERE s.id = $2)
+      AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = $1)
+      AND NOT EXISTS (
+          SELECT 1 FROM runs WHERE runs.thread_id = $2 AND runs.status IN ('running', 'waiting')
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM cards WHERE cards.thread_id = $2 AND cards.status = 'pending'
+      )
+),
+w AS (
+    INSERT INTO workers (id, lease_until)
+    SELECT $5, now() + make_interval(secs => $6) FROM quiet
+    ON CONFLICT (id) DO NOTHING
+),
+r AS (
+    INSERT INTO runs (id, thread_id, tenant, owner, role, status, worker_id)
+    SELECT $1, quiet.id, quiet.tenant, $3, $4, 'running', $5 FROM quiet
+    ON CONFLICT DO NOTHING
+    RETURNING runs.id, runs.thread_id, runs.tenant, runs.owner, runs.role, runs.status,
+        runs.worker_id, runs.state, runs.error
+),
+t AS (
+    UPDATE threads SET last_seq = threads.last_seq + 1 FROM r WHERE threads.id = r.thread_id
+    RETURNING threads.last_seq
+),
+m AS (
+    INSERT INTO messages (thread_id, seq, run_id, kind, body)
+    SELECT r.thread_id, t.last_seq, r.id, 'user', $7 FROM r, t
+    RETURNING seq, created_at
+)
+SELECT r.id::text, r.thread_id::text, r.tenant, r.owner, r.role, r.status,
+    r.worker_id AS holder, r.state, r.error, m.seq AS log_seq, m.created_at AS log_at
+FROM r, m;
+
 -- name: run_set_state
 -- Run $1's status ($2), state ($3) and error ($4) while it is active and, with $5, held by
 -- that worker (a fence: note 14). No row: nothing was written.

@@ -11,9 +11,10 @@ from typing import Any
 
 import msgspec
 
+from signoff.runtime import levers
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import NotFound, RunInactive
-from signoff.runtime.records import Entry, Run
+from signoff.runtime.records import Entry, Run, RunStarted
 from signoff.store import rows
 from signoff.store.cards import move_in
 from signoff.store.connector import Conn, Connector
@@ -87,6 +88,78 @@ class Runs:
             return run, moved_cards, old_runs, True
 
         return await self._db.transaction(go)
+
+    async def begin_run(
+        self,
+        thread_id: str,
+        *,
+        owner: str,
+        role: str,
+        holder: str,
+        lease_seconds: float,
+        content: list[dict[str, Any]],
+        actor: str,
+        channel: str | None,
+        run_id: str | None = None,
+    ) -> RunStarted:
+        """A user message's run: :meth:`start_quiet_run` where the thread is quiet (one
+        statement; lever ``quiet-start``), else :meth:`start_run`'s transaction."""
+        if levers.on("quiet-start"):
+            quiet = await self.start_quiet_run(
+                thread_id,
+                run_id or str(uuid.uuid4()),
+                owner=owner,
+                role=role,
+                holder=holder,
+                lease_seconds=lease_seconds,
+                content=content,
+            )
+            if quiet is not None:
+                return RunStarted(run=quiet[0], entry=quiet[1])
+        run, moved, old_runs, created = await self.start_run(
+            thread_id,
+            owner=owner,
+            role=role,
+            holder=holder,
+            lease_seconds=lease_seconds,
+            content=content,
+            actor=actor,
+            channel=channel,
+            run_id=run_id,
+        )
+        return RunStarted(run=run, superseded=moved, old_runs=old_runs, created=created)
+
+    async def start_quiet_run(
+        self,
+        thread_id: str,
+        run_id: str,
+        *,
+        owner: str,
+        role: str,
+        holder: str,
+        lease_seconds: float,
+        content: list[dict[str, Any]],
+    ) -> tuple[Run, Entry] | None:
+        """:meth:`start_run` for a quiet thread in one statement: the new run and the user
+        message's log entry, or None (nothing written) unless the thread exists, has no
+        active run, no pending card and no run ``run_id`` yet, and took no other write
+        while this one waited for its lock: then :meth:`start_run` decides (supersedes,
+        finds the run of a message delivered again, or raises ``NotFound``)."""
+        tid = rows.uuid_of(thread_id)
+        body = {"content": content}
+        row = await self._db.fetchrow(
+            SQL.run_start_quiet, rows.uuid_of(run_id), tid, owner, role, holder, lease_seconds, body
+        )
+        if row is None:
+            return None
+        data = dict(row)
+        seq, created = data.pop("log_seq"), data.pop("log_at")
+        run = rows.run(data)
+        entry = Entry(
+            thread_id=run.thread_id, seq=seq, run_id=run.id, kind="user", body=body,
+            created_at=created,
+        )  # fmt: skip
+        return run, entry
 
     async def get_run(self, run_id: str) -> Run:
         row = await self._db.fetchrow(SQL.run_get, rows.uuid_of(run_id))

@@ -15,6 +15,7 @@ from signoff.store.postgres import PostgresStore
 from tests import pgbouncer
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, one_card, pix
+from tests.integration.test_quiet_start import unblocked
 
 pytestmark = pytest.mark.anyio
 
@@ -139,13 +140,7 @@ async def test_a_decision_answered_unavailable_is_not_committed_later(database_u
                     snapshot_hash=card.snapshot_hash,
                     channel="test",
                 )
-            deadline = asyncio.get_running_loop().time() + 5
-            while await probe.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
-                holder_pid,
-            ):
-                assert asyncio.get_running_loop().time() < deadline, "left waiting on the server"
-                await asyncio.sleep(0.02)
+            await unblocked(probe, holder_pid)  # cancelled on the server, not left waiting
             await tx.rollback()
         finally:
             await holder.close()
