@@ -147,7 +147,8 @@ class Agent:
         """
         run_id = self.run_id_for(message_id) if message_id else None
         async with self.lock(thread_id):
-            started = await self.store.begin_run(
+            logged: list[Entry] = []
+            run, superseded, old_runs, created = await self.store.start_run(
                 thread_id,
                 owner=user,
                 role=role,
@@ -157,19 +158,18 @@ class Agent:
                 actor=user,
                 channel=channel,
                 run_id=run_id,
+                logged=logged,
             )
-            run = started.run
-            if not started.created:
+            if not created:
                 log.info("message %s was delivered again; run %s exists", message_id, run.id)
                 return run
-            for old in started.old_runs:
+            for old in old_runs:
                 if self._unpark is not None:
                     self._unpark(old.id)
-            for card in started.superseded:
+            for card in superseded:
                 # The holder of the superseded run may be another worker: tell it to let go.
                 await self.notify.card(card)
-            # A quiet thread's hint carries the message; after a supersede, a re-read.
-            await self.notify.thread(thread_id, [started.entry] if started.entry else ())
+            await self.notify.thread(thread_id, logged)  # none after a supersede: a re-read
             return await self._step(run)
 
     # -- the loop ----------------------------------------------------------------

@@ -12,7 +12,7 @@ wrong thing.
   busy are written together by one statement (``store/group.py``).
 - ``quiet-start``: a user message on a thread with nothing to supersede starts its run in
   one statement (``run_start_quiet``) instead of ``start_run``'s transaction of nine
-  round trips, and its hint carries the message (``Agent.start``).
+  round trips, and its hint carries the message (``Runs.start_run``).
 
 """
 

@@ -72,18 +72,6 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None
 
 
-class RunStarted(msgspec.Struct, frozen=True, kw_only=True):
-    """What a user message started (``Store.begin_run``): its run; the cards and runs it
-    superseded; whether the run is new (False: the message was delivered again, I5); and
-    the message's log entry when the thread was quiet (None: the gateways re-read)."""
-
-    run: Run
-    superseded: list[Card] = []
-    old_runs: list[Run] = []
-    created: bool = True
-    entry: Entry | None = None
-
-
 class NewCard(msgspec.Struct, frozen=True, kw_only=True):
     """What a proposal writes: everything but the status and the timestamps."""
 

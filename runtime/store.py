@@ -33,7 +33,6 @@ from signoff.runtime.records import (
     Moved,
     NewCard,
     Run,
-    RunStarted,
     Thread,
     ThreadSummary,
     ToolUseOutcome,
@@ -206,7 +205,7 @@ class Store(Protocol):
 
     # -- runs ------------------------------------------------------------------------
 
-    async def begin_run(
+    async def start_run(
         self,
         thread_id: str,
         *,
@@ -218,11 +217,14 @@ class Store(Protocol):
         actor: str,
         channel: str | None,
         run_id: str | None = None,
-    ) -> RunStarted:
-        """Start a run held by ``holder`` for a user message and append the message; on a
-        thread with something to supersede, first supersede its active run and open cards.
-        A known ``run_id`` is found, not started again (``created=False``, I5). On a quiet
-        thread one statement, and the message's log entry comes back for the hint."""
+        logged: list[Entry] | None = None,
+    ) -> tuple[Run, list[Card], list[Run], bool]:
+        """Supersede the thread's active run and its open cards, start a run held by
+        ``holder`` and append the user message; returns the run, the cards moved, the
+        runs superseded and whether the run is new (a known ``run_id`` is found, I5).
+        On a quiet thread (nothing to supersede) it is one statement, and the message's
+        log entry is appended to ``logged`` for the thread's hint (else the gateways
+        re-read the log)."""
         ...
 
     async def get_run(self, run_id: str) -> Run: ...

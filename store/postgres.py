@@ -66,7 +66,6 @@ class PostgresStore:
 
         self.start_run = runs.start_run
         self.start_quiet_run = runs.start_quiet_run
-        self.begin_run = runs.begin_run
         self.get_run = runs.get_run
         self.active_run = runs.active_run
         self.set_run = runs.set_run

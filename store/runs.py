@@ -14,7 +14,7 @@ import msgspec
 from signoff.runtime import levers
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import NotFound, RunInactive
-from signoff.runtime.records import Entry, Run, RunStarted
+from signoff.runtime.records import Entry, Run
 from signoff.store import rows
 from signoff.store.cards import move_in
 from signoff.store.connector import Conn, Connector
@@ -46,8 +46,12 @@ class Runs:
         actor: str,
         channel: str | None,
         run_id: str | None = None,
+        logged: list[Entry] | None = None,
     ) -> tuple[Run, list[Card], list[Run], bool]:
-        """Start a run held by ``holder`` for a new user message, in one transaction.
+        """Start a run held by ``holder`` for a new user message: on a quiet thread in one
+        statement (:meth:`start_quiet_run`, lever ``quiet-start``; the user message's log
+        entry is appended to ``logged``, for the thread's hint), otherwise in one
+        transaction.
 
         Active runs of the thread become ``superseded``; their cards still ``pending``
         become ``superseded`` and those ``approved`` but not yet started become
@@ -61,6 +65,20 @@ class Runs:
         waits for it, or it for the approve, and never deadlocks. ``actor`` (the person
         who sent the message) is kept for the audit's detail.
         """
+        if levers.on("quiet-start"):
+            quiet = await self.start_quiet_run(
+                thread_id,
+                run_id or str(uuid.uuid4()),
+                owner=owner,
+                role=role,
+                holder=holder,
+                lease_seconds=lease_seconds,
+                content=content,
+            )
+            if quiet is not None:
+                if logged is not None:
+                    logged.append(quiet[1])
+                return quiet[0], [], [], True
         tid = rows.uuid_of(thread_id)
 
         async def go(conn: Conn) -> tuple[Run, list[Card], list[Run], bool]:
@@ -88,46 +106,6 @@ class Runs:
             return run, moved_cards, old_runs, True
 
         return await self._db.transaction(go)
-
-    async def begin_run(
-        self,
-        thread_id: str,
-        *,
-        owner: str,
-        role: str,
-        holder: str,
-        lease_seconds: float,
-        content: list[dict[str, Any]],
-        actor: str,
-        channel: str | None,
-        run_id: str | None = None,
-    ) -> RunStarted:
-        """A user message's run: :meth:`start_quiet_run` where the thread is quiet (one
-        statement; lever ``quiet-start``), else :meth:`start_run`'s transaction."""
-        if levers.on("quiet-start"):
-            quiet = await self.start_quiet_run(
-                thread_id,
-                run_id or str(uuid.uuid4()),
-                owner=owner,
-                role=role,
-                holder=holder,
-                lease_seconds=lease_seconds,
-                content=content,
-            )
-            if quiet is not None:
-                return RunStarted(run=quiet[0], entry=quiet[1])
-        run, moved, old_runs, created = await self.start_run(
-            thread_id,
-            owner=owner,
-            role=role,
-            holder=holder,
-            lease_seconds=lease_seconds,
-            content=content,
-            actor=actor,
-            channel=channel,
-            run_id=run_id,
-        )
-        return RunStarted(run=run, superseded=moved, old_runs=old_runs, created=created)
 
     async def start_quiet_run(
         self,
