@@ -107,16 +107,18 @@ def redis_cluster() -> Iterator[LocalCluster]:
         yield cluster
 
 
-@pytest.fixture(autouse=True)
-def _cluster_leaks_collected(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a test on the local Redis Cluster (and all its other fixtures' teardown),
-    collect what redis-py's cluster client dropped without closing while nodes were
-    killed (a socket opened to a startup node during a topology reload, a stream whose
-    loop is gone): collected at a random later moment, its ResourceWarning failed
-    whichever test ran then (pytest turns warnings into errors here). Silenced only
-    for these tests, which kill nodes on purpose."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a test on the local Redis Cluster, once pytest has let go of its fixtures'
+    values, collect what redis-py's cluster client dropped without closing while nodes
+    were killed (connections opened to startup nodes during a topology reload): left
+    to a random later moment, their ResourceWarning failed whichever test ran then
+    (pytest turns warnings into errors here; seen failing ``test_500_threads_across_pools``
+    after ``test_a_killed_master_fails_its_subscriptions_and_the_bus_recovers``). A
+    collection inside the test's own teardown came too early: its fixture values still
+    held the client. Silenced only for these tests, which kill nodes on purpose."""
     yield
-    if "redis_cluster" in request.fixturenames:
+    if "redis_cluster" in getattr(item, "fixturenames", ()):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
