@@ -49,6 +49,21 @@ async def quiet(store: PostgresStore, thread_id: str, run_id: str | None = None)
     )
 
 
+async def start_run_of(store: PostgresStore, thread_id: str, run_id: str | None = None) -> Any:
+    """``start_run`` as the agent calls it (the quiet statement first, then the transaction)."""
+    return await store.start_run(
+        thread_id,
+        owner="someone",
+        role="user",
+        holder=HOLDER,
+        lease_seconds=30,
+        content=[{"type": "text", "text": "oi"}],
+        actor="someone",
+        channel="test",
+        run_id=run_id,
+    )
+
+
 async def written(store: PostgresStore, thread_id: str) -> tuple[int, int, int]:
     """The thread's last_seq, its log entries and its runs."""
     async with store.db.tx() as conn:
@@ -105,17 +120,7 @@ async def test_what_is_not_quiet_is_left_to_start_run_with_nothing_written(
     await finish(store, run_id)
     assert await quiet(store, thread_id, run_id) is None
     assert await written(store, thread_id) == before
-    again = await store.start_run(
-        thread_id,
-        owner="someone",
-        role="user",
-        holder=HOLDER,
-        lease_seconds=30,
-        content=[{"type": "text", "text": "oi"}],
-        actor="someone",
-        channel="test",
-        run_id=run_id,
-    )
+    again = await start_run_of(store, thread_id, run_id)
     assert again[3] is False
     # A thread nobody made.
     assert await quiet(store, str(uuid.uuid4())) is None
@@ -187,16 +192,7 @@ async def test_a_card_committed_while_it_waited_for_the_lock_sends_it_to_start_r
         thread_id,
     )
     assert runs == 0
-    _, moved, _, created = await store.start_run(
-        thread_id,
-        owner="someone",
-        role="user",
-        holder=HOLDER,
-        lease_seconds=30,
-        content=[{"type": "text", "text": "de novo"}],
-        actor="someone",
-        channel="test",
-    )
+    _, moved, _, created = await start_run_of(store, thread_id)
     assert created and [c.id for c in moved] == [card_id]
     assert (await store.get_card(card_id)).status is Status.SUPERSEDED
 
