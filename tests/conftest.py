@@ -104,11 +104,15 @@ async def store(database_url: str) -> AsyncIterator[PostgresStore]:
 def redis_cluster() -> Iterator[LocalCluster]:
     """A local 3-master + 3-replica Redis Cluster for the session (``tests/rediscluster.py``)."""
     with local_cluster() as cluster:
+        _CLUSTER_PORTS.update(cluster.ports)
         yield cluster
 
 
+_CLUSTER_PORTS: set[int] = set()  # the session's local Redis Cluster, once started
+
+
 @pytest.fixture(autouse=True)
-def _cluster_leaks_closed(request: pytest.FixtureRequest) -> Iterator[None]:
+def _cluster_leaks_closed() -> Iterator[None]:
     """After a test on the local Redis Cluster (and its other fixtures' teardown), close
     the connections to its nodes that redis-py's cluster client dropped without closing
     while nodes were killed (opened to startup nodes by ``NodesManager.initialize`` and
@@ -117,16 +121,20 @@ def _cluster_leaks_closed(request: pytest.FixtureRequest) -> Iterator[None]:
     were collected later their ``ResourceWarning`` failed whichever test ran then
     (``test_500_threads_across_pools``; pytest turns warnings into errors here). Only
     for these tests, which kill nodes on purpose; any StreamWriter still open to a node
-    once every client of the test is closed is such a leftover."""
+    once every client of the test is closed is such a leftover. Checked after every test
+    once the cluster has started: a reconnect redis-py began in a cluster test may open
+    its socket after that test's teardown."""
     yield
-    if "redis_cluster" not in request.fixturenames:
+    if not _CLUSTER_PORTS:
         return
-    ports = set(request.getfixturevalue("redis_cluster").ports)
+    aborted = 0
     for obj in gc.get_objects():
         if isinstance(obj, asyncio.StreamWriter) and not obj.transport.is_closing():
             peer = obj.get_extra_info("peername")
-            if peer and peer[1] in ports:
+            if peer and peer[1] in _CLUSTER_PORTS:
                 obj.transport.abort()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        gc.collect()
+                aborted += 1
+    if aborted:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
