@@ -31,14 +31,14 @@ from signoff.runtime.errors import (
     Unavailable,
     UnknownTool,
 )
-from signoff.runtime.execution import Executor, run_context
+from signoff.runtime.execution import Executor
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.models.base import Model
 from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
-from signoff.runtime.records import Approval, Entry, Run, RunStatus
+from signoff.runtime.records import Entry, Run, RunStatus
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
 from signoff.runtime.tools import Registry, ToolContext
@@ -57,7 +57,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The log kinds the model sees (runtime.conversation.build_messages).
 CONVERSATION = frozenset({"user", "assistant", "tool_results"})
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
-Hot = tuple[str, Approval] | None  # a card id and its approval's description (hot-wake)
 
 
 class Agent:
@@ -103,9 +102,9 @@ class Agent:
             notify=self.notify,
             actor=f"worker:{worker_id}",
             faults=self.faults,
-            services=services,
         )
-        # One lock per thread (or run) while in use; weak values let idle ones go.
+        # One lock per thread while anyone holds or waits on it; weak values let locks of
+        # idle threads go (a held lock is referenced by the coroutine using it).
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @staticmethod
@@ -120,7 +119,14 @@ class Agent:
         return lock
 
     def _ctx(self, run: Run) -> ToolContext:
-        return run_context(run.id, run.thread_id, run.tenant, run.owner, run.role, self.services)
+        return ToolContext(
+            tenant=run.tenant,
+            user=run.owner,
+            role=run.role,
+            thread_id=run.thread_id,
+            run_id=run.id,
+            services=self.services,
+        )
 
     # -- a new user message ----------------------------------------------------
 
@@ -193,7 +199,8 @@ class Agent:
                     entries = await self.store.conversation(run.thread_id)
                 else:
                     entries, conversation = conversation, None
-                # Deltas carry the log position they stream after (a gateway drops late ones).
+                # Deltas carry the log position they stream after, so a gateway can drop
+                # those that arrive after the assistant entry they belong to.
                 position = entries[-1].seq if entries else 0
                 shown = entries + [
                     Entry(
@@ -396,25 +403,21 @@ class Agent:
             return run
         return await self._resume(run, waiting, cards, conversation)
 
-    async def continue_run(self, run_id: str, approved: Hot = None) -> Run | None:
+    async def continue_run(self, run_id: str) -> Run | None:
         """Continue a parked run from the store (live path and recovery path alike); then
         ``on_settled`` (an agent step's run wakes its workflow run).
 
         One read of the run and its cards, under the run's lock. (Runs of one thread in
         other processes are kept apart by Postgres alone: every step is conditional on
-        the run being active; the same conditions keep them apart here.) ``approved``: a
-        card of the run as its approval's signal described it, started first (lever
-        hot-wake, ``Executor.execute_hot``); the run is read afterwards.
+        the run being active; the same conditions keep them apart here.)
         """
-        run = await self._continue(run_id, approved)
+        run = await self._continue(run_id)
         if run is not None and self.on_settled is not None:
             await self.on_settled(run)
         return run
 
-    async def _continue(self, run_id: str, approved: Hot = None) -> Run | None:
+    async def _continue(self, run_id: str) -> Run | None:
         async with self.lock(run_id):
-            if approved is not None and approved[1].run_id == run_id:
-                await self.executor.execute_hot(*approved, self.worker_id)
             run, cards, conversation = await self.store.run_with_cards(run_id)
             if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
                 return await self._recover_running(run)

@@ -146,7 +146,7 @@ class Decisions:
             reason=res.reason,
             tenant=tenant,
         )
-        await self._notify(moved.card, received, moved.holder, moved.entry, moved.role)
+        await self._notify(moved.card, received, moved.holder, moved.entry)
         return Outcome(card=moved.card.public())
 
     async def _notify(
@@ -155,14 +155,13 @@ class Decisions:
         received: int,
         holder: str | None = None,
         entry: Entry | None = None,
-        role: str | None = None,
     ) -> None:
         """Tell the worker, after the commit. The decision is taken either way: a publish
         that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6);
         the notifier never raises."""
         self.faults.hit("decide.before_publish")
         await self.notify.card(
-            card, at_ns=received, holder=holder, entry=entry, trace=traceparent(), role=role
+            card, at_ns=received, holder=holder, entry=entry, trace=traceparent()
         )
 
     async def _edit(

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.notify import Notifier
-from signoff.runtime.records import Approval
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
-from signoff.runtime.tools import Registry, Revalidation, Tool, ToolContext
+from signoff.runtime.tools import Registry, ToolContext
 
 log = logging.getLogger("signoff.agent")
 
@@ -44,14 +42,12 @@ class Executor:
         notify: Notifier,
         actor: str,
         faults: Faults,
-        services: Any = None,
     ) -> None:
         self.store = store
         self.tools = tools
         self.notify = notify
         self.actor = actor
         self.faults = faults
-        self.services = services  # the app's handles, for a context built from a signal
 
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
@@ -75,7 +71,13 @@ class Executor:
                 card_id=card.id,
                 run_id=card.run_id,
             )
-        check_ok, reason, changes = await _revalidate(tool, card.id, card.args_snapshot, ctx)
+        try:
+            check = await tool.revalidate(card.args_snapshot, ctx)
+        except Exception as exc:  # a tool's own failure must not wedge the run
+            log.exception("revalidate failed for card %s", card.id)
+            check_ok, reason, changes = False, f"revalidation error: {exc}", []
+        else:
+            check_ok, reason, changes = check.ok, check.reason, check.changes
         if not check_ok:
             moved = await self.store.move(
                 card.id,
@@ -89,45 +91,6 @@ class Executor:
         started = await self.notify.moved(await self.store.begin_execution(card.id, actor))
         if started is None:
             return await self.store.get_card(card.id)
-        return await self._carry_out(tool, started, ctx)
-
-    async def execute_hot(self, card_id: str, approval: Approval, holder: str) -> Card | None:
-        """Start an approved card from its decision's signal, before its run is read (lever
-        hot-wake, design note 37): revalidate ``approval.args``, then ``approved ->
-        executing`` only if Postgres still has the card approved with exactly those values
-        and its run waits on it alone, held by ``holder``. The card as it ends up, or
-        ``None`` when nothing was started (the caller goes the ordinary way: read the run,
-        revalidate, start). A failed revalidation starts nothing here either: the ordinary
-        way records it, from what Postgres holds."""
-        tool = self.tools.get(approval.tool)
-        if tool is None:
-            return None
-        a = approval  # the context the run's own would be: the statement checks each field
-        ctx = run_context(a.run_id, a.thread_id, a.tenant, a.owner, a.role, self.services)
-        with span("execute", card_id=card_id, run_id=approval.run_id, tool=approval.tool):
-            check_ok, _, _ = await _revalidate(tool, card_id, approval.args, ctx)
-            if not check_ok:
-                return None
-            moved = await self.store.begin_execution_hot(
-                card_id, self.actor, holder=holder, approval=approval
-            )
-            started = await self.notify.moved(moved)
-            if started is None:
-                return None
-            if started.args_snapshot != approval.args or started.tool != approval.tool:
-                # The statement compared them; this cannot happen unless it is wrong. The
-                # card is executing: left so for the sweeper to flag (I4), never run on
-                # values that were not revalidated.
-                log.error("card %s started from a signal that does not match it", card_id)
-                return started
-            done = await self._carry_out(tool, started, ctx)
-        ids = {"card_id": card_id, "run_id": done.run_id, "thread_id": done.thread_id}
-        log.info("card %s", done.status, extra={**ids, "tool": done.tool, "status": done.status})
-        return done
-
-    async def _carry_out(self, tool: Tool, started: Card, ctx: ToolContext) -> Card:
-        """The provider call of a started card (``executing``), and its recorded outcome."""
-        card, actor = started, self.actor
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
@@ -161,25 +124,3 @@ class Executor:
                     raise
                 await asyncio.sleep(wait)
         return await self.notify.moved(finished) or await self.store.get_card(card.id)
-
-
-async def _revalidate(
-    tool: Tool, card_id: str, args: dict[str, Any], ctx: ToolContext
-) -> tuple[bool, str, list[dict[str, Any]]]:
-    """The tool's check of the world for these values: (ok, reason, changes); a tool that
-    raises fails the check (its own failure must not wedge the run)."""
-    try:
-        check: Revalidation = await tool.revalidate(args, ctx)
-    except Exception as exc:
-        log.exception("revalidate failed for card %s", card_id)
-        return False, f"revalidation error: {exc}", []
-    return check.ok, check.reason, check.changes
-
-
-def run_context(
-    run_id: str, thread_id: str, tenant: str, owner: str, role: str, services: Any
-) -> ToolContext:
-    """The context a run's tools are called with."""
-    return ToolContext(
-        tenant=tenant, user=owner, role=role, thread_id=thread_id, run_id=run_id, services=services
-    )

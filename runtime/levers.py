@@ -13,10 +13,6 @@ wrong thing.
 - ``quiet-start``: a user message on a thread with nothing to supersede starts its run in
   one statement (``run_start_quiet``) instead of ``start_run``'s transaction of nine
   round trips, and its hint carries the message (``Runs.start_run``).
-- ``hot-wake``: an approval's signal describes the card (``notify.Approval``); the holder
-  of its run, when the run waits on that card alone, revalidates and starts it at once
-  (``Store.begin_execution_hot``, conditional on all of it) and reads the run afterwards,
-  instead of reading the run before revalidating (design note 37).
 
 """
 
@@ -27,7 +23,7 @@ from collections.abc import Mapping
 
 from signoff.runtime.errors import ConfigError
 
-LEVERS = ("group-commit", "quiet-start", "hot-wake")
+LEVERS = ("group-commit", "quiet-start")
 
 
 def disabled(env: Mapping[str, str] | None = None) -> frozenset[str]:

@@ -20,13 +20,13 @@ from typing import Protocol
 
 import msgspec
 
-from signoff.runtime import hints, levers
+from signoff.runtime import hints
 from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
-from signoff.runtime.records import Approval, Entry, Moved, Run
+from signoff.runtime.records import Entry, Moved, Run
 
 
 class CardSignal(msgspec.Struct, frozen=True):
@@ -40,9 +40,6 @@ class CardSignal(msgspec.Struct, frozen=True):
     at_ns: int = 0  # wall time the gateway received the decision, for latency measurement
     run_id: str = ""  # a workflow run to continue
     trace: str = ""  # the deciding span's W3C traceparent when tracing is on (telemetry.py)
-    # An approval: what the holder needs to start the card without reading its run first
-    # (lever hot-wake, design note 37); never trusted (Store.begin_execution_hot).
-    approval: Approval | None = None
 
 
 log = logging.getLogger("signoff.notify")
@@ -136,7 +133,6 @@ class Notifier:
         holder: str | None = None,
         entry: Entry | None = None,
         trace: str = "",
-        role: str | None = None,
     ) -> int:
         """Signal the worker holding the card's run, then hint the thread; how many
         workers heard the signal.
@@ -145,12 +141,10 @@ class Notifier:
         the decision path). If nobody hears the signal there, the card's wait token is
         read, then the run's holder in Postgres. ``entry``: the log entry the change
         wrote, carried to the thread's gateways (without it they re-read the log).
-        ``role``: the role of the card's run as the same statement saw it; with it, an
-        approval's signal describes the card (:class:`Approval`, lever hot-wake).
         """
         heard = 0
         try:
-            heard = await self._signal_holder(card, at_ns, holder, trace, role)
+            heard = await self._signal_holder(card, at_ns, holder, trace)
         except Exception as exc:  # never fail the caller after its commit (I6)
             COUNTERS.inc("signoff_hints_failed_total")
             log.warning(
@@ -171,22 +165,9 @@ class Notifier:
         return await quietly(self.bus.clear_wait(card_id), f"wait token delete for {card_id}")
 
     async def _signal_holder(
-        self, card: Card, at_ns: int, holder: str | None, trace: str = "", role: str | None = None
+        self, card: Card, at_ns: int, holder: str | None, trace: str = ""
     ) -> int:
-        approval = None
-        if role is not None and card.status is Status.APPROVED and levers.on("hot-wake"):
-            approval = Approval(
-                run_id=card.run_id,
-                thread_id=card.thread_id,
-                tenant=card.tenant,
-                owner=card.owner,
-                role=role,
-                tool=card.tool,
-                args=card.args_snapshot,
-            )
-        signal = _enc.encode(
-            CardSignal(card.id, str(card.status), at_ns, trace=trace, approval=approval)
-        )
+        signal = _enc.encode(CardSignal(card.id, str(card.status), at_ns, trace=trace))
         heard = 0
         if holder:
             heard = await self.bus.publish(self.keys.worker_channel(holder), signal)

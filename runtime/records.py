@@ -109,29 +109,11 @@ class CardEvent(msgspec.Struct, frozen=True, kw_only=True):
 class Moved(msgspec.Struct, frozen=True):
     """A card as a committed change left it, with the thread-log entry written with it
     (what a thread hint carries to the gateways) and the worker holding its run then
-    (where the decision's signal goes), with the run's role (a decision's signal carries
-    it: design note 37)."""
+    (where the decision's signal goes)."""
 
     card: Card
     entry: Entry
     holder: str | None = None
-    role: str | None = None
-
-
-class Approval(msgspec.Struct, frozen=True):
-    """An approved card as its decision's signal describes it (lever ``hot-wake``, design
-    note 37): enough for the holder of the card's run to revalidate and start it without
-    reading the run first. Never trusted: ``approved -> executing`` is taken from it only
-    if Postgres still has the card approved with exactly these values and its run waiting
-    on it alone, held by that worker (``Store.begin_execution_hot``)."""
-
-    run_id: str
-    thread_id: str
-    tenant: str
-    owner: str
-    role: str
-    tool: str
-    args: dict[str, Any]
 
 
 class ToolUseOutcome(msgspec.Struct, frozen=True):

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.records import (
-    Approval,
     CardEvent,
     Entry,
     Moved,
@@ -331,14 +330,6 @@ class Store(Protocol):
     ) -> Moved | None: ...
 
     async def begin_execution(self, card_id: str, actor: str) -> Moved | None: ...
-
-    async def begin_execution_hot(
-        self, card_id: str, actor: str, *, holder: str, approval: Approval
-    ) -> Moved | None:
-        """``begin_execution`` taken straight from a decision's signal: only if the card is
-        still approved with exactly ``approval``'s values and its run waits on it alone,
-        held by ``holder``; ``None`` (nothing written) otherwise (design note 37)."""
-        ...
 
     async def finish_execution(
         self, card_id: str, *, ok: bool, result: dict[str, Any], actor: str

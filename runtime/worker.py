@@ -36,7 +36,7 @@ from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.models.base import Model
 from signoff.runtime.notify import quietly, signal_decoder
-from signoff.runtime.records import ACTIVE_RUN, Approval, Run, RunStatus
+from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
 from signoff.runtime.store import Store
 from signoff.runtime.sweeper import Sweeper
 from signoff.runtime.waits import WaitRegistry
@@ -81,7 +81,7 @@ class Worker:
             lease_seconds=settings.lease_seconds,
             wait_grace_ms=settings.wait_grace_ms,
             park=self._park,
-            unpark=self._unpark,
+            unpark=self.waits.drop_run,
             faults=self.faults,
             **kwargs,
         )
@@ -98,9 +98,6 @@ class Worker:
         # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
-        # run -> (card, approval) its decision's signal described, until it is woken
-        # (lever hot-wake, design note 37)
-        self._approved: dict[str, tuple[str, Approval]] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -130,7 +127,6 @@ class Worker:
             task.cancel()
         parked = self.waits.parked_cards()
         self.waits.drop_all()
-        self._approved.clear()
         if not release:
             return
         with contextlib.suppress(Exception):
@@ -216,7 +212,7 @@ class Worker:
     async def _settle_failed(self, run_id: str, exc: BaseException, attempt: int = 0) -> None:
         """Settle a run we hold as failed, with the error in its ``run`` entry; tried again
         later while the store does not answer. A run no longer ours is left alone."""
-        self._unpark(run_id)
+        self.waits.drop_run(run_id)
         try:
             run = await self.store.get_run(run_id)
             if run.status in ACTIVE_RUN and run.holder == self.worker_id:
@@ -301,18 +297,11 @@ class Worker:
         for card_id, status in (await self.store.decided_among(card_ids)).items():
             self.waits.resolve(card_id, status, path)
 
-    def _unpark(self, run_id: str) -> None:
-        self.waits.drop_run(run_id)
-        self._approved.pop(run_id, None)
-
     def _on_ready(self, run_id: str) -> None:
         trace = self._traces.pop(run_id, "") if self._traces else ""
-        approved = self._approved.pop(run_id, None) if self._approved else None
-        self.spawn(self._wake(run_id, approved=approved), telemetry.context_of(trace))
+        self.spawn(self._wake(run_id), telemetry.context_of(trace))
 
-    async def _wake(
-        self, run_id: str, attempt: int = 0, approved: tuple[str, Approval] | None = None
-    ) -> None:
+    async def _wake(self, run_id: str, attempt: int = 0) -> None:
         try:
             # Bounded: past the pool's size, continuations would only queue for a pooled
             # connection, and one that waits past the store timeout fails mid-step (after
@@ -321,7 +310,7 @@ class Worker:
                 logs.bind(run_id=run_id)  # this task's lines carry the run's id
                 started = time.monotonic_ns()
                 with telemetry.span("continue", run_id=run_id):
-                    run = await self.agent.continue_run(run_id, approved)
+                    run = await self.agent.continue_run(run_id)
             self.waits.woken.finished(run_id, started)
         except UnknownTool as exc:
             await self._hand_over(run_id, exc, attempt)
@@ -343,7 +332,7 @@ class Worker:
             await self._settle_failed(run_id, exc)
             return
         if run is None or run.status is not RunStatus.WAITING:
-            self._unpark(run_id)
+            self.waits.drop_run(run_id)
 
     async def _hand_over(self, run_id: str, exc: UnknownTool, attempt: int = 0) -> None:
         """An approved card of the run names a tool this worker does not serve: another
@@ -352,7 +341,7 @@ class Worker:
         the next worker to adopt takes it; one that does not serve the tool either hands
         it on again). With no such worker alive, the run stays here and is looked at
         again later, so a worker of the right version that starts meanwhile gets it."""
-        self._unpark(run_id)
+        self.waits.drop_run(run_id)
         try:
             handed = await self.store.hand_over_run(
                 run_id, self.worker_id, exc.tool, presence.LIVE_SECONDS
@@ -402,15 +391,10 @@ class Worker:
                         if signal.run_id:
                             self.workflows.wake(signal.run_id, signal.at_ns)
                             continue
-                        run = self.waits.run_of(signal.card_id)
-                        if signal.trace and run:
+                        if signal.trace and (run := self.waits.run_of(signal.card_id)):
                             self._traces[run] = signal.trace  # continued under its trace
-                        if not self.waits.resolve(signal.card_id, signal.status):
-                            continue
-                        if signal.at_ns:
+                        if self.waits.resolve(signal.card_id, signal.status) and signal.at_ns:
                             self.decision_latency_ns.append(time.time_ns() - signal.at_ns)
-                        if run and signal.approval and signal.status == "approved":
-                            self._approved[run] = (signal.card_id, signal.approval)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -101,9 +101,8 @@ def logged(
     """One statement for one card transition: ``update`` (the conditional ``UPDATE cards``,
     or the proposal's ``INSERT``; it joins ``lk``, the card's thread locked first, and has
     no RETURNING), its ``card_events`` row and its thread-log entry. Returns the card's
-    columns plus ``body``, ``log_seq``, ``log_at``, ``holder`` (the worker holding the
-    card's run) and ``run_role`` (the run's role: a decision's signal carries it, design
-    note 37); no row when ``update`` matched nothing, and then nothing was written.
+    columns plus ``body``, ``log_seq``, ``log_at`` and ``holder`` (the worker holding the
+    card's run); no row when ``update`` matched nothing, and then nothing was written.
     ``also``: further CTEs over ``c`` (the moved card), e.g. the operation row."""
     return f"""\
 WITH lk AS MATERIALIZED (
@@ -128,8 +127,7 @@ m AS (
 ){also}
 SELECT {CARD_COLUMNS},
     c.body, m.log_seq, m.log_at,
-    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder,
-    (SELECT role FROM runs WHERE runs.id = c.run_id) AS run_role
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
 FROM c, m"""
 
 
@@ -205,8 +203,7 @@ m AS (
 ){also}
 SELECT {CARD_COLUMNS},
     c.body, s.s_seq AS log_seq, m.log_at, c.ord,
-    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder,
-    (SELECT role FROM runs WHERE runs.id = c.run_id) AS run_role
+    (SELECT worker_id FROM runs WHERE runs.id = c.run_id) AS holder
 FROM c JOIN s ON s.s_card = c.id JOIN m ON m.m_thread = s.s_thread AND m.m_seq = s.s_seq"""
 
 
@@ -296,35 +293,6 @@ op AS (
     INSERT INTO operations (operation_id, card_id, tool, status)
     SELECT operation_id, id, tool, 'started' FROM c
 )"""),
-    ),
-    "card_begin_execution_hot": (
-        "approved -> executing as card_begin_execution, taken straight from a decision's\n"
-        "-- signal (lever hot-wake, design note 37): only if the card is still what the\n"
-        "-- signal said and what the worker revalidated ($13 tool, $14 args_snapshot; run $9,\n"
-        "-- thread $15, tenant $10, owner $11) and its run waits on it alone, held by $8 with\n"
-        "-- role $12. The parameters of card_move_logged first.",
-        logged(
-            _MOVE
-            + """
-      AND cards.run_id = $9::uuid AND cards.thread_id = $15::uuid AND cards.tenant = $10
-      AND cards.owner = $11 AND cards.tool = $13 AND cards.args_snapshot = $14::jsonb
-      AND EXISTS (
-          SELECT 1 FROM runs
-          WHERE runs.id = cards.run_id AND runs.status = 'waiting' AND runs.worker_id = $8
-            AND runs.role = $12 AND runs.owner = $11 AND runs.tenant = $10
-            AND runs.state->'waiting'->>cards.tool_use_id = cards.id::text
-            AND (SELECT count(*) FROM jsonb_object_keys(runs.state->'waiting')) = 1)""",
-            src="$2",
-            actor="$5",
-            channel="$6::text",
-            hash_seen="NULL",
-            detail="$7::jsonb",
-            also=""",
-op AS (
-    INSERT INTO operations (operation_id, card_id, tool, status)
-    SELECT operation_id, id, tool, 'started' FROM c
-)""",
-        ),
     ),
     "card_finish_execution": (
         "executing -> executed|failed and the operation's outcome ($8), in the same\n"

@@ -24,7 +24,7 @@ from signoff.runtime.errors import (
     StaleCard,
     UnknownTool,
 )
-from signoff.runtime.records import Approval, CardEvent, Entry, Moved, NewCard, ToolUseOutcome
+from signoff.runtime.records import CardEvent, Entry, Moved, NewCard, ToolUseOutcome
 from signoff.store import rows
 from signoff.store.connector import Conn, Connector, Row
 from signoff.store.group import GroupCommit
@@ -247,32 +247,6 @@ class Cards:
         """``approved -> executing`` and the operation row, atomically; ``None`` if we lost (I4)."""
         return await self._move(
             SQL.card_begin_execution, card_id, Status.APPROVED, Status.EXECUTING, actor
-        )
-
-    async def begin_execution_hot(
-        self, card_id: str, actor: str, *, holder: str, approval: Approval
-    ) -> Moved | None:
-        """``begin_execution`` taken straight from a decision's signal (lever hot-wake,
-        design note 37): only if the card is still approved with exactly ``approval``'s
-        values (what the worker revalidated) and its run waits on it alone, held by
-        ``holder``; ``None``, nothing written, otherwise."""
-        a = approval
-        return await self._move(
-            SQL.card_begin_execution_hot,
-            card_id,
-            Status.APPROVED,
-            Status.EXECUTING,
-            actor,
-            None,
-            None,
-            holder,
-            rows.uuid_of(a.run_id),
-            a.tenant,
-            a.owner,
-            a.role,
-            a.tool,
-            a.args,
-            rows.uuid_of(a.thread_id),
         )
 
     async def finish_execution(

@@ -90,7 +90,6 @@ class PostgresStore:
         self.edit = cards.edit
         self.move = cards.move
         self.begin_execution = cards.begin_execution
-        self.begin_execution_hot = cards.begin_execution_hot
         self.finish_execution = cards.finish_execution
         self.expire = cards.expire
         self.decided_among = cards.decided_among

@@ -71,7 +71,6 @@ class Queries:
     card_set_superseded_by: str
     card_move_logged: str
     card_begin_execution: str
-    card_begin_execution_hot: str
     card_finish_execution: str
     card_expire_logged: str
     cards_overdue: str

@@ -14,7 +14,7 @@ from signoff.runtime.records import Entry, Moved, Run, Thread
 from signoff.store.connector import Row
 
 # Columns some card statements return besides the card's own.
-_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder", "run_role", "run_active", "ord")
+_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder", "run_active", "ord")
 
 
 def uuid_of(value: str) -> str:
@@ -41,7 +41,7 @@ def card(row: Row) -> Card:
 
 def moved(row: Row, kind: str = "card_update") -> Moved:
     """A row of a logged card transition: the card, the log entry written with it and the
-    worker holding the card's run (``holder``) with the run's role (``run_role``)."""
+    worker holding the card's run (``holder``)."""
     moved_card = card(row)
     entry = Entry(
         thread_id=moved_card.thread_id,
@@ -55,7 +55,7 @@ def moved(row: Row, kind: str = "card_update") -> Moved:
     card_moved(moved_card.status, moved_card.tool)
     if moved_card.status == "executed" and moved_card.decided_at is not None:
         CLICK_TO_EXECUTED.observe((entry.created_at - moved_card.decided_at).total_seconds())
-    return Moved(moved_card, entry, row["holder"], row["run_role"])
+    return Moved(moved_card, entry, row["holder"])
 
 
 def entry(thread_id: str, row: Row) -> Entry:

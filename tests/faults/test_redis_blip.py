@@ -41,23 +41,15 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
         async with harness(database_url, model=Scripted(pix()), bus=bus) as h:
             invariants.watch(database_url, h.tenant)
             card = await one_card(h)
-            begin, begin_hot = h.store.begin_execution, h.store.begin_execution_hot
-
-            def cut(moved: Any) -> Any:
-                if moved is not None:  # committed: approved -> executing
-                    proxy.refuse(True)  # Redis is gone from here on
-                    proxy.reset()
-                return moved
+            begin = h.store.begin_execution
 
             async def begin_then_cut(card_id: str, actor: str) -> Any:
-                return cut(await begin(card_id, actor))
+                moved = await begin(card_id, actor)  # committed: approved -> executing
+                proxy.refuse(True)  # Redis is gone from here on
+                proxy.reset()
+                return moved
 
-            async def begin_hot_then_cut(card_id: str, actor: str, **kw: Any) -> Any:
-                return cut(await begin_hot(card_id, actor, **kw))
-
-            # Whichever way the worker starts the card (lever hot-wake: from the signal).
             h.store.begin_execution = begin_then_cut
-            h.store.begin_execution_hot = begin_hot_then_cut
             failed_before = COUNTERS.values["signoff_hints_failed_total"]
             errors_before = COUNTERS.values["signoff_redis_errors_total"]
             reconnects_before = COUNTERS.values["signoff_pubsub_reconnects_total"]

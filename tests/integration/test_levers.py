@@ -23,7 +23,7 @@ from tests.integration.test_decisions import Scripted, one_card, pix
 
 pytestmark = pytest.mark.anyio
 
-BOTH = ["", "group-commit", "quiet-start", "hot-wake"]
+BOTH = ["", "group-commit", "quiet-start"]
 
 
 @pytest.fixture
