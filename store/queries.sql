@@ -1362,16 +1362,20 @@ FROM passed, intr;
 
 -- name: retention_pick
 -- Up to $3 prunable threads, oldest first, locked FOR UPDATE (a delete's lock); a thread a
--- writer holds is skipped (SKIP LOCKED) and left for the next run.
+-- writer holds is skipped (SKIP LOCKED) and left for the next run. The last entry's age is
+-- a correlated lookup by the log's key, one per candidate (as NOT EXISTS it was planned as
+-- a hash anti join over every recent entry of the log, every batch); so are the thread's
+-- open cards, a sub-select the planner cannot turn into a join over every card.
 SELECT t.id FROM threads t
 WHERE (($1::text IS NULL AND NOT (t.tenant = ANY($4::text[]))) OR t.tenant = $1)
     AND t.created_at < now() - make_interval(secs => $2::float8)
-    AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = t.id AND m.seq = t.last_seq
-        AND m.created_at >= now() - make_interval(secs => $2::float8))
+    AND coalesce((SELECT m.created_at FROM messages m
+                  WHERE m.thread_id = t.id AND m.seq = t.last_seq), '-infinity')
+        < now() - make_interval(secs => $2::float8)
     AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.thread_id = t.id
         AND r.status IN ('running', 'waiting'))
-    AND NOT EXISTS (SELECT 1 FROM cards c WHERE c.thread_id = t.id
-        AND c.status IN ('pending', 'approved', 'executing'))
+    AND NOT (SELECT EXISTS (SELECT 1 FROM cards c WHERE c.thread_id = t.id
+        AND c.status IN ('pending', 'approved', 'executing')))
 ORDER BY t.created_at LIMIT $3
 FOR UPDATE OF t SKIP LOCKED;
 
@@ -1443,17 +1447,18 @@ SELECT (SELECT count(*) FROM doomed) AS threads,
 -- went. A row still 'claimed' (being sent, or waiting for another gateway's courier to
 -- take it over) is never deleted; a row another prune holds is skipped. A finished row is
 -- no longer needed: the contact's cursor (sent_seq) moved past its entry when it was
--- claimed, and a direct reply's inbound delivery is deduplicated by `deliveries`.
+-- claimed, and a direct reply's inbound delivery is deduplicated by `deliveries`. Deleted
+-- by ctid, as in retention_deliveries_delete.
 WITH doomed AS (
-    SELECT key FROM wa_outbound
+    SELECT ctid FROM wa_outbound
     WHERE status IN ('sent', 'failed', 'skipped')
         AND (($1::text IS NULL AND NOT (tenant = ANY($4::text[]))) OR tenant = $1)
         AND created_at < now() - make_interval(secs => $2::float8)
     ORDER BY created_at LIMIT $3
     FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM wa_outbound o USING doomed
-    WHERE o.key = doomed.key AND o.status IN ('sent', 'failed', 'skipped')
+    DELETE FROM wa_outbound o WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+      AND o.status IN ('sent', 'failed', 'skipped')
     RETURNING 1
 )
 SELECT count(*) FROM gone;
@@ -1469,15 +1474,16 @@ WHERE status IN ('sent', 'failed', 'skipped')
 -- name: retention_deliveries_delete
 -- Up to $2 channel delivery ids received before now() - $1 seconds, oldest first; how many
 -- went. They carry no tenant: the caller picks the window (never under Meta's 7 days of
--- redelivery, runtime/retention.py). A row another prune holds is skipped.
+-- redelivery, runtime/retention.py). A row another prune holds is skipped. The rows locked
+-- are deleted by their ctid (a TID scan; a join on the key was planned as a hash join over
+-- the whole table, every batch).
 WITH doomed AS (
-    SELECT channel, message_id FROM deliveries
+    SELECT ctid FROM deliveries
     WHERE received_at < now() - make_interval(secs => $1::float8)
     ORDER BY received_at LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM deliveries d USING doomed
-    WHERE d.channel = doomed.channel AND d.message_id = doomed.message_id
+    DELETE FROM deliveries d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
     RETURNING 1
 )
 SELECT count(*) FROM gone;

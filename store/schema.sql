@@ -248,3 +248,7 @@ CREATE TABLE retention_lease (
 CREATE INDEX deliveries_received ON deliveries (received_at);
 CREATE INDEX wa_outbound_finished ON wa_outbound (created_at)
     WHERE status IN ('sent', 'failed', 'skipped');
+-- The sweeps read indexes, not tables (migration 0011, tests/integration/test_query_plans.py):
+-- cards stuck in `executing` by how long they have been there.
+CREATE INDEX cards_executing ON cards (executing_since)
+    WHERE status = 'executing' AND NOT needs_reconciliation;
