@@ -1025,8 +1025,14 @@ SELECT thread_id::text FROM wa_contacts WHERE tenant = $1 AND wa_id = $2;
 -- name: wa_contact_insert
 -- The thread is created by the caller first; a concurrent first message for the same
 -- number wins or loses here, and the loser's empty thread is deleted.
+-- The thread is flagged as a WhatsApp thread (`threads.wa`: its appends are recorded in
+-- `wa_due` from now on) under its row lock, so the contact's cursor starts at the newest
+-- seq and no append falls between the two.
+WITH flagged AS (
+    UPDATE threads SET wa = true WHERE id = $3 RETURNING id, last_seq
+)
 INSERT INTO wa_contacts (tenant, wa_id, thread_id, sent_seq)
-SELECT $1, $2, $3, t.last_seq FROM threads t WHERE t.id = $3
+SELECT $1, $2, flagged.id, flagged.last_seq FROM flagged
 ON CONFLICT (tenant, wa_id) DO NOTHING
 RETURNING thread_id::text;
 
@@ -1036,19 +1042,29 @@ UPDATE wa_contacts SET last_inbound_at = now() WHERE tenant = $1 AND wa_id = $2;
 -- name: wa_outbound_claim
 -- Claim up to $1 thread-log entries of WhatsApp threads not yet claimed, for claimer $2:
 -- the INSERT ... ON CONFLICT lets exactly one gateway claim each entry; the contact's
--- cursor moves past what was looked at. $3: the 24-hour window, in seconds.
+-- cursor moves past what was looked at. $3: the 24-hour window, in seconds. Only threads
+-- listed in `wa_due` are read (their appends put them there); a thread's row goes once the
+-- cursor has passed its seq. An append racing with this statement raised that seq, so
+-- its row stays (the DELETE re-checks the row it finds changed) for the next poll.
 WITH due AS (
     SELECT c.tenant, c.wa_id, m.thread_id, m.seq, m.kind, m.body,
            (c.last_inbound_at IS NOT NULL
             AND c.last_inbound_at > now() - make_interval(secs => $3)) AS in_window
-    FROM wa_contacts c
+    FROM wa_due q
+    JOIN wa_contacts c ON c.thread_id = q.thread_id
     JOIN messages m ON m.thread_id = c.thread_id AND m.seq > c.sent_seq
     ORDER BY m.thread_id, m.seq
     LIMIT $1
+), tops AS (
+    SELECT thread_id, max(seq) AS top FROM due GROUP BY thread_id
 ), advanced AS (
     UPDATE wa_contacts c SET sent_seq = greatest(c.sent_seq, d.top)
-    FROM (SELECT thread_id, max(seq) AS top FROM due GROUP BY thread_id) d
+    FROM tops d
     WHERE c.thread_id = d.thread_id
+), settled AS (
+    DELETE FROM wa_due q
+    USING wa_contacts c LEFT JOIN tops d ON d.thread_id = c.thread_id
+    WHERE c.thread_id = q.thread_id AND q.seq <= greatest(c.sent_seq, d.top)
 ), claimed AS (
     INSERT INTO wa_outbound (key, tenant, wa_id, thread_id, seq, kind, claimed_by)
     SELECT 'log:' || thread_id || ':' || seq, tenant, wa_id, thread_id, seq, kind, $2

@@ -252,3 +252,19 @@ CREATE INDEX wa_outbound_finished ON wa_outbound (created_at)
 -- cards stuck in `executing` by how long they have been there.
 CREATE INDEX cards_executing ON cards (executing_since)
     WHERE status = 'executing' AND NOT needs_reconciliation;
+-- The WhatsApp courier's work list (migration 0012, design note 37): threads bound to a
+-- number are flagged, and their appends record the thread's last seq in `wa_due`.
+ALTER TABLE threads ADD COLUMN wa boolean NOT NULL DEFAULT false;
+CREATE TABLE wa_due (
+    thread_id  uuid PRIMARY KEY REFERENCES threads (id) ON DELETE CASCADE,
+    seq        bigint NOT NULL
+);
+CREATE FUNCTION signoff_wa_due() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO wa_due (thread_id, seq) VALUES (NEW.id, NEW.last_seq)
+    ON CONFLICT (thread_id) DO UPDATE SET seq = greatest(wa_due.seq, EXCLUDED.seq);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER threads_wa_due AFTER UPDATE OF last_seq ON threads
+    FOR EACH ROW WHEN (NEW.wa AND NEW.last_seq > OLD.last_seq) EXECUTE FUNCTION signoff_wa_due();

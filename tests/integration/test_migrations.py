@@ -26,6 +26,8 @@ FROM pg_constraint WHERE connamespace = 'public'::regnamespace
 UNION ALL
 SELECT 'function', pg_get_functiondef(oid) FROM pg_proc
 WHERE pronamespace = 'public'::regnamespace
+UNION ALL
+SELECT 'trigger', pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal
 ORDER BY 1, 2
 """
 

@@ -39,10 +39,20 @@ N = 20_000
 # the big tables here is hundreds to thousands of pages.
 PAGE_BUDGET = 120
 BIG = {
-    "threads", "runs", "cards", "messages", "card_events", "operations", "deliveries",
-    "wa_contacts", "wa_outbound", "card_refusals", "workflow_runs", "interrupts",
-    "workflow_events", "wa_due",
-}  # fmt: skip
+    "threads",
+    "runs",
+    "cards",
+    "messages",
+    "card_events",
+    "operations",
+    "deliveries",
+    "wa_contacts",
+    "wa_outbound",
+    "card_refusals",
+    "workflow_runs",
+    "interrupts",
+    "workflow_events",
+}  # fmt: skip (wa_due is a work list: the threads with something to send, read whole)
 
 POPULATE = f"""
 INSERT INTO threads (id, tenant, owner, last_seq, created_at)
@@ -91,6 +101,9 @@ INSERT INTO interrupts (id, run_id, step, step_name, kind, schema, status, deadl
 INSERT INTO workflow_events (id, run_id, name, payload, delivered_by, consumed_at)
   SELECT md5('e'||i)::uuid, md5('w'||i)::uuid, 'ev', '{{}}', 'x', now()
   FROM generate_series(1,{N}) i;
+UPDATE threads SET wa = true;
+INSERT INTO wa_due (thread_id, seq)
+  SELECT md5('t'||i)::uuid, 5 FROM generate_series(1,{N}) i WHERE i%10000=5;
 INSERT INTO workers (id, lease_until) VALUES ('w1', now() + interval '1 hour');
 """
 
@@ -112,6 +125,7 @@ PERIODIC: dict[str, tuple[Any, ...]] = {
     "wf_interrupts_overdue": (100, "a", ["wf"]),
     # WhatsApp courier, every whatsapp_poll_seconds on every gateway
     "wa_outbound_reclaim": (100, "g1", 60.0, 86400.0),
+    "wa_outbound_claim": (100, "g1", 86400.0),
     # retention, hourly, one batch after another (here every row is old enough to go: a
     # batch of 5 keeps the work a right plan does under the budget)
     "retention_lease_take": ("w1", 600.0),
