@@ -76,7 +76,17 @@ def _statement_cache_behind_pgbouncer() -> Iterator[None]:
 def database_url() -> Iterator[str]:
     """A migrated database shared by the session (tests use their own threads and users);
     through PgBouncer in transaction pooling mode when ``SIGNOFF_TEST_PGBOUNCER=1``."""
-    url, name = fresh_database()
+    yield from migrated_database()
+
+
+def migrated_database(prefix: str = "so_t") -> Iterator[str]:
+    """A fresh migrated database (through PgBouncer when the run asks), dropped after.
+
+    For a module whose assertions count what every worker in the database does: on the
+    session's database, a harness's worker also adopts the lapsed runs other tests left
+    there (runs of stopped workers, of made-up holders) and continues them with its model.
+    """
+    url, name = fresh_database(prefix)
     if pgbouncer.enabled():
         url = pgbouncer.through(url)
 
