@@ -102,6 +102,25 @@ def migrated_database(prefix: str = "so_t") -> Iterator[str]:
     drop_database(name)
 
 
+def end_runs(database_url: str, *tenants: str) -> None:
+    """Supersede the active runs a module left in the session's database under these
+    tenants (made-up holders, stopped workers): a later test's worker would adopt them and
+    continue them with its own model, and tests that count its work would see them."""
+
+    async def end() -> None:
+        conn = await pgbouncer.connect(database_url)
+        try:
+            await conn.execute(
+                "UPDATE runs SET status = 'superseded'"
+                " WHERE tenant = ANY($1::text[]) AND status IN ('running', 'waiting')",
+                list(tenants),
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(end())
+
+
 @pytest.fixture
 async def store(database_url: str) -> AsyncIterator[PostgresStore]:
     s = await PostgresStore.connect(database_url, max_size=20)

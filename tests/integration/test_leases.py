@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Iterator
 
 import pytest
 
 from signoff.store.postgres import PostgresStore
+from tests.conftest import end_runs
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _end_runs(database_url: str) -> Iterator[None]:
+    yield
+    end_runs(database_url, "lease-t")
 
 
 async def start_runs(store: PostgresStore, worker: str, n: int) -> list[str]:

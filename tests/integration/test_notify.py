@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,8 +22,16 @@ from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.notify import Notifier, signal_decoder
 from signoff.runtime.records import Entry, Moved
 from signoff.store.postgres import PostgresStore
+from tests.conftest import end_runs
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _end_runs(database_url: str) -> Iterator[None]:
+    yield
+    end_runs(database_url, "t-notify")
+
 
 KEYS = Keys("so-notify:")
 

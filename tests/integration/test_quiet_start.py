@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -24,10 +25,18 @@ from signoff.store.connector import init_connection
 from signoff.store.postgres import PostgresStore
 from signoff.store.queries import SQL
 from tests import pgbouncer, services
+from tests.conftest import end_runs
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, one_card, pix
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _end_runs(database_url: str) -> Iterator[None]:
+    yield
+    end_runs(database_url, "t-quiet")
+
 
 HOLDER = "w-quiet"
 

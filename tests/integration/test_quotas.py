@@ -10,7 +10,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -32,10 +32,18 @@ from signoff.store.postgres import PostgresStore
 from signoff.testing import delivery, signed, text_message
 from signoff.testing.servers import free_port
 from tests import services
+from tests.conftest import end_runs
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _end_runs(database_url: str) -> Iterator[None]:
+    yield
+    end_runs(database_url, "t-nored")
+
 
 LIMITS = Settings(
     quota_threads_per_minute=3,
