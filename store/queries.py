@@ -126,6 +126,7 @@ class Queries:
     wf_event_take: str
     wf_pass_gate: str
     # retention (store/retention.py)
+    retention_jit_off: str
     retention_pick: str
     retention_recheck: str
     retention_counts: str

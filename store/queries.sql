@@ -1376,6 +1376,13 @@ FROM passed, intr;
 -- and nothing in it is live: no active run, no card pending, approved or executing.
 -- $1: the tenant (NULL: every tenant but those listed in $4, which have rules of their own).
 
+-- name: retention_jit_off
+-- A prune batch's first statement: no JIT for this transaction. retention_pick's generic
+-- plan is costed for the whole threads table (its LIMIT is a parameter), which passes
+-- jit_above_cost (100,000) from ~200k threads: 19 ms of LLVM compilation per batch for
+-- 0.2 ms of work (bench/timers.py). SET LOCAL: gone at commit, fine behind PgBouncer.
+SET LOCAL jit = off;
+
 -- name: retention_pick
 -- Up to $3 prunable threads, oldest first, locked FOR UPDATE (a delete's lock); a thread a
 -- writer holds is skipped (SKIP LOCKED) and left for the next run. The last entry's age is

@@ -65,6 +65,7 @@ class Retention:
         transaction retried after a lost race exports its rows again: at least once.)"""
 
         async def go(conn: Conn) -> tuple[PruneCounts, int]:
+            await conn.execute(SQL.retention_jit_off)
             picked = [
                 r["id"]
                 for r in await conn.fetch(

@@ -55,6 +55,14 @@ PERIODIC: dict[str, tuple[Any, ...]] = {
 }
 
 
+# Statements whose transaction turns JIT off first (store/retention.py), as explain() does.
+JIT_OFF = {"retention_pick"}
+# JIT compiles a statement whose plan costs more than jit_above_cost (100,000 by default)
+# on every execution: milliseconds of LLVM for a statement of a fraction of one. Costs
+# grow with the tables; at a tenth of the rows, a tenth of the threshold.
+JIT_ABOVE_COST_AT_20K = 10_000
+
+
 def literal(value: Any) -> str:
     """A SQL literal of unknown type (the prepared statement's parameter types apply)."""
     if value is None:
@@ -159,6 +167,8 @@ async def explain(conn: asyncpg.Connection, name: str, args: tuple[Any, ...]) ->
     tx = conn.transaction()
     await tx.start()
     try:
+        if name in JIT_OFF:
+            await conn.execute(SQL.retention_jit_off)
         await conn.execute(f"PREPARE probe AS {sql}")
         call = f"EXECUTE probe({', '.join(literal(a) for a in args)})" if args else "EXECUTE probe"
         out = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {call}")
