@@ -79,15 +79,16 @@ def database_url() -> Iterator[str]:
     yield from migrated_database()
 
 
-def migrated_database(prefix: str = "so_t") -> Iterator[str]:
-    """A fresh migrated database (through PgBouncer when the run asks), dropped after.
+def migrated_database(prefix: str = "so_t", *, pooled: bool = True) -> Iterator[str]:
+    """A fresh migrated database (through PgBouncer when the run asks and ``pooled``:
+    ``pooled=False`` for a test that keeps session settings), dropped after.
 
     For a module whose assertions count what every worker in the database does: on the
     session's database, a harness's worker also adopts the lapsed runs other tests left
     there (runs of stopped workers, of made-up holders) and continues them with its model.
     """
     url, name = fresh_database(prefix)
-    if pgbouncer.enabled():
+    if pooled and pgbouncer.enabled():
         url = pgbouncer.through(url)
 
     async def migrate() -> None:

@@ -26,9 +26,8 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-from signoff.store.postgres import PostgresStore
 from tests import bigdb
-from tests.conftest import drop_database, fresh_database
+from tests.conftest import migrated_database
 
 pytestmark = pytest.mark.anyio
 
@@ -37,14 +36,9 @@ N = 20_000
 
 @pytest.fixture(scope="module")
 def big_database() -> Iterator[str]:
-    url, name = fresh_database("so_plans")
+    """Direct to Postgres: the plans are read with session settings (generic plans)."""
 
-    async def build() -> None:
-        store = await PostgresStore.connect(url)
-        try:
-            await store.migrate()
-        finally:
-            await store.close()
+    async def populate(url: str) -> None:
         conn = await asyncpg.connect(url)
         try:
             await conn.execute(bigdb.populate_sql(N))
@@ -52,9 +46,9 @@ def big_database() -> Iterator[str]:
         finally:
             await conn.close()
 
-    asyncio.run(build())
-    yield url
-    drop_database(name)
+    for url in migrated_database("so_plans", pooled=False):
+        asyncio.run(populate(url))
+        yield url
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ WINDOW = 86400.0
 
 @pytest.fixture
 def own_database() -> Iterator[str]:
-    """A database of its own: a claim takes every due entry of the database."""
+    """A database of its own, migrated: a claim takes every due entry of the database.
+    Direct to Postgres: one test replays the migrations itself on a fresh one."""
     url, name = fresh_database("so_wadue")
     yield url
     drop_database(name)
@@ -39,6 +40,28 @@ async def store(own_database: str) -> AsyncIterator[PostgresStore]:
         yield s
     finally:
         await s.close()
+
+
+async def test_two_first_messages_binding_one_number_list_only_the_winner(
+    store: PostgresStore, own_database: str
+) -> None:
+    """Two gateways take a number's first message at once, each with a new thread: one
+    binds (its thread flagged, its appends listed); the other's thread stays unbound
+    and unlisted, and is deleted as the webhook deletes it."""
+    one = await store.threads.create_thread(TENANT, "wa:5511900000009")
+    two = await store.threads.create_thread(TENANT, "wa:5511900000009")
+    bound = await asyncio.gather(
+        store.whatsapp.add_contact(TENANT, "5511900000009", one.id),
+        store.whatsapp.add_contact(TENANT, "5511900000009", two.id),
+    )
+    winner = one.id if bound[0] == one.id else two.id
+    loser = two.id if winner == one.id else one.id
+    assert sorted(b for b in bound if b is not None) == [winner]
+    assert await store.delete_empty_thread(loser)
+    entry = await store.threads.append(winner, "assistant", {"text": "hello"})
+    assert await due(own_database) == {winner: entry.seq}
+    claimed = await store.whatsapp.claim_outgoing("gateway-a", WINDOW)
+    assert [(c.thread_id, c.seq) for c in claimed] == [(winner, entry.seq)]
 
 
 async def due(url: str) -> dict[str, int]:
