@@ -157,6 +157,53 @@ async def workers_rss(c: Cluster) -> int:
     return sum(int(w.rss()) for w in c.workers)
 
 
+async def poll_cost(database_url: str, repeats: int = 5) -> dict[str, Any]:
+    """What one worker's slow poll costs at this park, timed from the client (statement
+    round trips on one connection, the worker's own statements): before 2026-12-03 each
+    tick sent every parked card id in one statement (``cards_decided_among``); now a tick
+    reads the approved cards its runs hold (``cards_approved_held``) and every
+    ``POLL_FULL_EVERY``-th tick re-reads the park in chunks of ``RECHECK_CHUNK`` ids."""
+    from signoff.runtime.worker import POLL_FULL_EVERY, RECHECK_CHUNK
+    from signoff.store.queries import SQL
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        holder, ids = None, []
+        for row in await conn.fetch(
+            "SELECT r.worker_id, array_agg(c.id::text) AS ids FROM runs r "
+            "JOIN cards c ON c.run_id = r.id AND c.status = 'pending' "
+            "WHERE r.status = 'waiting' GROUP BY r.worker_id ORDER BY count(*) DESC LIMIT 1"
+        ):
+            holder, ids = row["worker_id"], list(row["ids"])
+
+        async def timed(call: Any) -> float:
+            best: list[float] = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                await call()
+                best.append((time.perf_counter() - t) * 1000)
+            return round(sorted(best)[len(best) // 2], 3)
+
+        whole = await timed(lambda: conn.fetch(SQL.cards_decided_among, ids))
+
+        async def chunked() -> None:
+            for lo in range(0, len(ids), RECHECK_CHUNK):
+                await conn.fetch(SQL.cards_decided_among, ids[lo : lo + RECHECK_CHUNK])
+
+        full = await timed(chunked)
+        tick = await timed(lambda: conn.fetch(SQL.cards_approved_held, holder, 1000))
+    finally:
+        await conn.close()
+    every = POLL_FULL_EVERY
+    return {
+        "parked_cards_of_one_worker": len(ids),
+        "before_ms_per_tick": whole,
+        "after_approved_tick_ms": tick,
+        "after_full_reread_ms": full,
+        "after_ms_per_tick_amortized": round(((every - 1) * tick + full) / every, 3),
+    }
+
+
 async def parked_runs(c: Cluster, svc: Any, sizes: list[int], args: Any) -> dict[str, Any]:
     (gw,) = c.gateways
     users = Users(c, 1, prefix="pk")
@@ -190,11 +237,14 @@ async def parked_runs(c: Cluster, svc: Any, sizes: list[int], args: Any) -> dict
             "wait_tokens": tokens,
             "worker_bytes_per_run": round((rss - base_rss) / max(count, 1), 1),
             "redis_bytes_per_run": round((used - base_redis) / max(count, 1), 1),
+            "poll": await poll_cost(svc.database_url),
         }
         log(
             f"parked: {count} runs: worker +{(rss - base_rss) / max(count, 1):.0f} B/run, "
             f"redis +{(used - base_redis) / max(count, 1):.0f} B/run "
-            f"(clone {seeded:.1f}s, adopt {adopted:.1f}s)"
+            f"(clone {seeded:.1f}s, adopt {adopted:.1f}s); slow poll per tick "
+            f"{out[str(n)]['poll']['before_ms_per_tick']} ms before, "
+            f"{out[str(n)]['poll']['after_ms_per_tick_amortized']} ms now"
         )
         done = count
     # exactly once on a sample: approve some clones through the gateway, let them run
@@ -366,6 +416,13 @@ def main(argv: list[str] | None = None) -> int:
     summary["parked_worker_bytes"] = summary[f"parked_worker_bytes_{big}"]
     summary["parked_redis_bytes"] = summary[f"parked_redis_bytes_{big}"]
     summary["ws_idle_bytes"] = summary[f"ws_idle_bytes_{most}"]
+    # One worker's slow poll at the largest park: Postgres round trips per tick.
+    summary["slow_poll_ms_per_tick"] = spread(
+        [r["parked_runs"][str(big)]["poll"]["after_ms_per_tick_amortized"] for r in reps], "ms", 3
+    )
+    summary["slow_poll_ms_per_tick_before"] = spread(
+        [r["parked_runs"][str(big)]["poll"]["before_ms_per_tick"] for r in reps], "ms", 3
+    )
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -92,6 +92,14 @@ class WaitRegistry:
         self.woken.woke(self._card_run.get(card_id), path)
         return True
 
+    def wake_run(self, run_id: str, path: str) -> bool:
+        """Wake a run parked here on other cards than the one decided (a card an edit
+        proposed, whose signal was lost: the run never parked on it). False if the run
+        is not parked here."""
+        for card_id in self._held(run_id):
+            return self.resolve(card_id, "", path)
+        return False
+
     def drop_run(self, run_id: str) -> None:
         """Forget a run (superseded, finished, handed over) without waking it."""
         held = self._runs.pop(run_id, None)

@@ -50,6 +50,13 @@ START_RETRIES = (0.2, 0.5, 1.0, 2.0)
 # A continuation that raised anything but Unavailable is tried this many more times (it
 # may have lost a race), then its run is settled as failed with the error for the client.
 WAKE_ERROR_RETRIES = 2
+# The slow poll: at each tick it reads the approved cards of runs this worker holds (an
+# index of the few approved cards not yet started: constant however many runs are parked);
+# every POLL_FULL_EVERY-th tick it re-reads every parked card, RECHECK_CHUNK ids per
+# statement, for the decisions that are not approvals (a rejection, an edit) whose signal
+# was lost. A subscribe always re-reads every parked card.
+POLL_FULL_EVERY = 12
+RECHECK_CHUNK = 5000
 # A run whose approved card names a tool no live worker serves is looked at again after
 # these many seconds (doubling up to the maximum): a worker that serves it may start.
 HAND_OVER_RETRY_SECONDS = 5.0
@@ -294,8 +301,20 @@ class Worker:
             await self._recheck([c.id for c in pending], "park")
 
     async def _recheck(self, card_ids: list[str], path: str) -> None:
-        for card_id, status in (await self.store.decided_among(card_ids)).items():
-            self.waits.resolve(card_id, status, path)
+        for start in range(0, len(card_ids), RECHECK_CHUNK):
+            chunk = card_ids[start : start + RECHECK_CHUNK]
+            for card_id, status in (await self.store.decided_among(chunk)).items():
+                self.waits.resolve(card_id, status, path)
+
+    async def poll(self, tick: int = 0) -> None:
+        """One tick of the slow poll: the approved cards of runs held here, or, every
+        :data:`POLL_FULL_EVERY`-th tick, every parked card."""
+        if tick % POLL_FULL_EVERY == 0:
+            await self._recheck(self.waits.parked_cards(), "poll")
+            return
+        for card_id, run_id in (await self.store.approved_held(self.worker_id)).items():
+            if not self.waits.resolve(card_id, "approved", "poll"):
+                self.waits.wake_run(run_id, "poll")  # a card an unseen edit proposed
 
     def _on_ready(self, run_id: str) -> None:
         trace = self._traces.pop(run_id, "") if self._traces else ""
@@ -402,10 +421,12 @@ class Worker:
                 await asyncio.sleep(0.2)
 
     async def _poll_loop(self) -> None:
+        tick = 0
         while True:
             await asyncio.sleep(self.settings.poll_seconds)
+            tick += 1
             with contextlib.suppress(SignoffError):
-                await self._recheck(self.waits.parked_cards(), "poll")
+                await self.poll(tick)
 
     # -- leases and adoption -------------------------------------------------------------
 

@@ -127,6 +127,11 @@ class Cards:
         found = await self._db.fetch(SQL.cards_decided_among, card_ids)
         return {r["id"]: r["status"] for r in found}
 
+    async def approved_held(self, worker_id: str, limit: int = 1000) -> dict[str, str]:
+        """Approved cards not started whose run ``worker_id`` holds (card id -> run id)."""
+        found = await self._db.fetch(SQL.cards_approved_held, worker_id, limit)
+        return {r["id"]: r["run_id"] for r in found}
+
     # -- a person's decision ------------------------------------------------------------
 
     async def decide(

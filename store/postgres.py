@@ -93,6 +93,7 @@ class PostgresStore:
         self.finish_execution = cards.finish_execution
         self.expire = cards.expire
         self.decided_among = cards.decided_among
+        self.approved_held = cards.approved_held
 
         self.overdue_card_ids = sweeps.overdue_card_ids
         self.approved_stale = sweeps.approved_stale

@@ -63,6 +63,7 @@ class Queries:
     cards_approved_of_runs: str
     cards_list: str
     cards_decided_among: str
+    cards_approved_held: str
     card_lock_thread: str
     card_diagnose: str
     card_decide_logged: str

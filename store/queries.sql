@@ -502,7 +502,17 @@ WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR owner = $2)
 ORDER BY created_at DESC LIMIT $3;
 
 -- name: cards_decided_among
+-- Which of cards $1 (a worker's parked cards, in chunks) left pending: the slow poll's
+-- full re-read, every 12th tick (runtime/worker.py).
 SELECT id::text, status FROM cards WHERE id = ANY($1::uuid[]) AND status <> 'pending';
+
+-- name: cards_approved_held
+-- Approved cards not started whose run worker $1 holds: the slow poll's read at every
+-- other tick, constant however many runs are parked (partial index cards_approved:
+-- approved cards are few and short-lived).
+SELECT c.id::text, c.run_id::text FROM cards c JOIN runs r ON r.id = c.run_id
+WHERE c.status = 'approved' AND r.worker_id = $1
+ORDER BY c.decided_at LIMIT $2;
 
 -- name: card_lock_thread
 -- The thread of card $1, locked: what a multi-statement transaction on a card takes first.

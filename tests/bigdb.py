@@ -34,6 +34,9 @@ PERIODIC: dict[str, tuple[Any, ...]] = {
     "cards_stuck_executing": (300.0,),
     "cards_approved_stale": (30.0, 100),
     "workers_forget": (60.0,),
+    # worker slow poll, every poll_seconds (runtime/worker.py; the full re-read of the
+    # parked cards, every 12th tick, is a chunk of ids by their primary key)
+    "cards_approved_held": ("w1", 1000),
     # worker lease tick
     "worker_renew": ("w1", 10.0),
     "run_adopt": ("w2", 10.0, 100, False),

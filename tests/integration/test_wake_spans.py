@@ -37,7 +37,12 @@ async def executed(h: Harness, card_id: str, timeout: float = 15) -> None:
 def elsewhere(h: Harness) -> Decisions:
     """A gateway whose signal reaches nobody (another, unconnected bus)."""
     return Decisions(
-        store=h.store, bus=MemoryBus(), tools=h.decisions.tools, policy=Policy(), keys=Keys()
+        store=h.store,
+        bus=MemoryBus(),
+        tools=h.decisions.tools,
+        policy=Policy(),
+        keys=Keys(),
+        services=h.decisions.services,
     )
 
 
