@@ -163,7 +163,7 @@ async def poll_cost(database_url: str, repeats: int = 5) -> dict[str, Any]:
     tick sent every parked card id in one statement (``cards_decided_among``); now a tick
     reads the approved cards its runs hold (``cards_approved_held``) and every
     ``POLL_FULL_EVERY``-th tick re-reads the park in chunks of ``RECHECK_CHUNK`` ids."""
-    from signoff.runtime.worker import POLL_FULL_EVERY, RECHECK_CHUNK
+    from signoff.runtime.poller import POLL_FULL_EVERY, RECHECK_CHUNK
     from signoff.store.queries import SQL
 
     conn = await asyncpg.connect(database_url)

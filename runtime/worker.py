@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import Context
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +36,7 @@ from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.models.base import Model
 from signoff.runtime.notify import quietly, signal_decoder
+from signoff.runtime.poller import Poller
 from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
 from signoff.runtime.store import Store
 from signoff.runtime.sweeper import Sweeper
@@ -50,13 +51,6 @@ START_RETRIES = (0.2, 0.5, 1.0, 2.0)
 # A continuation that raised anything but Unavailable is tried this many more times (it
 # may have lost a race), then its run is settled as failed with the error for the client.
 WAKE_ERROR_RETRIES = 2
-# The slow poll: at each tick it reads the approved cards of runs this worker holds (an
-# index of the few approved cards not yet started: constant however many runs are parked);
-# every POLL_FULL_EVERY-th tick it re-reads every parked card, RECHECK_CHUNK ids per
-# statement, for the decisions that are not approvals (a rejection, an edit) whose signal
-# was lost. A subscribe always re-reads every parked card.
-POLL_FULL_EVERY = 12
-RECHECK_CHUNK = 5000
 # A run whose approved card names a tool no live worker serves is looked at again after
 # these many seconds (doubling up to the maximum): a worker that serves it may start.
 HAND_OVER_RETRY_SECONDS = 5.0
@@ -95,6 +89,7 @@ class Worker:
         self.notify = self.agent.notify
         self.workflows = WorkflowEngine.of(self)  # workflow runs (runtime/workflows)
         self.sweeper = Sweeper(self)
+        self.poller = Poller(self)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
         self._subscribed = asyncio.Event()
@@ -105,6 +100,7 @@ class Worker:
         # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
+        self._lease_every = min(max(settings.lease_seconds / 3, 0.2), 2.0)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -113,9 +109,16 @@ class Worker:
         self._loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
         await asyncio.wait_for(self._subscribed.wait(), 10)
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
-        for coro in (self._inbox_loop(), self._lease_loop(), self._poll_loop(), self._sweep_loop()):
-            self._loops.append(asyncio.create_task(coro))
-        self._loops.append(asyncio.create_task(self.workflows.loop()))
+        s = self.settings
+        loops = {
+            "inbox": self._inbox_loop(),
+            "lease": self._every("lease", self._lease_every, lambda _: self._lease_tick(), True),
+            "poll": self._every("slow poll", s.poll_seconds, lambda tick: self.poll(tick)),
+            "sweep": self._every("sweep", s.sweep_seconds, lambda _: self.sweep()),
+            "workflows": self.workflows.loop(),  # returns at once for an app without any
+        }
+        for name, coro in loops.items():
+            self._loops.append(asyncio.create_task(coro, name=f"signoff-{name}"))
 
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
@@ -199,8 +202,12 @@ class Worker:
             run: Run | None = await self.store.get_run(run_id)
         except NotFound:
             run = None
-        except SignoffError:
-            raise exc from None  # the store is away: the caller tries the message again
+        except Exception as away:
+            # The store is away: the caller tries the message again (Unavailable is what
+            # it retries and hands back; any other error would leave the entry held).
+            if transient:
+                raise exc from None
+            raise Unavailable(f"{error_text(exc)}; its run could not be read: {away}") from exc
         if run is None:
             if transient:
                 raise exc
@@ -263,6 +270,13 @@ class Worker:
                     self.bus.release(delivery)
                     return
                 await asyncio.sleep(wait)
+            except Exception:
+                # A bug on the error path: hand the entry back rather than hold it until
+                # this process ends (a redelivery finds the run its message id names, I5).
+                log.exception("inbox entry %s failed; handed back", delivery.id)
+                COUNTERS.inc("signoff_inbox_released_total")
+                self.bus.release(delivery)
+                return
         self.faults.hit("inbox.before_ack")
         try:
             await self.bus.ack(delivery.id)
@@ -301,20 +315,11 @@ class Worker:
             await self._recheck([c.id for c in pending], "park")
 
     async def _recheck(self, card_ids: list[str], path: str) -> None:
-        for start in range(0, len(card_ids), RECHECK_CHUNK):
-            chunk = card_ids[start : start + RECHECK_CHUNK]
-            for card_id, status in (await self.store.decided_among(chunk)).items():
-                self.waits.resolve(card_id, status, path)
+        await self.poller.recheck(card_ids, path)
 
     async def poll(self, tick: int = 0) -> None:
-        """One tick of the slow poll: the approved cards of runs held here, or, every
-        :data:`POLL_FULL_EVERY`-th tick, every parked card."""
-        if tick % POLL_FULL_EVERY == 0:
-            await self._recheck(self.waits.parked_cards(), "poll")
-            return
-        for card_id, run_id in (await self.store.approved_held(self.worker_id)).items():
-            if not self.waits.resolve(card_id, "approved", "poll"):
-                self.waits.wake_run(run_id, "poll")  # a card an unseen edit proposed
+        """One tick of the slow poll (runtime/poller.py)."""
+        await self.poller.poll(tick)
 
     def _on_ready(self, run_id: str) -> None:
         trace = self._traces.pop(run_id, "") if self._traces else ""
@@ -350,7 +355,7 @@ class Worker:
             log.error("continuing run %s failed; settling it as failed", run_id, exc_info=exc)
             await self._settle_failed(run_id, exc)
             return
-        if run is None or run.status is not RunStatus.WAITING:
+        if run is None or run.status is not RunStatus.WAITING or run.holder != self.worker_id:
             self.waits.drop_run(run_id)
 
     async def _hand_over(self, run_id: str, exc: UnknownTool, attempt: int = 0) -> None:
@@ -420,13 +425,26 @@ class Worker:
                 log.warning("worker subscription dropped (%s); re-subscribing", exc)
                 await asyncio.sleep(0.2)
 
-    async def _poll_loop(self) -> None:
+    async def _every(
+        self, what: str, seconds: float, step: Callable[[int], Awaitable[object]], now: bool = False
+    ) -> None:
+        """``step(tick)`` every ``seconds`` (the first at once with ``now``). Whatever a tick
+        raises is logged and the loop goes on: a loop that ended would leave the worker
+        alive without its lease (its runs adopted under it), its poll or its sweeps."""
         tick = 0
         while True:
-            await asyncio.sleep(self.settings.poll_seconds)
+            if tick or not now:
+                await asyncio.sleep(seconds)
             tick += 1
-            with contextlib.suppress(SignoffError):
-                await self.poll(tick)
+            try:
+                await step(tick)
+            except asyncio.CancelledError:
+                raise
+            except SignoffError as exc:
+                log.warning("%s failed: %s", what, exc)
+            except Exception:
+                COUNTERS.inc("signoff_handler_errors_total")
+                log.exception("%s failed; trying again at the next tick", what)
 
     # -- leases and adoption -------------------------------------------------------------
 
@@ -462,16 +480,10 @@ class Worker:
         finally:
             self._adopting -= 1
 
-    async def _lease_loop(self) -> None:
-        interval = min(max(self.settings.lease_seconds / 3, 0.2), 2.0)
-        while True:
-            try:
-                await self.store.renew_leases(self.worker_id, self.settings.lease_seconds)
-                await self.bus.heartbeat(self.worker_id, int(interval * 3000))
-                await self.adopt()
-            except SignoffError as exc:
-                log.warning("lease renewal failed: %s", exc)
-            await asyncio.sleep(interval)
+    async def _lease_tick(self) -> None:
+        await self.store.renew_leases(self.worker_id, self.settings.lease_seconds)
+        await self.bus.heartbeat(self.worker_id, int(self._lease_every * 3000))
+        await self.adopt()
 
     # -- sweeping (runtime/sweeper.py) ----------------------------------------------------
 
@@ -481,9 +493,3 @@ class Worker:
 
     async def sweep_approved(self) -> list[Card]:
         return await self.sweeper.sweep_approved()
-
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.sweep_seconds)
-            with contextlib.suppress(SignoffError):
-                await self.sweep()

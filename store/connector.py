@@ -61,6 +61,22 @@ RACE_RETRIES = (0.01, 0.05, 0.2)
 # the connection (store/pool.py) so a later try reaches the new primary.
 READ_ONLY = asyncpg.exceptions.ReadOnlySQLTransactionError
 
+# Postgres refused or stopped the statement for a reason of its own, not of the input: it
+# is starting or shutting down (57P01, 57P03), an operator or a server-side timeout
+# cancelled it (57014 statement_timeout, 55P03 lock_timeout, 25P03 and 57P05 idle
+# timeouts), it ran out of connections, memory or disk (class 53), or an I/O or internal
+# error (58, XX). Nothing of the statement was committed: Unavailable (503), retryable.
+# Left out on purpose: data errors (22, the input's fault: 422) and every other class
+# (constraint violations, undefined objects: a bug, which goes on as it is).
+TRANSIENT = (
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    asyncpg.exceptions.PostgresSystemError,
+    asyncpg.exceptions.InternalServerError,
+)
+
 _json_encode = msgspec.json.Encoder()
 
 
@@ -201,6 +217,9 @@ def _translated(exc: Exception) -> Exception | None:
         return InvalidInput(f"invalid value: {exc}")
     if isinstance(exc, READ_ONLY):
         return Unavailable(f"Postgres is read-only (a standby?); retry: {exc}", retriable=True)
+    if isinstance(exc, TRANSIENT):
+        COUNTERS.inc("signoff_postgres_errors_total")
+        return Unavailable(f"Postgres refused the statement; retry: {exc}", retriable=True)
     if isinstance(exc, RACE):
         return Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True)
     return None

@@ -1,0 +1,201 @@
+"""A worker keeps its promises through Postgres errors that are not a lost connection.
+
+Before: a server-side timeout (statement_timeout, lock_timeout), a server starting up or
+shutting down, or too many connections reached callers as raw driver errors. The
+worker's lease, poll and sweep loops caught only signoff's own errors, so one such error
+ended the loop for good: the worker lived on without renewing its lease (its runs were
+adopted under it), without its slow poll and without its sweeps. A message whose start
+failed that way stayed held by the live worker's inbox until the process ended. And a
+worker whose lease had lapsed still continued a waiting run another worker had adopted:
+both called the model, and the one that lost the run could run the card.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import asyncpg
+import pytest
+
+from signoff.runtime.cards import Decision, Status
+from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Resolution
+from signoff.runtime.errors import Unavailable
+from signoff.runtime.worker import Worker
+from tests.conftest import migrated_database
+from tests.harness import harness
+from tests.integration.test_decisions import Scripted, one_card, pix
+from tests.integration.test_wake_spans import elsewhere, executed
+
+pytestmark = pytest.mark.anyio
+
+
+LOOPS = ("signoff-listen", "signoff-inbox", "signoff-lease", "signoff-poll", "signoff-sweep")
+
+
+def ended(worker: Worker) -> list[str]:
+    """The worker's background loops that are no longer running."""
+    running = {t.get_name() for t in worker._loops if not t.done()}
+    return [name for name in LOOPS if name not in running]
+
+
+@pytest.fixture(scope="module")
+def own_database() -> Iterator[str]:
+    # Session settings (statement_timeout on the database) and counts of every worker in it.
+    yield from migrated_database("so_resil", pooled=False)
+
+
+async def test_server_side_timeouts_are_unavailable_and_retryable(own_database: str) -> None:
+    async with harness(own_database, model=Scripted(), start_worker=False) as h:
+        db = h.store.db
+
+        async def slow(conn: asyncpg.Connection) -> None:
+            await conn.execute("SET LOCAL statement_timeout = '50ms'")
+            await conn.execute("SELECT pg_sleep(2)")
+
+        with pytest.raises(Unavailable):
+            await db.transaction(slow)
+        holder = await asyncpg.connect(own_database)
+        try:
+            await holder.execute(
+                "INSERT INTO workers VALUES ('lock-me', now()) ON CONFLICT DO NOTHING"
+            )
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT 1 FROM workers WHERE id = 'lock-me' FOR UPDATE")
+
+            async def locked(conn: asyncpg.Connection) -> None:
+                await conn.execute("SET LOCAL lock_timeout = '50ms'")
+                await conn.execute("SELECT 1 FROM workers WHERE id = 'lock-me' FOR UPDATE")
+
+            with pytest.raises(Unavailable):
+                await db.transaction(locked)
+            await tx.rollback()
+        finally:
+            await holder.close()
+
+
+async def test_the_lease_loop_lives_through_a_statement_timeout(own_database: str) -> None:
+    """The reviewer's repro: a database statement_timeout, and the worker's lease row held
+    locked past it, so one renewal is cancelled by the server."""
+    admin = await asyncpg.connect(own_database)
+    name = await admin.fetchval("SELECT current_database()")
+    await admin.execute(f"ALTER DATABASE \"{name}\" SET statement_timeout = '300ms'")
+    try:
+        fast = Settings(lease_seconds=1.2)
+        async with harness(own_database, model=Scripted(), settings=fast) as h:
+            me = h.worker.worker_id
+            await asyncio.sleep(0.5)
+            tx = admin.transaction()
+            await tx.start()
+            await admin.execute("SELECT 1 FROM workers WHERE id = $1 FOR UPDATE", me)
+            await asyncio.sleep(1.0)  # renewals wait on the lock and are cancelled at 300 ms
+            await tx.rollback()
+            await asyncio.sleep(1.0)
+            assert not ended(h.worker), "a background loop ended"
+            left = await admin.fetchval(
+                "SELECT extract(epoch FROM lease_until - now()) FROM workers WHERE id = $1", me
+            )
+            assert left is not None and left > 0.5  # renewed after the lock went
+    finally:
+        await admin.execute(f'ALTER DATABASE "{name}" RESET statement_timeout')
+        await admin.close()
+
+
+async def test_every_loop_lives_through_an_unexpected_error(
+    own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = Settings(lease_seconds=0.9, poll_seconds=0.1, sweep_seconds=0.1)
+    async with harness(own_database, model=Scripted(), settings=fast) as h:
+        calls = {"renew": 0, "poll": 0, "sweep": 0}
+        renew, poll, sweep = h.store.renew_leases, h.worker.poll, h.worker.sweep
+
+        async def bad_renew(*a: object) -> None:
+            calls["renew"] += 1
+            if calls["renew"] == 1:
+                raise RuntimeError("a bug in the lease tick")
+            await renew(*a)  # type: ignore[arg-type]
+
+        async def bad_poll(tick: int = 0) -> None:
+            calls["poll"] += 1
+            if calls["poll"] == 1:
+                raise RuntimeError("a bug in the poll")
+            await poll(tick)
+
+        async def bad_sweep() -> object:
+            calls["sweep"] += 1
+            if calls["sweep"] == 1:
+                raise KeyError("a bug in the sweep")
+            return await sweep()
+
+        monkeypatch.setattr(h.store, "renew_leases", bad_renew)
+        monkeypatch.setattr(h.worker, "poll", bad_poll)
+        monkeypatch.setattr(h.worker, "sweep", bad_sweep)
+        await asyncio.sleep(1.2)
+        assert calls["renew"] >= 2 and calls["poll"] >= 2 and calls["sweep"] >= 2
+        assert not ended(h.worker)
+
+
+async def test_an_inbox_entry_whose_start_fails_oddly_is_handed_back(
+    own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that fails with an error that is not Unavailable while the run cannot be
+    read either: the entry was held by the live worker forever (its task ended)."""
+    async with harness(own_database, model=Scripted(pix()), settings=Settings()) as h:
+        w = h.worker
+        failing = {"on": True}
+        start, get_run = w.agent.start, h.store.get_run
+
+        async def bad_start(*a: object, **k: object) -> object:
+            if failing["on"]:
+                raise asyncpg.exceptions.CannotConnectNowError("the database system is starting up")
+            return await start(*a, **k)  # type: ignore[arg-type]
+
+        async def bad_get_run(run_id: str) -> object:
+            if failing["on"]:
+                raise asyncpg.exceptions.CannotConnectNowError("the database system is starting up")
+            return await get_run(run_id)
+
+        monkeypatch.setattr(w.agent, "start", bad_start)
+        monkeypatch.setattr(h.store, "get_run", bad_get_run)
+        with pytest.raises(Unavailable):
+            await w.run_message(await h.thread("alice"), "cobre", user="alice", message_id="m-odd")
+        failing["on"] = False
+        run = await w.run_message(
+            await h.thread("alice"), "cobre", user="alice", message_id="m-odd2"
+        )
+        assert run is not None
+
+
+async def test_a_worker_that_lost_its_run_does_not_continue_it(own_database: str) -> None:
+    model_a = Scripted(pix())
+    async with (
+        harness(own_database, model=model_a, worker_id="lost-a") as a,
+        harness(own_database, model=Scripted(pix()), worker_id="lost-b") as b,
+    ):
+        card = await one_card(a)
+        assert model_a.calls == 1
+        # a stalls (its lease loop stops) while alive, its lease lapses and b adopts the
+        # run; a still parks it.
+        (lease,) = [t for t in a.worker._loops if t.get_name() == "signoff-lease"]
+        lease.cancel()
+        await a.store.db.execute(
+            "UPDATE workers SET lease_until = now() - interval '1 second' WHERE id = 'lost-a'"
+        )
+        assert card.run_id in await b.worker.adopt()
+        await asyncio.sleep(0.3)
+        assert b.worker.waits.is_parked(card.id) and a.worker.waits.is_parked(card.id)
+        await elsewhere(a).resolve(
+            card.id,
+            Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+            principal="alice",
+            channel="test",
+        )
+        await a.worker.poll(tick=0)  # a's full re-read finds the approval of a run it parked
+        await asyncio.sleep(0.3)
+        assert not a.worker.waits.is_parked(card.id)  # woken, and let go
+        assert (await a.store.get_card(card.id)).status is Status.APPROVED  # a ran nothing
+        await b.worker.poll(tick=1)  # b, the holder, finds the approval
+        await executed(b, card.id)
+        assert model_a.calls == 1  # a never asked its model again
