@@ -52,7 +52,13 @@ class HttpApi:
         async def endpoint(request: Request) -> Response:
             try:
                 who = self.tokens.verify(bearer(request.headers.get("authorization")))
-                if not _has_body(request):  # (a body is admitted once it has arrived)
+                if _has_body(request):
+                    # Read (bounded in size and time) before the handler runs, whether or
+                    # not it uses a body: the request is admitted once it is whole, so a
+                    # slow client holds no slot, and a body on a request that needs none
+                    # cannot skip admission (or create a thread before its body came).
+                    await self.body(request)
+                else:
                     self._admit(request)
                 return await handler(request, who)
             except ClientDisconnect:
@@ -76,6 +82,14 @@ class HttpApi:
             request.scope["signoff.admitted"] = True
 
     async def body(self, request: Request) -> bytes:
+        """The request's body, read once (at most MAX_BODY bytes, within the body
+        timeout), after which the request is admitted."""
+        read = request.scope.get("signoff.body")
+        if read is not None:
+            return bytes(read)
+        if not _has_body(request):
+            self._admit(request)
+            return b""
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
             raise InvalidInput(f"body larger than {MAX_BODY} bytes")
@@ -90,8 +104,9 @@ class HttpApi:
             raise RequestTimeout(
                 f"request body not received within {self.body_timeout:g}s"
             ) from None
+        request.scope["signoff.body"] = body = bytes(data)
         self._admit(request)
-        return bytes(data)
+        return body
 
     # -- endpoints ----------------------------------------------------------------------
 

@@ -87,10 +87,20 @@ def message_text(text: str) -> str:
 
 
 def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
-    """Decode and validate a payload; any mismatch is a 422 that changes nothing."""
+    """Decode and validate a payload; any mismatch is a 422 that changes nothing.
+
+    A NUL character anywhere in it (a reason, an edited value, a workflow's input, a key)
+    is refused here, by name: Postgres stores no NUL in text or jsonb, and the driver's
+    refusal, further on, would tell the client about query arguments and encodings."""
     try:
         if isinstance(data, bytes | bytearray):
-            return msgspec.json.decode(data, type=typ)
+            out = msgspec.json.decode(data, type=typ)
+            # In JSON a NUL can only be written escaped; look closer only then.
+            if b"\\u0000" in data and _has_nul(msgspec.json.decode(data)):
+                raise InvalidInput(NUL_REFUSED)
+            return out
+        if _has_nul(data):
+            raise InvalidInput(NUL_REFUSED)
         return msgspec.convert(data, typ)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidInput(f"invalid payload: {exc}") from exc
@@ -98,6 +108,25 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
         raise InvalidInput("invalid payload: not UTF-8") from exc
     except RecursionError as exc:  # msgspec's decoder on deeply nested JSON
         raise InvalidInput("invalid payload: nested too deeply") from exc
+
+
+NUL_REFUSED = "invalid payload: text may not contain NUL characters (\\u0000)"
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a NUL character is in any string (key or value) of a decoded payload."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 class GatewayService:

@@ -23,6 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 from signoff.gateway.auth import Principal, Tokens
 from signoff.gateway.errors import Internal, error_body, status_of, typed
 from signoff.gateway.feed import Feeds, Listener
+from signoff.gateway.frames import Frame, decode_frame, id_of
 from signoff.gateway.service import GatewayService, ResolveIn, event_of, message_text, parse
 from signoff.gateway.watch import ThreadWatch
 from signoff.runtime.errors import (
@@ -39,30 +40,7 @@ log = logging.getLogger("signoff.ws")
 AUTH_TIMEOUT = 10.0
 
 
-class Frame(msgspec.Struct, frozen=True):
-    type: str
-    id: str | None = None
-    token: str | None = None
-    thread_id: str | None = None
-    text: str | None = None
-    after_seq: int | None = None
-    card_id: str | None = None
-    decision: str | None = None
-    snapshot_hash: str | None = None
-    reason: str | None = None
-    edits: dict[str, Any] | None = None
-
-
-class _FrameId(msgspec.Struct):
-    id: str | None = None
-
-
 _enc = msgspec.json.Encoder()
-_frame = msgspec.json.Decoder(Frame)
-_frame_id = msgspec.json.Decoder(_FrameId)
-# What a frame that does not parse raises: msgspec's errors, RecursionError on deep nesting,
-# and UnicodeDecodeError on a binary frame that is not UTF-8.
-_BAD_FRAME = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
 
 
 class RateLimit:
@@ -190,13 +168,13 @@ class Connection:
     async def run(self) -> None:
         try:
             raw = await asyncio.wait_for(self.receive(), AUTH_TIMEOUT)
-            frame = _frame.decode(raw)
+            frame = decode_frame(raw)
             if frame.type != "auth":
                 raise Unauthenticated("the first frame must be {type: auth, token}")
             who = self.sign_in(frame.token or "")
         except WebSocketDisconnect:
             return
-        except (TimeoutError, *_BAD_FRAME):
+        except (TimeoutError, InvalidInput):
             await self.refuse_auth(Unauthenticated("authenticate first"))
             return
         except Unauthenticated as exc:
@@ -232,12 +210,8 @@ class Connection:
             log.info("closing a flooding WebSocket of %s", self.who.user if self.who else "?")
             await self.close(1008, "rate limit exceeded")
             raise WebSocketDisconnect(1008)
-        try:
-            frame_id = _frame_id.decode(raw).id
-        except _BAD_FRAME:
-            frame_id = None
         await self.send_error(
-            RateLimited(f"more than {self.limit.rate:g} frames a second; slow down"), frame_id
+            RateLimited(f"more than {self.limit.rate:g} frames a second; slow down"), id_of(raw)
         )
 
     async def handle(self, raw: bytes) -> None:
@@ -247,9 +221,10 @@ class Connection:
         frame_id = None
         try:
             try:
-                frame = _frame.decode(raw)
-            except _BAD_FRAME as exc:
-                raise InvalidInput(f"invalid frame: {exc}") from exc
+                frame = decode_frame(raw)
+            except InvalidInput:
+                frame_id = id_of(raw)  # the client's id, if the frame got that far
+                raise
             frame_id = frame.id
             who = self.authorise()
             if frame.type == "message":

@@ -63,11 +63,17 @@ class WorkflowService:
             raise WorkflowNotFound(f"no workflow named {name!r}", workflow=name)
         return found
 
-    async def _own(self, run_id: str, tenant: str, user: str, role: str = "user") -> WorkflowRun:
+    async def _own(
+        self, run_id: str, tenant: str, user: str, role: str = "user", *, event: bool = False
+    ) -> WorkflowRun:
+        """The run, if ``user`` of ``tenant`` owns it. Only an ``event`` may also come from
+        a principal of the tenant with a role of :data:`EVENT_ROLES` (a payment provider's
+        integration): reading, retrying and cancelling a run are its owner's alone, as
+        deciding a card is (I3)."""
         run = await self.store.get_workflow_run(run_id)
         if run.tenant != tenant:
             raise WorkflowNotFound(f"no workflow run {run_id}", run_id=run_id)
-        if run.owner != user and role not in EVENT_ROLES:
+        if run.owner != user and not (event and role in EVENT_ROLES):
             raise NotOwner("not your workflow run", run_id=run_id)
         return run
 
@@ -189,7 +195,7 @@ class WorkflowService:
         at_ns = time.time_ns()
         if not isinstance(name, str) or not name:
             raise InvalidInput("an event needs a name")
-        run = await self._own(run_id, tenant, by, role)
+        run = await self._own(run_id, tenant, by, role, event=True)
         workflow = self.workflow(run.workflow)
 
         def payload_for(step: int) -> dict[str, Any]:

@@ -333,6 +333,39 @@ async def test_malformed_frames_get_typed_errors_and_the_socket_survives(w: WsTa
     await ws.close()
 
 
+async def test_the_owners_odd_frames_are_refused_whole(w: WsTarget) -> None:
+    """On the owner's own thread and card: a resume past a bigint was acknowledged, then
+    refused, and left the socket following at a position no entry reaches (silent); a
+    resolve carrying fields it does not know (``args_snapshot``) approved anyway, where
+    HTTP refuses it; a NUL in a reason came back as the driver's own words. Each is now
+    one typed 422, with nothing decided and nothing followed."""
+    card = await a_card(w, "oddly")
+    ws = await w.connect("oddly")
+    thread = card["thread_id"]
+    await ws.send(json.dumps({"type": "resume", "id": "far", "thread_id": thread,
+                              "after_seq": 2**70}))  # fmt: skip
+    first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert (first["type"], first["id"], first["status"]) == ("error", "far", 422), first
+    resolve = {"type": "resolve", "card_id": card["id"], "decision": "approve",
+               "snapshot_hash": card["snapshot_hash"]}  # fmt: skip
+    await ws.send(json.dumps({**resolve, "id": "ext", "args_snapshot": {"amount_cents": 1}}))
+    refused = await reply(ws, "ext")
+    assert (refused["type"], refused["status"]) == ("error", 422), refused
+    assert "args_snapshot" in refused["message"], refused
+    await ws.send(json.dumps({**resolve, "id": "nul", "decision": "reject", "reason": "a\u0000b"}))
+    refused = await reply(ws, "nul")
+    assert (refused["type"], refused["status"]) == ("error", 422), refused
+    assert "NUL" in refused["message"] and "UTF8" not in refused["message"], refused
+    assert await status_of(w, card["id"]) == ("pending", 1)
+    # The socket still follows nothing odd: a resume from 0 is acknowledged, and the
+    # owner's approval goes through.
+    await ws.send(json.dumps({"type": "resume", "id": "zero", "thread_id": thread, "after_seq": 0}))
+    assert (await reply(ws, "zero"))["type"] == "ack"
+    await ws.send(json.dumps({**resolve, "id": "ok"}))
+    assert (await reply(ws, "ok"))["type"] == "resolved"
+    await ws.close()
+
+
 async def events_of(
     ws: Any, thread_id: str, seconds: float, until: str | None = None
 ) -> list[dict[str, Any]]:

@@ -315,7 +315,9 @@ async def test_slow_body_gets_a_typed_408_and_changes_nothing(h: Harness) -> Non
     assert got.startswith(b"HTTP/1.1 408"), got
     assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "request_timeout"
     assert await queued_jobs(h) == []
-    # A body no handler reads (POST /v1/threads answers at once) is cut all the same.
+    # A body on a request that needs none (POST /v1/threads) is read all the same before
+    # anything is done: cut at the deadline, and no thread made (it was made before).
+    before = await threads_of(h, "ivo")
     head = (
         f"POST /v1/threads HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {h.token('ivo')}\r\n"
         f"Content-Length: 1000\r\n\r\n"
@@ -325,7 +327,32 @@ async def test_slow_body_gets_a_typed_408_and_changes_nothing(h: Harness) -> Non
     await writer.drain()
     took, got = await trickle_until_closed(reader, writer, b"x" * 1000, limit=6)
     assert took < 3.5, took
-    assert got.startswith(b"HTTP/1.1 201"), got
+    assert got.startswith(b"HTTP/1.1 408"), got
+    assert await threads_of(h, "ivo") == before
+
+
+async def test_a_body_does_not_skip_admission(h: Harness) -> None:
+    """Requests are admitted against SIGNOFF_MAX_IN_FLIGHT once whole. A request that
+    carried a body its handler never reads (a GET with one byte, say) used to skip
+    admission altogether."""
+    thread = await h.thread("ada")
+    admission = h.asgi.state.service.admission
+    limit, admission.limit = admission.limit, 1
+    admission.enter()  # the one slot is taken
+    try:
+        async with httpx.AsyncClient(base_url=h.base_url, headers=auth(h, "ada")) as http:
+            plain = await http.get(f"/v1/threads/{thread}")
+            bodied = await http.request("GET", f"/v1/threads/{thread}", content=b"x")
+            made = await http.request("POST", "/v1/threads", content=b"{}")
+        for r in (plain, bodied, made):
+            assert r.status_code == 503 and r.json()["error"] == "overloaded", r.text
+        assert await threads_of(h, "ada") == 1
+    finally:
+        admission.leave()
+        admission.limit = limit
+    async with httpx.AsyncClient(base_url=h.base_url, headers=auth(h, "ada")) as http:
+        assert (await http.request("GET", f"/v1/threads/{thread}", content=b"x")).status_code == 200
+        assert (await http.request("POST", "/v1/threads", content=b"{}")).status_code == 201
 
 
 async def test_deadlines_leave_kept_alive_connections_and_websockets_alone(h: Harness) -> None:

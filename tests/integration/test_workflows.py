@@ -148,6 +148,16 @@ async def test_event_gate_wrong_name_and_not_parked(h: Harness) -> None:
         )
     release(run.id)
     await until(status_is(h, run.id, "awaiting_event"))
+    # A service or admin principal may deliver the event, and only that: reading,
+    # retrying and cancelling the run are its owner's alone (as deciding a card is).
+    for role in ("service", "admin"):
+        with pytest.raises(NotOwner):
+            await h.workflows.get(run.id, tenant=h.tenant, user="svc", role=role)
+        with pytest.raises(NotOwner):
+            await h.workflows.cancel(run.id, tenant=h.tenant, by="svc", role=role)
+        with pytest.raises(NotOwner):
+            await h.workflows.retry(run.id, tenant=h.tenant, by="svc", role=role)
+    assert (await h.store.workflows.get_workflow_run(run.id)).status == "awaiting_event"
     with pytest.raises(WrongEvent):
         await h.workflows.deliver_event(
             run.id, "payment.failed", {"amount": 5}, tenant=h.tenant, by=OWNER
