@@ -91,6 +91,7 @@ class Queries:
     # the WhatsApp channel (store/whatsapp.py)
     delivery_record: str
     delivery_forget: str
+    wa_card_shown: str
     wa_contact_get: str
     wa_contact_insert: str
     wa_contact_inbound: str

@@ -1029,6 +1029,16 @@ RETURNING message_id;
 -- name: delivery_forget
 DELETE FROM deliveries WHERE channel = $1 AND message_id = $2;
 
+-- name: wa_card_shown
+-- Whether card $2's proposal (its 'card' entry in thread $1) was sent to the thread's
+-- WhatsApp number: a text "ok" approves only a card the person was shown there.
+SELECT EXISTS (
+    SELECT 1 FROM messages m
+    JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
+    WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' = $2::text
+      AND o.status = 'sent'
+);
+
 -- name: wa_contact_get
 SELECT thread_id::text FROM wa_contacts WHERE tenant = $1 AND wa_id = $2;
 

@@ -39,6 +39,10 @@ class WhatsAppRows:
         """Undo ``record_delivery`` for a delivery that could not be handled (redelivered)."""
         await self._db.execute(SQL.delivery_forget, channel, message_id)
 
+    async def card_shown(self, thread_id: str, card_id: str) -> bool:
+        """Whether the card's proposal was sent to the thread's number."""
+        return bool(await self._db.fetchval(SQL.wa_card_shown, thread_id, card_id))
+
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None:
         value = await self._db.fetchval(SQL.wa_contact_get, tenant, wa_id)
         return None if value is None else str(value)

@@ -122,6 +122,43 @@ async def test_bad_signature_is_401_and_stores_nothing(
     assert post(wa, body, good).status_code == 200  # the same body, signed: accepted
 
 
+async def test_signed_deliveries_of_odd_shapes_answer_200_or_422_never_500(
+    wa: Cluster, graph: FakeGraphAPI, database_url: str
+) -> None:
+    """Signed by the app secret, yet not what the channel handles: dropped (200) or
+    refused (422), never a 500 Meta would redeliver for days. A text with a NUL is
+    answered, NUL dropped (it was acknowledged, then failed in the worker: no reply)."""
+    deep = (
+        b'{"object":"whatsapp_business_account","entry":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    )
+    assert post(wa, deep, signed(deep, SECRET)).status_code == 422
+    odd = [
+        {"object": "whatsapp_business_account", "entry": 5},
+        {"object": "whatsapp_business_account", "entry": [{"changes": [{"value": 5}]}]},
+        json.loads(delivery({**text_message("5511900000077", "x"), "text": "hello"})),
+        json.loads(delivery(button_message("5511900000077", "pa:approve:not-a-uuid"))),
+        json.loads(delivery(text_message("demo", "saldo"))),
+    ]
+    for payload in odd:
+        body = json.dumps(payload).encode()
+        assert post(wa, body, signed(body, SECRET)).status_code == 200, payload
+    me = "5511900000078"
+    body = delivery(text_message(me, "sal\u0000do"))
+    assert post(wa, body, signed(body, SECRET)).status_code == 200
+    await asyncio.to_thread(graph.wait_for, lambda m: m["to"] == me, 30)
+    db = await asyncpg.connect(database_url)
+    try:
+        assert await db.fetchval("SELECT count(*) FROM threads WHERE owner = 'demo'") == 0
+        said = await db.fetchval(
+            "SELECT m.body->'content'->0->>'text' FROM messages m JOIN threads t ON t.id = m.thread_id"
+            " WHERE t.owner = $1 AND m.kind = 'user'",
+            me,
+        )
+        assert said == "saldo"
+    finally:
+        await db.close()
+
+
 async def test_charge_end_to_end_then_duplicates_and_strangers(
     wa: Cluster, graph: FakeGraphAPI, database_url: str
 ) -> None:

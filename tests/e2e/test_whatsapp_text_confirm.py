@@ -21,27 +21,34 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")
-def yes(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with FakeGraphAPI(token=TOKEN) as graph:
-        env: dict[str, str] = {
-            "SIGNOFF_WHATSAPP_PHONE_NUMBER_ID": "100",
-            "SIGNOFF_WHATSAPP_TOKEN": TOKEN,
-            "SIGNOFF_WHATSAPP_APP_SECRET": SECRET,
-            "SIGNOFF_WHATSAPP_VERIFY_TOKEN": "verify-me",
-            "SIGNOFF_WHATSAPP_BASE_URL": graph.url,
-            "SIGNOFF_WHATSAPP_POLL_SECONDS": "0.1",
-            "SIGNOFF_WHATSAPP_TEXT_CONFIRM": "1",
-        }
-        with cluster(
-            database_url,
-            services.redis_url(),
-            tmp_path_factory.mktemp("wa-yes"),
-            gateways=2,
-            workers=1,
-            cwd=None,
-            **env,
-        ) as c:
-            yield c
+def graph() -> Iterator[FakeGraphAPI]:
+    with FakeGraphAPI(token=TOKEN) as g:
+        yield g
+
+
+@pytest.fixture(scope="module")
+def yes(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory, graph: FakeGraphAPI
+) -> Iterator[Cluster]:
+    env: dict[str, str] = {
+        "SIGNOFF_WHATSAPP_PHONE_NUMBER_ID": "100",
+        "SIGNOFF_WHATSAPP_TOKEN": TOKEN,
+        "SIGNOFF_WHATSAPP_APP_SECRET": SECRET,
+        "SIGNOFF_WHATSAPP_VERIFY_TOKEN": "verify-me",
+        "SIGNOFF_WHATSAPP_BASE_URL": graph.url,
+        "SIGNOFF_WHATSAPP_POLL_SECONDS": "0.1",
+        "SIGNOFF_WHATSAPP_TEXT_CONFIRM": "1",
+    }
+    with cluster(
+        database_url,
+        services.redis_url(),
+        tmp_path_factory.mktemp("wa-yes"),
+        gateways=2,
+        workers=1,
+        cwd=None,
+        **env,
+    ) as c:
+        yield c
 
 
 async def reached_agent(db: asyncpg.Connection, thread: Any, text: str) -> None:
@@ -65,8 +72,13 @@ async def approvals(db: asyncpg.Connection, card: asyncpg.Record) -> int:
     )
 
 
+def shown(graph: FakeGraphAPI, me: str) -> None:
+    """Wait until the card reached the number (its interactive message)."""
+    graph.wait_for(lambda m: m["to"] == me and m["type"] == "interactive", 30)
+
+
 async def test_sim_approves_the_one_pending_non_critical_card(
-    yes: Cluster, database_url: str
+    yes: Cluster, database_url: str, graph: FakeGraphAPI
 ) -> None:
     me = "5511900000020"
     await say(yes, me, "cancela a consulta A001")
@@ -74,6 +86,7 @@ async def test_sim_approves_the_one_pending_non_critical_card(
     try:
         card = await pending_card(db, me)
         assert card["risk"] == "reversible"
+        await asyncio.to_thread(shown, graph, me)
         await say(yes, me, "Sim!", gw=1)
         await card_status(db, card["id"], "executed")
         assert await approvals(db, card) == 1
@@ -86,6 +99,34 @@ async def test_sim_approves_the_one_pending_non_critical_card(
             " AND body::text LIKE '%Sim!%'",
             card["thread_id"],
         )
+    finally:
+        await db.close()
+
+
+async def test_sim_before_the_card_reached_whatsapp_is_a_message(
+    yes: Cluster, database_url: str, graph: FakeGraphAPI
+) -> None:
+    """The card's sending failed (Graph refused it): the person never saw it, so their
+    "sim" (an answer to something else) approves nothing and goes to the agent."""
+    me = "5511900000023"
+    graph.fail_next(5, 400, match=lambda m: m["to"] == me and m["type"] == "interactive")
+    await say(yes, me, "mude o e-mail do João para sim@example.com")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        assert card["risk"] == "reversible"
+        deadline = time.monotonic() + 30
+        while not await db.fetchval(
+            "SELECT count(*) FROM wa_outbound WHERE wa_id = $1 AND kind = 'card'"
+            " AND status = 'failed'",
+            me,
+        ):
+            assert time.monotonic() < deadline, "the card's sending never failed"
+            await asyncio.sleep(0.1)
+        await say(yes, me, "sim")
+        await reached_agent(db, card["thread_id"], '"sim"')
+        await asyncio.sleep(0.5)
+        assert await approvals(db, card) == 0
     finally:
         await db.close()
 

@@ -43,20 +43,69 @@ def test_verify_token_is_an_exact_match() -> None:
     assert not signature.verify_token_matches("", "")
 
 
+CARD = "0b5e6a4e-8a8e-4a4c-9d7e-3b1f7c9a2d10"
+
+
 def test_inbound_messages_and_button_ids() -> None:
-    body = json.loads(delivery(text_message("1", "oi", "m1"), button_message("2", "pa:approve:c")))
+    body = json.loads(
+        delivery(
+            text_message("551100001", "oi", "m1"), button_message("551100002", f"pa:approve:{CARD}")
+        )
+    )
     got = inbound.messages(body)
     assert [(m.message_id, m.wa_id, m.text, m.button_id) for m in got] == [
-        ("m1", "1", "oi", None),
-        (got[1].message_id, "2", None, "pa:approve:c"),
+        ("m1", "551100001", "oi", None),
+        (got[1].message_id, "551100002", None, f"pa:approve:{CARD}"),
     ]
-    assert inbound.parse_button("pa:approve:c") == (Decision.APPROVE, "c")
-    assert inbound.parse_button("pa:reject:c") == (Decision.REJECT, "c")
-    assert inbound.parse_button("pa:edit:c") is None
-    assert inbound.parse_button("xx:approve:c") is None
+    assert inbound.parse_button(f"pa:approve:{CARD}") == (Decision.APPROVE, CARD)
+    assert inbound.parse_button(f"pa:reject:{CARD.upper()}") == (Decision.REJECT, CARD)
+    assert inbound.parse_button(f"pa:edit:{CARD}") is None
+    assert inbound.parse_button(f"xx:approve:{CARD}") is None
+    for bad in ("c", "not-a-uuid", "\x00", "a" * 10_000, ""):  # was a 500 at the store
+        assert inbound.parse_button(f"pa:approve:{bad}") is None
     statuses = {"object": "whatsapp_business_account", "entry": [{"changes": [{"value": {
         "statuses": [{"id": "s", "status": "read"}]}}]}]}  # fmt: skip
     assert inbound.messages(statuses) == []
+
+
+def waba(entry: object) -> dict[str, object]:
+    return {"object": "whatsapp_business_account", "entry": entry}
+
+
+def one(msg: object) -> dict[str, object]:
+    return waba([{"changes": [{"value": {"messages": [msg]}}]}])
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        waba(5),
+        waba(["x"]),
+        waba([{"changes": "abc"}]),
+        waba([{"changes": [{"value": 5}]}]),
+        waba([{"changes": [{"value": {"messages": "m"}}]}]),
+        one({"id": "m", "from": "551100001", "type": "text", "text": "hello"}),
+        one({"id": "m", "from": "551100001", "type": "interactive", "interactive": "x"}),
+        one({"id": "m", "from": "551100001", "type": "interactive",
+             "interactive": {"button_reply": "x"}}),
+        one({"id": "m", "from": "demo", "type": "text", "text": {"body": "oi"}}),
+        one({"id": "m", "from": "55\x0011", "type": "text", "text": {"body": "oi"}}),
+        one({"id": "m", "from": "\x1b]0;PWNED\x07", "type": "text", "text": {"body": "oi"}}),
+        one({"id": "wamid.\x00", "from": "551100001", "type": "text", "text": {"body": "oi"}}),
+        one({"id": "m" * 300, "from": "551100001", "type": "text", "text": {"body": "oi"}}),
+        one({"id": "m", "from": "551100001", "type": "text", "text": {"body": "\x00 \x00"}}),
+    ],
+)  # fmt: skip
+def test_a_delivery_of_another_shape_is_dropped_not_raised(payload: object) -> None:
+    """Each of these answered 500 (Meta redelivers such a delivery for days), or took a
+    sender that is no phone number as a user."""
+    assert inbound.messages(payload) == []
+
+
+def test_text_with_nul_or_a_lone_surrogate_is_cleaned_not_lost() -> None:
+    msg = {"id": "m", "from": "551100001", "type": "text", "text": {"body": " sal\x00do\ud800 "}}
+    (item,) = inbound.messages(one(msg))
+    assert item.text == "saldo?"
 
 
 def card(risk: Risk = Risk.REVERSIBLE, status: Status = Status.PENDING) -> Card:

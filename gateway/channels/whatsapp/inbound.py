@@ -3,6 +3,8 @@ message types we do not handle are dropped here (acknowledged, nothing done)."""
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import Any
 
 import msgspec
@@ -23,37 +25,68 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def messages(payload: Any) -> list[Inbound]:
-    """The text and button messages of a (verified, decoded) webhook payload."""
+    """The text and button messages of a (verified, decoded) webhook payload.
+
+    Signed by Meta, yet its shape is checked at every level: an entry, change or message
+    of another shape, or a sender that is not a phone number's digits, is dropped like a
+    message type we do not handle (the delivery is acknowledged). An exception here would
+    answer 500, and Meta redelivers such a delivery for days."""
     if not isinstance(payload, dict) or payload.get("object") != "whatsapp_business_account":
         raise InvalidInput("not a WhatsApp Business Account webhook")
     found: list[Inbound] = []
-    for entry in payload.get("entry") or []:
-        for change in (entry or {}).get("changes") or []:
-            value = (change or {}).get("value") or {}
-            for msg in value.get("messages") or []:
+    for entry in _list(payload.get("entry")):
+        for change in _list(_dict(entry).get("changes")):
+            for msg in _list(_dict(_dict(change).get("value")).get("messages")):
                 item = _one(msg)
                 if item is not None:
                     found.append(item)
     return found
 
 
+# A WhatsApp id is the sender's phone number in international form, digits only (E.164
+# has at most 15; a little room kept). It names the person as a signoff user in the
+# channel's tenant, so anything else (a name, control characters) is not taken.
+_WA_ID = re.compile(r"[0-9]{5,20}")
+MAX_MESSAGE_ID = 256
+MAX_BUTTON_ID = 128
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _one(msg: Any) -> Inbound | None:
-    if not isinstance(msg, dict):
-        return None
+    msg = _dict(msg)
     mid, sender = msg.get("id"), msg.get("from")
-    if not isinstance(mid, str) or not isinstance(sender, str) or not mid or not sender:
+    if not isinstance(sender, str) or not _WA_ID.fullmatch(sender):
+        return None
+    if not isinstance(mid, str) or not 0 < len(mid) <= MAX_MESSAGE_ID or not mid.isprintable():
         return None
     kind = msg.get("type")
     if kind == "text":
-        body = (msg.get("text") or {}).get("body")
-        if isinstance(body, str) and body.strip():
-            return Inbound(message_id=mid, wa_id=sender, text=body)
+        body = _dict(msg.get("text")).get("body")
+        if isinstance(body, str):
+            body = clean_text(body)
+            if body:
+                return Inbound(message_id=mid, wa_id=sender, text=body)
     elif kind == "interactive":
-        reply = (msg.get("interactive") or {}).get("button_reply") or {}
-        bid = reply.get("id")
-        if isinstance(bid, str):
+        bid = _dict(_dict(msg.get("interactive")).get("button_reply")).get("id")
+        if isinstance(bid, str) and len(bid) <= MAX_BUTTON_ID:
             return Inbound(message_id=mid, wa_id=sender, button_id=bid)
     return None
+
+
+def clean_text(body: str) -> str:
+    """A person's text as it can be stored: NUL characters (which Postgres text cannot
+    hold) dropped, a lone surrogate (no UTF-8 for it) replaced, outer blanks trimmed.
+    The web refuses such text with a 422; here nobody would see a refusal, and the
+    message would be lost."""
+    body = body.replace("\x00", "")
+    return body.encode("utf-8", "replace").decode("utf-8").strip()
 
 
 def button_id(decision: Decision, card_id: str) -> str:
@@ -65,6 +98,10 @@ def parse_button(bid: str) -> tuple[Decision, str] | None:
     parts = bid.split(":")
     if len(parts) != 3 or parts[0] != BUTTON_PREFIX:
         return None
-    if parts[1] not in (Decision.APPROVE, Decision.REJECT) or not parts[2]:
+    if parts[1] not in (Decision.APPROVE, Decision.REJECT):
         return None
-    return Decision(parts[1]), parts[2]
+    try:
+        card_id = str(uuid.UUID(parts[2]))
+    except ValueError:
+        return None
+    return Decision(parts[1]), card_id

@@ -53,6 +53,7 @@ class ChannelRows(OutboundRows, Protocol):
     async def record_delivery(self, channel: str, message_id: str) -> bool: ...
     async def forget_delivery(self, channel: str, message_id: str) -> None: ...
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None: ...
+    async def card_shown(self, thread_id: str, card_id: str) -> bool: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
@@ -120,7 +121,7 @@ class WhatsAppChannel:
             )
             payload = msgspec.json.decode(raw)
             items = inbound.messages(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             return error_response(InvalidInput("invalid JSON"))
         except SignoffError as exc:
             return error_response(exc)
@@ -180,7 +181,14 @@ class WhatsAppChannel:
             card = policy.card_to_confirm(
                 item.text, pending, self.settings.whatsapp_text_confirm_max_risk
             )
-            if card is not None and card.owner == item.wa_id:
+            # Only a card this number was shown: an "ok" written before the card reached
+            # WhatsApp (or while its sending failed) answers something else, maybe the
+            # assistant's text, and is a message like any other.
+            if (
+                card is not None
+                and card.owner == item.wa_id
+                and await self.rows.card_shown(thread_id, card.id)
+            ):
                 await self.decide(item, card, Decision.APPROVE)
                 return
         text = item.text.strip()[:8000]
