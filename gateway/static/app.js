@@ -136,7 +136,15 @@
     var token = params.get('token');
     var url = new URL(window.location.href);
     if (token) {
-      store(TOKEN_KEY, token);
+      // A link signs in a tab that has no session. It never replaces a session of another
+      // user without a word: a link someone sent could otherwise sign this tab in as them,
+      // and what is typed or confirmed here would be theirs. Signing out first switches.
+      var current = stored(TOKEN_KEY);
+      if (current && current !== token && principalOf(current) !== principalOf(token)) {
+        state.linkRefused = { now: userOf(current), link: userOf(token) };
+      } else {
+        store(TOKEN_KEY, token);
+      }
       url.hash = '';
     }
     var thread = url.searchParams.get('thread');
@@ -145,6 +153,28 @@
     state.token = stored(TOKEN_KEY);
     state.threadId = thread || stored(THREAD_KEY);
     writeLocation();
+  }
+
+  function claimsOf(token) {
+    // What a token claims, unverified: only to tell whose a link is; the gateway
+    // verifies every token.
+    try {
+      var part = token.split('.')[1].replace(/-/g, '+').replace(/_/g, '/');
+      var claims = JSON.parse(decodeURIComponent(escape(atob(part))));
+      return claims && typeof claims === 'object' ? claims : {};
+    } catch (e) {
+      return {};
+    }
+  }
+
+  function userOf(token) {
+    var sub = claimsOf(token).sub;
+    return typeof sub === 'string' ? sub : '?';
+  }
+
+  function principalOf(token) {
+    var c = claimsOf(token);
+    return JSON.stringify([c.sub, c.tenant]);
   }
 
   function writeLocation() {
@@ -1235,6 +1265,11 @@
     resetView();
     if (state.token) connect();
     else showLogin('');
+    if (state.linkRefused) {
+      var notice = t('login.linkRefused', state.linkRefused);
+      el.composerError.textContent = notice;
+      alertText(notice);
+    }
   }
 
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', init);

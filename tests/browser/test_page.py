@@ -156,3 +156,28 @@ async def test_summary_is_text_not_html(chat: Chat) -> None:
     await expect(ui.locator(".card-summary")).to_have_text(evil)
     assert await ui.locator(".card-summary img, .card-summary b").count() == 0
     assert await chat.page.evaluate("window.__pwned === undefined")
+
+
+async def test_a_link_never_swaps_the_signed_in_user_silently(chat: Chat) -> None:
+    """Login CSRF: a link ``/#token=<someone else's token>`` replaced this tab's session
+    without a word, and what was then typed or confirmed was theirs. The session stays
+    and the page says why; a link of the same user, or into a fresh tab, signs in."""
+    page = chat.page
+    await chat.open()
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {chat.user}")
+    other = chat.user + "-mallory"
+    await page.goto("about:blank")  # the link opened in this tab: a new page load
+    await page.goto(chat.url + f"#token={chat.h.token(other)}")
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {chat.user}")
+    await expect(page.locator("#composer-error")).to_contain_text(f"as {other}")
+    assert "token" not in page.url
+    # The same user's fresh link is taken (a renewed token), and signing out lets the
+    # other one in.
+    await page.goto("about:blank")
+    await page.goto(chat.url + f"#token={chat.h.token(chat.user)}")
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {chat.user}")
+    await page.get_by_role("button", name="Sign out").click()
+    await page.goto("about:blank")
+    await page.goto(chat.url + f"#token={chat.h.token(other)}")
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {other}")
