@@ -20,15 +20,37 @@ WebSockets); what this module adds is step 1 and its delay.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from signoff.runtime.errors import ConfigError
+
 log = logging.getLogger("signoff.gateway")
 
 CLOSE_RECONNECT = 1012  # the close code a stopping gateway sends (uvicorn's, standard)
+
+
+class ListenFailed(ConfigError):
+    """The gateway could not start listening (most often: its port is in use)."""
+
+    code = "listen_failed"
+
+
+def listen_failed(host: str, port: int, cause: BaseException | None) -> ListenFailed:
+    """What to tell the operator when uvicorn gave up starting (``cause``: the error it
+    was handling, the ``OSError`` of its bind when that is what failed)."""
+    if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+        return ListenFailed(
+            f"port {port} on {host} is in use (another process listens there): stop it, "
+            "or choose another port with --port or SIGNOFF_PORT"
+        )
+    if isinstance(cause, OSError):
+        return ListenFailed(f"cannot listen on {host}:{port}: {cause}")
+    return ListenFailed(f"the gateway's server failed to start on {host}:{port}")
 
 
 class DrainingServer(uvicorn.Server):
@@ -43,7 +65,15 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        try:
+            await super().serve(sockets)
+        except SystemExit as exc:
+            # uvicorn ends a failed start (a port in use, say) with sys.exit(3) in this
+            # task: asyncio lets a SystemExit escape the event loop, the process dies with
+            # a "Task exception was never retrieved" traceback and nothing awaits the
+            # task. An ordinary error goes to whoever awaits it, which stops the node.
+            cause = exc.__context__  # the error uvicorn was handling (and has logged)
+            raise listen_failed(self.config.host, self.config.port, cause) from cause
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # The signal is not re-raised after the shutdown (uvicorn's default): the process

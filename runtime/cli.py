@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
+import logging
 import os
 import signal
 import sys
 import time
+import tomllib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from signoff.runtime import cli_cards, cli_ops, cli_prune, cli_runs, loops
@@ -23,6 +27,35 @@ DEMO_HELP = (
     "the built-in demo (--app signoff.demo:app) also reads SIGNOFF_DEMO_CARD_TTL_SECONDS "
     "(every card's lifetime, e.g. 20 to watch one expire)"
 )
+MAKE_SECRET = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+
+log = logging.getLogger("signoff.worker")  # what `signoff worker` says about its own stop
+
+
+def version() -> str:
+    """The installed package's version, else the one pyproject.toml declares (a source
+    checkout run without installing it)."""
+    try:
+        return importlib.metadata.version("signoff")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        with pyproject.open("rb") as file:
+            return str(tomllib.load(file)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def _positive_seconds(text: str) -> int:
+    """``--ttl``: a token that expires at once (0 or less) is useless, refuse it."""
+    try:
+        seconds = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {seconds}")
+    return seconds
 
 
 class NoApp(ConfigError):
@@ -158,6 +191,13 @@ async def _gateway(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     app = _app(settings, "gateway")
+    if not settings.secret:
+        # Said apart from the length check (Tokens): "at least 32 characters" reads as if
+        # one had been given.
+        raise cli_ops.NoSecret(
+            f"no secret: SIGNOFF_SECRET is required (the key tokens are signed with, the same "
+            f"on every gateway, at least 32 characters); make one with: {MAKE_SECRET}"
+        )
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
     async with running(settings, app, worker=False) as node:
         metrics = await start_metrics(node)
@@ -191,6 +231,7 @@ async def _worker(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    parked = 0
     async with running(settings, app, gateway=False) as node:
         metrics = await start_metrics(node)
         model = node.model.name if node.model else "-"
@@ -201,8 +242,16 @@ async def _worker(args: argparse.Namespace) -> int:
             flush=True,
         )
         await stop.wait()
+        # Counted before the stop: Worker.stop drops them from memory as it releases them.
+        parked = len(node.worker.waits.parked_runs()) if node.worker is not None else 0
+        log.warning(
+            "stopping: taking no new work; steps in flight get up to 10 s to finish, then "
+            "its runs (%d parked) are released to other workers",
+            parked,
+        )
         if metrics is not None:
             await metrics.close()
+    log.info("stopped: released its runs to other workers (%d were parked)", parked)
     return 0
 
 
@@ -225,8 +274,16 @@ def _token(args: argparse.Namespace) -> int:
     from signoff.gateway.auth import Tokens
 
     settings = _settings(args)
+    ttl = args.ttl if args.ttl is not None else settings.token_ttl_seconds
+    if ttl <= 0:  # --ttl is refused by argparse; SIGNOFF_TOKEN_TTL_SECONDS is checked here
+        print(
+            f"signoff token: SIGNOFF_TOKEN_TTL_SECONDS must be a positive number of seconds, "
+            f"not {ttl}",
+            file=sys.stderr,
+        )
+        return 2
     tokens = Tokens(cli_ops.data_secret(settings), settings.token_ttl_seconds)
-    print(tokens.issue(args.user, args.tenant or settings.tenant, args.role, args.ttl))
+    print(tokens.issue(args.user, args.tenant or settings.tenant, args.role, ttl))
     return 0
 
 
@@ -261,6 +318,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="environment variables:\n" + ENV_HELP + "\n\n" + DEMO_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"signoff {version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -346,7 +404,10 @@ def parser() -> argparse.ArgumentParser:
     tk.add_argument("--tenant", help="the user's tenant (SIGNOFF_TENANT, demo)")
     tk.add_argument("--role", default="user", help="the user's role (user)")
     tk.add_argument(
-        "--ttl", type=int, default=None, help="lifetime in seconds (SIGNOFF_TOKEN_TTL_SECONDS)"
+        "--ttl",
+        type=_positive_seconds,
+        default=None,
+        help="lifetime in seconds, more than 0 (SIGNOFF_TOKEN_TTL_SECONDS)",
     )
     cli_cards.add_parser(sub, common)
     cli_prune.add_parser(sub, common)

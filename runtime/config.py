@@ -167,6 +167,7 @@ _ENV: dict[str, str] = {
     "wait_grace_ms": "SIGNOFF_WAIT_GRACE_MS",
     "key_prefix": "SIGNOFF_KEY_PREFIX",
     "tenant": "SIGNOFF_TENANT",
+    "max_ws_message_bytes": "SIGNOFF_MAX_WS_MESSAGE_BYTES",
     "pool_size": "SIGNOFF_POOL_SIZE",
     "db_timeout_seconds": "SIGNOFF_DB_TIMEOUT_SECONDS",
     "db_statement_cache_size": "SIGNOFF_DB_STATEMENT_CACHE_SIZE",

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+import signoff
 from signoff.embedded import free_port, remove_data
 from tests.e2e.test_dev import Dev, wait_for
 
@@ -185,7 +186,10 @@ def test_the_wheel_adds_one_import_package_with_the_public_api(
 ) -> None:
     with zipfile.ZipFile(installed["wheel"]) as wheel:
         names = wheel.namelist()
-    assert {n.split("/")[0] for n in names} == {"signoff", "signoff-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {
+        "signoff",
+        f"signoff-{signoff.__version__}.dist-info",
+    }
     for inside in (
         "signoff/py.typed",
         "signoff/runtime/cli.py",  # the linked rooms are real files in the wheel

@@ -1,0 +1,42 @@
+"""`signoff gateway --port P` with P taken: one line saying so and a non-zero exit, not
+asyncio's "Task exception was never retrieved" and uvicorn's SystemExit traceback."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests import services
+
+
+def test_a_gateway_on_a_port_in_use_says_so_in_one_line(database_url: str, tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
+    env = {
+        **base,
+        "SIGNOFF_DATABASE_URL": database_url,
+        "SIGNOFF_REDIS_URL": services.redis_url(),
+        "SIGNOFF_KEY_PREFIX": f"so-port-{secrets.token_hex(3)}:",
+        "SIGNOFF_SECRET": secrets.token_urlsafe(32),
+        "SIGNOFF_APP": "signoff.demo:app",
+    }
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "signoff", "gateway", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+    assert out.returncode != 0, out
+    assert "Traceback" not in out.stderr and "never retrieved" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"signoff: port {port} on 127.0.0.1 is in use"), out.stderr
