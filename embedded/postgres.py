@@ -99,6 +99,7 @@ def start_postgres(
                 pgdata=str(pgdata),
             )
         _clear_stale_pidfile(pgdata)
+        _refuse_if_running(pgdata, data_dir)
         if new_password or not _hba_is_ours(pgdata):
             # A new cluster, a lost password file, or a cluster made with trust authentication
             # by an older version: secured before any server listens.
@@ -263,6 +264,21 @@ def _clear_stale_pidfile(pgdata: Path) -> None:
     if not _is_live_postgres(pid):
         with contextlib.suppress(OSError):
             pidfile.unlink()
+
+
+def _refuse_if_running(pgdata: Path, data_dir: Path) -> None:
+    """A live server already runs this cluster (another ``signoff dev`` on the same data
+    folder): say so, instead of Postgres's own "lock file already exists" refusal."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    if _is_live_postgres(pid):
+        raise ConfigError(
+            f"another signoff dev already runs the data folder {data_dir} (its Postgres is "
+            f"pid {pid}): stop it, or give this one another --data-dir",
+            data_dir=str(data_dir),
+        )
 
 
 def _is_live_postgres(pid: int) -> bool:

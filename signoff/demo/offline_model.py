@@ -38,7 +38,11 @@ _AFTER = re.compile(
     r"(?:o\s+|a\s+)?([a-zà-ÿ][a-zà-ÿ]+)\b",
     re.IGNORECASE,
 )
-AMOUNT = re.compile(r"(?:R\$\s*)?(\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?)")
+# A minus sign written before a number is kept (the tool then refuses the amount, and the
+# person is told), never dropped: "-5" is not a charge of 5.
+AMOUNT = re.compile(
+    r"(?:R\$\s*)?((?:(?<![\w-])[-\u2212])?(?:\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?))"
+)
 _IDS = re.compile(r"\b[VvAa]\d{3}\b|\(CPF[^)]*\)")
 EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.\w+")
 _SPLIT = re.compile(

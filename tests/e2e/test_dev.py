@@ -143,6 +143,23 @@ def test_dev_serves_the_demo_flow(dev: Dev) -> None:
         assert audit[1]["actor"] == "demo" and audit[1]["hash_seen"] == card["snapshot_hash"]
 
 
+def test_a_second_dev_on_one_data_folder_says_so(dev: Dev) -> None:
+    dev.start()
+    second = subprocess.run(
+        [*dev.command, "dev", "--port", str(free_port()), "--data-dir", str(dev.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))},
+    )
+    out = second.stdout + second.stderr
+    assert second.returncode != 0, out
+    assert "another signoff dev already runs the data folder" in out, out
+    assert "Traceback" not in out and "lock file" not in out, out
+    with dev.client() as c:  # the first one is untouched
+        assert c.get("/readyz").status_code == 200
+
+
 def test_dev_restart_continues_parked_run(dev: Dev) -> None:
     env = {"SIGNOFF_LEASE_SECONDS": "1"}
     dev.start(env)

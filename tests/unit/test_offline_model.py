@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from signoff.demo.money import parse_amount
 from signoff.demo.offline_model import LABEL, OfflineDemoModel, intent, language
 from signoff.demo.offline_words import money, not_done
+from signoff.runtime.errors import ToolValidationError
 
 CHARGES = {
     "en": [
@@ -211,3 +213,13 @@ def test_money_in_each_language() -> None:
     assert money(123456789, "pt") == "R$ 1.234.567,89"
     assert money(123456789, "en") == "R$ 1,234,567.89"
     assert money(5, "pt") == "R$ 0,05"
+
+
+@pytest.mark.parametrize("text", ["charge João -5", "cobre −5 do João", "cobre R$ -5 do João"])
+def test_a_minus_sign_is_kept_so_the_tool_refuses_it(text: str) -> None:
+    """It was dropped: "charge João -5" proposed a charge of R$ 5,00."""
+    (use,) = ask([user(text)]).tool_uses()
+    assert use["name"] == "create_pix_charge"
+    assert use["input"]["amount"] in ("-5", "−5")
+    with pytest.raises(ToolValidationError):
+        parse_amount(use["input"]["amount"])
