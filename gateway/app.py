@@ -42,6 +42,12 @@ log = logging.getLogger("signoff.gateway")
 READY_TIMEOUT = 2.0  # /readyz: how long Redis may take to answer a PING
 
 
+SECURITY_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
 class Total:
     """Every HTTP request ends in a typed answer (I9): an exception nothing inside typed is
     logged once and answered ``{"error": "internal"}`` 500 in JSON (not Starlette's or
@@ -62,6 +68,9 @@ class Total:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                # Every answer, the page, its assets and the API alike: no content sniffing
+                # (a JSON body is never run as a script) and no Referer leaving the page.
+                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS]
             await send(message)
 
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -102,7 +103,12 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
         if _has_nul(data):
             raise InvalidInput(NUL_REFUSED)
         return msgspec.convert(data, typ)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except msgspec.DecodeError as exc:
+        if isinstance(data, bytes | bytearray) and _LONE_SURROGATE.search(data):
+            # msgspec says "Input data was truncated" for these
+            raise InvalidInput("invalid payload: not valid Unicode (a lone surrogate)") from exc
+        raise InvalidInput(f"invalid payload: {exc}") from exc
+    except msgspec.ValidationError as exc:
         raise InvalidInput(f"invalid payload: {exc}") from exc
     except UnicodeDecodeError as exc:  # msgspec's decoder on bytes that are not UTF-8
         raise InvalidInput("invalid payload: not UTF-8") from exc
@@ -110,6 +116,11 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
         raise InvalidInput("invalid payload: nested too deeply") from exc
 
 
+# A JSON escape of half a surrogate pair without its other half (no UTF-8 for it).
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 NUL_REFUSED = "invalid payload: text may not contain NUL characters (\\u0000)"
 
 

@@ -313,6 +313,12 @@ async def test_chat_page_cannot_be_framed_and_static_serves_no_python(h: Harness
         assert r.headers["x-frame-options"] == "DENY"
         assert (await c.get("/static/app.js")).status_code == 200
         assert (await c.get("/static/__init__.py")).status_code == 404
+        # Every answer, the page, its assets, the API and its refusals: no sniffing, no
+        # Referer.
+        for path in ("/", "/static/app.js", "/v1/threads", "/nowhere", "/healthz"):
+            r = await c.get(path)
+            assert r.headers["x-content-type-options"] == "nosniff", path
+            assert r.headers["referrer-policy"] == "no-referrer", path
 
 
 async def test_card_carries_the_models_input_for_edit_forms(h: Harness) -> None:
