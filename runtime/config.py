@@ -7,15 +7,22 @@ environment.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from signoff.runtime import levers
 from signoff.runtime.errors import ConfigError
+
+# Intervals, lifetimes and sizes that only make sense above zero: 0 would be a poll or a
+# sweep in a tight loop, a token born expired, a pool of no connections. Checked where
+# settings come in (from_env), the error naming the variable.
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,24 +39,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 8000
     data_dir: str = ".signoff"
     secret: str = ""  # token signing key; `signoff dev` makes and keeps one in data_dir
-    token_ttl_seconds: int = 12 * 3600
+    token_ttl_seconds: PositiveInt = 12 * 3600
     allowed_origins: tuple[str, ...] = ()
     anthropic_api_key: str | None = None
     anthropic_base_url: str | None = None
     model: str = "claude-sonnet-4-5"
     offline_model: bool = False
     worker_id: str = ""
-    lease_seconds: float = 10.0
-    poll_seconds: float = 5.0
-    sweep_seconds: float = 2.0
-    stuck_after_seconds: float = 300.0
+    lease_seconds: Positive = 10.0
+    poll_seconds: Positive = 5.0
+    sweep_seconds: Positive = 2.0
+    stuck_after_seconds: Positive = 300.0
     # An approved card not started after this long is looked at by the sweeper.
-    approved_stale_seconds: float = 5.0
+    approved_stale_seconds: Positive = 5.0
     wait_grace_ms: int = 30_000
     key_prefix: str = "so:"
     tenant: str = "demo"
-    max_ws_message_bytes: int = 64 * 1024
-    pool_size: int = 10
+    max_ws_message_bytes: PositiveInt = 64 * 1024
+    pool_size: PositiveInt = 10
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
     db_timeout_seconds: float = 5.0
     # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in
@@ -108,11 +115,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     whatsapp_template_name: str = "signoff_notice"
     whatsapp_template_language: str = "pt_BR"
     whatsapp_window_seconds: float = 24 * 3600.0
-    whatsapp_poll_seconds: float = 0.3  # how often a gateway looks for entries to send
+    whatsapp_poll_seconds: Positive = 0.3  # how often a gateway looks for entries to send
     whatsapp_send_attempts: int = 4  # per message, with backoff on 5xx/429/network errors
     # A claim never marked sent/failed after this long is taken over by a live gateway
     # (its claimer died between claim and send; a rare duplicate, design note 24).
-    whatsapp_claim_lease_seconds: float = 30.0
+    whatsapp_claim_lease_seconds: Positive = 30.0
     # Redis client pool (runtime/bus/client.py): at most this many pooled connections per
     # process (the pub/sub and pipelined connections are one more each); a call beyond it
     # waits up to redis_pool_timeout_seconds for a free one, then fails as Unavailable.
@@ -127,7 +134,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     retention_days: float = 0.0
     retention_tenants: tuple[str, ...] = ()
     retention_archive_dir: str = ""
-    retention_interval_seconds: float = 3600.0
+    retention_interval_seconds: Positive = 3600.0
     retention_batch: int = 200
 
     @property
@@ -242,7 +249,9 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"bad setting: {exc}") from exc
+        # msgspec names the field (`$.poll_seconds`); the operator set a variable.
+        said = re.sub(r"`\$\.(\w+)`", lambda m: _ENV.get(m.group(1), m.group(1)), str(exc))
+        raise ConfigError(f"bad setting: {said}") from exc
     if not settings.worker_id:
         settings = settings.with_(worker_id=f"w-{os.getpid()}-{secrets.token_hex(3)}")
     levers.disabled(source)  # a misspelt SIGNOFF_DISABLE is refused at start-up

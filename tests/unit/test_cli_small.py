@@ -25,6 +25,8 @@ import uvicorn
 from signoff.gateway.drain import DrainingServer, ListenFailed
 from signoff.runtime import cli, config
 from signoff.runtime import node as node_module
+from signoff.runtime.config import from_env
+from signoff.runtime.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGGER = "signoff.worker"
@@ -84,8 +86,29 @@ def test_a_token_ttl_of_zero_or_less_is_refused(
 def test_a_token_ttl_of_zero_from_the_environment_is_refused(tmp_path: Path) -> None:
     env = {"SIGNOFF_SECRET": "s" * 48, "SIGNOFF_TOKEN_TTL_SECONDS": "0"}
     out = _signoff("token", "--user", "demo", cwd=tmp_path, env=env)
-    assert out.returncode == 2, out
-    assert out.stdout == "" and "SIGNOFF_TOKEN_TTL_SECONDS must be a positive" in out.stderr
+    assert out.returncode == 1, out  # a configuration error, as for any bad setting
+    assert out.stdout == "" and "SIGNOFF_TOKEN_TTL_SECONDS" in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    "var",
+    [
+        "SIGNOFF_POLL_SECONDS",
+        "SIGNOFF_SWEEP_SECONDS",
+        "SIGNOFF_LEASE_SECONDS",
+        "SIGNOFF_POOL_SIZE",
+        "SIGNOFF_TOKEN_TTL_SECONDS",
+        "SIGNOFF_WHATSAPP_POLL_SECONDS",
+    ],
+)
+def test_intervals_and_sizes_of_zero_are_refused_naming_the_variable(var: str) -> None:
+    """0 was taken: a poll or sweep in a tight loop against Postgres, a token born
+    expired, a pool of no connections."""
+    with pytest.raises(ConfigError, match=var):
+        from_env({var: "0"})
+    with pytest.raises(ConfigError, match=var):
+        from_env({var: "-1"})
 
 
 def test_version(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
