@@ -83,7 +83,7 @@ class Total:
                 return
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:
-                await error_response(Internal("internal error"))(scope, receive, send)
+                await error_response(Internal("internal error"))(scope, receive, sending)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

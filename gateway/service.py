@@ -104,7 +104,7 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
             raise InvalidInput(NUL_REFUSED)
         return msgspec.convert(data, typ)
     except msgspec.DecodeError as exc:
-        if isinstance(data, bytes | bytearray) and _LONE_SURROGATE.search(data):
+        if isinstance(data, bytes | bytearray) and LONE_SURROGATE.search(data):
             # msgspec says "Input data was truncated" for these
             raise InvalidInput("invalid payload: not valid Unicode (a lone surrogate)") from exc
         raise InvalidInput(f"invalid payload: {exc}") from exc
@@ -117,7 +117,7 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
 
 
 # A JSON escape of half a surrogate pair without its other half (no UTF-8 for it).
-_LONE_SURROGATE = re.compile(
+LONE_SURROGATE = re.compile(
     rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
     rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 )

@@ -270,6 +270,7 @@ async def serve_gateway(
         # client never sends on a connection the server is closing at the same moment.
         timeout_keep_alive=75,
         ws_max_size=node.settings.max_ws_message_bytes,  # refuse big frames while they stream
+        server_header=False,  # no "server: uvicorn" on every answer
     )
     server = DrainingServer(config, app.state, node.settings.drain_seconds)
     task = asyncio.create_task(server.serve())

@@ -71,10 +71,7 @@ class Sweeper:
                 signalled[card.id] = now
                 COUNTERS.inc("signoff_approved_stale_total")
                 log.warning("card %s approved but not started; signalling its run again", card.id)
-                if not (
-                    w.waits.resolve(card.id, str(card.status), "sweep")
-                    or w.waits.wake_run(card.run_id, "sweep")  # an unseen edit's card
-                ):
+                if not w.waits.resolve(card.id, str(card.status), "sweep"):
                     await w.notify.card(card)
                 continue
             COUNTERS.inc("signoff_approved_stale_total")

@@ -140,6 +140,7 @@
       // user without a word: a link someone sent could otherwise sign this tab in as them,
       // and what is typed or confirmed here would be theirs. Signing out first switches.
       var current = stored(TOKEN_KEY);
+      if (current && expired(current)) current = null; // an expired session is none
       if (current && current !== token && principalOf(current) !== principalOf(token)) {
         state.linkRefused = { now: userOf(current), link: userOf(token) };
       } else {
@@ -170,6 +171,11 @@
   function userOf(token) {
     var sub = claimsOf(token).sub;
     return typeof sub === 'string' ? sub : '?';
+  }
+
+  function expired(token) {
+    var exp = claimsOf(token).exp;
+    return typeof exp === 'number' && exp * 1000 <= Date.now();
   }
 
   function principalOf(token) {

@@ -181,3 +181,19 @@ async def test_a_link_never_swaps_the_signed_in_user_silently(chat: Chat) -> Non
     await page.goto("about:blank")
     await page.goto(chat.url + f"#token={chat.h.token(other)}")
     await expect(page.locator("#who")).to_have_text(f"Signed in as {other}")
+
+
+async def test_a_link_signs_in_a_tab_whose_session_has_expired(chat: Chat) -> None:
+    """An expired session is no session: the link's user signs in (it was refused as a
+    switch, then the old token failed too and the page asked for a token)."""
+    page = chat.page
+    old = chat.h.tokens.issue(chat.user, chat.h.tenant, ttl=4)
+    await page.goto(chat.url + f"#token={old}")
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {chat.user}")
+    await page.goto("about:blank")  # (the tab keeps its session storage)
+    await page.wait_for_timeout(4200)  # the stored token expires meanwhile
+    other = chat.user + "-next"
+    await page.goto(chat.url + f"#token={chat.h.token(other)}")
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {other}")
+    await expect(page.locator("#composer-error")).to_have_text("")

@@ -142,21 +142,51 @@ async def test_signed_deliveries_of_odd_shapes_answer_200_or_422_never_500(
     for payload in odd:
         body = json.dumps(payload).encode()
         assert post(wa, body, signed(body, SECRET)).status_code == 200, payload
-    me = "5511900000078"
+    me, other = "5511900000078", "5511900000079"
     body = delivery(text_message(me, "sal\u0000do"))
     assert post(wa, body, signed(body, SECRET)).status_code == 200
-    await asyncio.to_thread(graph.wait_for, lambda m: m["to"] == me, 30)
+    # Half a surrogate pair (JSON "\\ud800"): the whole delivery was a 422 (redelivered).
+    body = delivery(text_message(other, "sal\ud800do"))
+    assert b"\\ud800" in body
+    assert post(wa, body, signed(body, SECRET)).status_code == 200
+    for number in (me, other):
+        await asyncio.to_thread(graph.wait_for, to(number), 30)
     db = await asyncpg.connect(database_url)
     try:
         assert await db.fetchval("SELECT count(*) FROM threads WHERE owner = 'demo'") == 0
-        said = await db.fetchval(
-            "SELECT m.body->'content'->0->>'text' FROM messages m JOIN threads t ON t.id = m.thread_id"
-            " WHERE t.owner = $1 AND m.kind = 'user'",
-            me,
-        )
-        assert said == "saldo"
+        said = {
+            number: await db.fetchval(
+                "SELECT m.body->'content'->0->>'text' FROM messages m"
+                " JOIN threads t ON t.id = m.thread_id WHERE t.owner = $1 AND m.kind = 'user'",
+                number,
+            )
+            for number in (me, other)
+        }
+        assert said == {me: "saldo", other: "sal\ufffddo"}
     finally:
         await db.close()
+
+
+def test_an_unsigned_chunked_body_is_not_read_past_the_limit(wa: Cluster) -> None:
+    """The 1 MiB limit was checked on Content-Length only: a chunked body was read whole
+    before its signature was checked (40 MB unsigned: +59 MB of gateway memory)."""
+    from tests.faults.test_hostile_http import _peak_rss
+
+    pid = wa.gateways[0].popen.pid  # type: ignore[union-attr]
+    before = _peak_rss(pid)
+
+    def chunks() -> Iterator[bytes]:
+        block = b"x" * (1 << 20)
+        for _ in range(40):
+            yield block
+
+    try:
+        r = httpx.post(wa.gateways[0].url + "/v1/whatsapp/webhook", content=chunks(), timeout=30)
+        assert r.status_code == 422, r.text
+    except httpx.TransportError:
+        pass  # the gateway may also stop reading and close the connection
+    grown = _peak_rss(pid) - before
+    assert grown < 16 << 20, f"the webhook read the body into memory: +{grown >> 20} MiB"
 
 
 async def test_charge_end_to_end_then_duplicates_and_strangers(

@@ -377,6 +377,7 @@ async def test_untyped_exceptions_are_typed_500s_and_the_socket_stays(h: Harness
         r = await c.get("/boom")
         assert r.status_code == 500 and r.headers["content-type"] == "application/json"
         assert r.json() == {"error": "internal", "message": "internal error"}
+        assert r.headers["x-content-type-options"] == "nosniff"  # the middleware's own 500
         thread = await h.thread("alice")
         r = await c.post(
             f"/v1/threads/{thread}/messages", json={"text": "cobre"}, headers=auth(h, "alice")

@@ -21,7 +21,7 @@ from signoff.gateway.channels.whatsapp.courier import Courier, OutboundRows
 from signoff.gateway.channels.whatsapp.graph import GraphSender
 from signoff.gateway.http import error_response, json_response
 from signoff.gateway.quotas import MemoryLedger, Quotas
-from signoff.gateway.service import announce_thread
+from signoff.gateway.service import LONE_SURROGATE, announce_thread
 from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
@@ -114,12 +114,29 @@ class WhatsAppChannel:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
             return error_response(InvalidInput("body too large"))
-        raw = await request.body()
+        # Read with a running cap: a chunked body has no Content-Length, and the signature
+        # can only be checked once the body is in, so anyone could make this gateway hold
+        # tens of MB per request before its 401.
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > MAX_BODY:
+                return error_response(InvalidInput("body too large"))
+        raw = bytes(data)
         try:
             signature.verify(
                 raw, request.headers.get("x-hub-signature-256"), self.settings.whatsapp_app_secret
             )
-            payload = msgspec.json.decode(raw)
+            try:
+                payload = msgspec.json.decode(raw)
+            except msgspec.DecodeError:
+                # Half a surrogate pair in a person's text (no UTF-8 for it) fails the whole
+                # delivery, which Meta would redeliver for days: the character is replaced,
+                # as inbound.clean_text does, and the rest is read. (The signature was
+                # checked on the bytes as they came.)
+                if not LONE_SURROGATE.search(raw):
+                    raise
+                payload = msgspec.json.decode(LONE_SURROGATE.sub(rb"\\ufffd", raw))
             items = inbound.messages(payload)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             return error_response(InvalidInput("invalid JSON"))
