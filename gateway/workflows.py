@@ -95,7 +95,11 @@ class WorkflowRoutes:
             by=who.user,
             role=who.role,
         )
-        out = run_body(passed.run)
+        run = passed.run
+        if run.owner == who.user:
+            out = run_body(run)
+        else:  # a service or admin principal may deliver, not read (its input, its state)
+            out = {"run": {"id": run.id, "workflow": run.workflow, "status": str(run.status)}}
         out["delivered"] = "kept" if passed.buffered else "passed"
         return json_response(out, 202 if passed.buffered else 200)
 
@@ -170,7 +174,8 @@ def openapi_paths(
         "/v1/workflow-runs/{run_id}/events": {
             "post": op(
                 "Deliver an event: passes the gate waiting for it (200) or is kept for a "
-                "later gate with a lookback (202)",
+                "later gate with a lookback (202). The owner is answered the run; a service "
+                "or admin principal only its id, workflow and status",
                 "delivered",
                 parameters=run,
                 requestBody=body("EventIn"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 from signoff import (
@@ -281,3 +282,37 @@ async def test_a_resume_racing_the_timeout_resolves_the_gate_once(h: Harness) ->
         await asyncio.sleep(0.1)
         assert calls(run.id, "after") == 1
     assert outcomes  # (which side wins each time is the clock's business)
+
+
+async def test_a_service_principal_delivering_an_event_is_not_shown_the_run(
+    database_url: str,
+) -> None:
+    """A service or admin token may deliver an event, not read the run: its answer carried
+    the whole run (the owner's input, its state, its steps)."""
+    settings = Settings(lease_seconds=2.0, poll_seconds=0.3, sweep_seconds=0.2)
+    app = wf_app.build()
+    async with Harness(
+        app, database_url=database_url, model=CommandModel(), settings=settings, gateway=True
+    ) as h:
+        run = await start(h, "order")  # its event gate has a 30 s lookback
+        await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+        svc = {"Authorization": f"Bearer {h.tokens.issue('payments', h.tenant, 'service')}"}
+        owner = {"Authorization": f"Bearer {h.tokens.issue(OWNER, h.tenant)}"}
+        url = f"{h.base_url}/v1/workflow-runs/{run.id}/events"
+        event = {"name": "payment.confirmed", "payload": {"amount": 7}}
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(url, json=event, headers=svc)
+            assert r.status_code == 202, r.text  # kept for the gate (lookback)
+            assert r.json() == {
+                "run": {"id": run.id, "workflow": "order", "status": "running"},
+                "delivered": "kept",
+            }
+            r = await http.get(f"{h.base_url}/v1/workflow-runs/{run.id}", headers=svc)
+            assert r.status_code == 403, r.text
+            shown = (
+                await http.get(f"{h.base_url}/v1/workflow-runs/{run.id}", headers=owner)
+            ).json()
+            assert {"owner", "state", "input"} <= set(shown["run"])  # the owner sees it all
+        release(run.id)
+        done = await until(status_is(h, run.id, "completed"), what="the kept event consumed")
+        assert done.state["amount"] == 7
