@@ -144,6 +144,9 @@
       if (current && current !== token && principalOf(current) !== principalOf(token)) {
         state.linkRefused = { now: userOf(current), link: userOf(token) };
       } else {
+        // The same user's token (a renewal) is taken, the session kept to fall back on:
+        // what a token claims is unverified here, and a forged one must not sign out.
+        if (current && current !== token) state.fallbackToken = current;
         store(TOKEN_KEY, token);
       }
       url.hash = '';
@@ -273,6 +276,15 @@
       state.ready = false;
       dropRequests();
       if (state.authFailed || ev.code === 4401) {
+        var fallback = state.fallbackToken;
+        state.fallbackToken = null;
+        if (fallback && fallback !== state.token && !expired(fallback)) {
+          // A link's token was refused: back to the session it was to replace.
+          store(TOKEN_KEY, fallback);
+          state.token = fallback;
+          state.reconnectTimer = window.setTimeout(connect, 0);
+          return;
+        }
         store(TOKEN_KEY, null);
         state.token = null;
         showLogin(t('login.refused'));
@@ -326,6 +338,7 @@
   }
 
   function onReady(f) {
+    state.fallbackToken = null; // the token in use was accepted
     var moved = state.moved;
     state.moved = false;
     state.ready = true;

@@ -197,3 +197,23 @@ async def test_a_link_signs_in_a_tab_whose_session_has_expired(chat: Chat) -> No
     await expect(page.locator("#conn")).to_have_text("Online")
     await expect(page.locator("#who")).to_have_text(f"Signed in as {other}")
     await expect(page.locator("#composer-error")).to_have_text("")
+
+
+async def test_a_forged_link_of_the_same_user_does_not_sign_the_tab_out(chat: Chat) -> None:
+    """The page reads a link's claims unverified: a token naming this tab's own user with
+    a made-up signature was taken, refused by the gateway (4401), and the tab was signed
+    out, ready for the next link (a one-click forced sign-out)."""
+    page = chat.page
+    await chat.open()
+    real = chat.h.token(chat.user)
+    head, claims, _ = real.split(".")
+    forged = f"{head}.{claims}.bm90LWEtc2lnbmF0dXJl"
+    await page.goto("about:blank")
+    await page.goto(chat.url + f"#token={forged}")
+    await expect(page.locator("#who")).to_have_text(f"Signed in as {chat.user}")
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(page.get_by_role("region", name="Sign in")).to_be_hidden()
+    # The forged token's one refusal is expected (the page's first request with it).
+    unexpected = [e for e in chat.errors if "401 (Unauthorized)" not in e]
+    assert unexpected == [], unexpected
+    chat.errors.clear()
