@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from signoff.gateway.service import LONE_SURROGATE
 from signoff.runtime.errors import InvalidInput
 
 # A thread position is a Postgres bigint (the HTTP API checks the same range).
@@ -63,6 +64,9 @@ def decode_frame(raw: bytes | str) -> Frame:
         if frame.type == "resolve":
             _resolve_frame.decode(raw)
     except BAD_FRAME as exc:
+        if isinstance(exc, msgspec.DecodeError) and LONE_SURROGATE.search(_bytes(raw)):
+            # (msgspec says "Input data was truncated" for these)
+            raise InvalidInput("invalid frame: not valid Unicode (a lone surrogate)") from exc
         raise InvalidInput(f"invalid frame: {exc}") from exc
     return frame
 
@@ -70,6 +74,10 @@ def decode_frame(raw: bytes | str) -> Frame:
 def id_of(raw: bytes | str) -> str | None:
     """The ``id`` of a frame that did not parse as a whole, when it can be read."""
     try:
-        return _frame_id.decode(raw).id
+        return _frame_id.decode(LONE_SURROGATE.sub(rb"\\ufffd", _bytes(raw))).id
     except BAD_FRAME:
         return None
+
+
+def _bytes(raw: bytes | str) -> bytes:
+    return raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw

@@ -356,6 +356,12 @@ async def test_the_owners_odd_frames_are_refused_whole(w: WsTarget) -> None:
     refused = await reply(ws, "nul")
     assert (refused["type"], refused["status"]) == ("error", 422), refused
     assert "NUL" in refused["message"] and "UTF8" not in refused["message"], refused
+    # Half a surrogate pair: named as such, with the frame's id (was msgspec's "Input data
+    # was truncated" and id null).
+    await ws.send(json.dumps({**resolve, "id": "sur", "decision": "reject", "reason": "a\ud800"}))
+    refused = await reply(ws, "sur")
+    assert (refused["type"], refused["status"]) == ("error", 422), refused
+    assert "lone surrogate" in refused["message"], refused
     assert await status_of(w, card["id"]) == ("pending", 1)
     # The socket still follows nothing odd: a resume from 0 is acknowledged, and the
     # owner's approval goes through.
