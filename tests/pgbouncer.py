@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -116,6 +117,13 @@ def direct(url: str) -> str:
 
 def _stop(server: str) -> None:
     proc, _, root = _running.pop(server)
+    if proc.poll() is not None:
+        # It died before the session ended (once seen in CI: every later test refused):
+        # keep what it said, its folder is about to go.
+        for name in ("stdout.log", "pgbouncer.log"):
+            with contextlib.suppress(OSError):
+                tail = (root / name).read_text(errors="replace")[-3000:]
+                sys.stderr.write(f"pgbouncer exited {proc.returncode} early; {name}:\n{tail}\n")
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
