@@ -72,6 +72,13 @@ def _statement_cache_behind_pgbouncer() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _pgbouncer_alive() -> None:
+    """Through PgBouncer, each test starts with one running (tests/pgbouncer.py revive)."""
+    if pgbouncer.enabled():
+        pgbouncer.revive()
+
+
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A migrated database shared by the session (tests use their own threads and users);

@@ -52,12 +52,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(server_url: str, *, pool_size: int = 20) -> tuple[subprocess.Popen[bytes], int, Path]:
+def start(
+    server_url: str, *, pool_size: int = 20, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], int, Path]:
     """A PgBouncer (transaction pooling) in front of ``server_url``'s host and port."""
     parts = urlsplit(server_url)
     user = parts.username or "postgres"
     root = Path(tempfile.mkdtemp(prefix="signoff-pgbouncer-"))
-    port = _free_port()
+    port = port or _free_port()
     # Clients are not checked (trust); the password, if any, is PgBouncer's to the server.
     password = unquote(parts.password or "")
     (root / "users.txt").write_text(f'"{user}" "{password}"\n')
@@ -104,6 +106,30 @@ def through(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def revive() -> None:
+    """Start again, on the same port, a PgBouncer that died (between tests).
+
+    Debian's PgBouncer (1.18-1.19) aborts on a cancel request whose client went away
+    while another cancel was in flight ("FATAL ... disconnect_client(): bad client state:
+    0"), which a harness's teardown can cause (its worker's loops are cancelled
+    mid-statement, then its pool is closed). Seen twice in CI: every later test then
+    failed on a refused port. What it logged is printed; the next test gets a new one."""
+    with _lock:
+        for server, (proc, port, root) in list(_running.items()):
+            if proc.poll() is None:
+                continue
+            _said(proc, root)
+            shutil.rmtree(root, ignore_errors=True)
+            _running[server] = start(server, port=port)
+
+
+def _said(proc: subprocess.Popen[bytes], root: Path) -> None:
+    for name in ("stdout.log", "pgbouncer.log"):
+        with contextlib.suppress(OSError):
+            tail = (root / name).read_text(errors="replace")[-3000:]
+            sys.stderr.write(f"pgbouncer exited {proc.returncode} early; {name}:\n{tail}\n")
+
+
 def direct(url: str) -> str:
     """The same database without PgBouncer (for tests about Postgres sessions themselves:
     server pids, terminated backends)."""
@@ -118,12 +144,7 @@ def direct(url: str) -> str:
 def _stop(server: str) -> None:
     proc, _, root = _running.pop(server)
     if proc.poll() is not None:
-        # It died before the session ended (once seen in CI: every later test refused):
-        # keep what it said, its folder is about to go.
-        for name in ("stdout.log", "pgbouncer.log"):
-            with contextlib.suppress(OSError):
-                tail = (root / name).read_text(errors="replace")[-3000:]
-                sys.stderr.write(f"pgbouncer exited {proc.returncode} early; {name}:\n{tail}\n")
+        _said(proc, root)  # it died before the session ended: keep what it said
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
