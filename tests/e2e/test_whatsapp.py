@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -28,10 +30,11 @@ def graph() -> Iterator[FakeGraphAPI]:
         yield g
 
 
-@pytest.fixture(scope="module")
-def wa(
-    database_url: str, graph: FakeGraphAPI, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def wa_cluster(
+    database_url: str, graph: FakeGraphAPI, folder: Path, **extra: str
 ) -> Iterator[Cluster]:
+    """Two gateways with the WhatsApp channel on (Graph API faked), one worker."""
     env: dict[str, str] = {
         "SIGNOFF_WHATSAPP_PHONE_NUMBER_ID": "100",
         "SIGNOFF_WHATSAPP_TOKEN": TOKEN,
@@ -39,16 +42,19 @@ def wa(
         "SIGNOFF_WHATSAPP_VERIFY_TOKEN": "verify-me",
         "SIGNOFF_WHATSAPP_BASE_URL": graph.url,
         "SIGNOFF_WHATSAPP_POLL_SECONDS": "0.1",
+        **extra,
     }
     with cluster(
-        database_url,
-        services.redis_url(),
-        tmp_path_factory.mktemp("wa"),
-        gateways=2,
-        workers=1,
-        cwd=None,
-        **env,
+        database_url, services.redis_url(), folder, gateways=2, workers=1, cwd=None, **env
     ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def wa(
+    database_url: str, graph: FakeGraphAPI, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    with wa_cluster(database_url, graph, tmp_path_factory.mktemp("wa")) as c:
         yield c
 
 

@@ -13,9 +13,8 @@ import asyncpg
 import pytest
 
 from signoff.testing import FakeGraphAPI
-from tests import services
-from tests.cluster import Cluster, cluster
-from tests.e2e.test_whatsapp import SECRET, TOKEN, card_status, pending_card, say
+from tests.cluster import Cluster
+from tests.e2e.test_whatsapp import TOKEN, card_status, pending_card, say, wa_cluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -30,24 +29,8 @@ def graph() -> Iterator[FakeGraphAPI]:
 def yes(
     database_url: str, tmp_path_factory: pytest.TempPathFactory, graph: FakeGraphAPI
 ) -> Iterator[Cluster]:
-    env: dict[str, str] = {
-        "SIGNOFF_WHATSAPP_PHONE_NUMBER_ID": "100",
-        "SIGNOFF_WHATSAPP_TOKEN": TOKEN,
-        "SIGNOFF_WHATSAPP_APP_SECRET": SECRET,
-        "SIGNOFF_WHATSAPP_VERIFY_TOKEN": "verify-me",
-        "SIGNOFF_WHATSAPP_BASE_URL": graph.url,
-        "SIGNOFF_WHATSAPP_POLL_SECONDS": "0.1",
-        "SIGNOFF_WHATSAPP_TEXT_CONFIRM": "1",
-    }
-    with cluster(
-        database_url,
-        services.redis_url(),
-        tmp_path_factory.mktemp("wa-yes"),
-        gateways=2,
-        workers=1,
-        cwd=None,
-        **env,
-    ) as c:
+    folder = tmp_path_factory.mktemp("wa-yes")
+    with wa_cluster(database_url, graph, folder, SIGNOFF_WHATSAPP_TEXT_CONFIRM="1") as c:
         yield c
 
 
