@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from contextvars import Context
 from datetime import UTC, datetime
 from typing import Any
@@ -40,6 +40,7 @@ from signoff.runtime.poller import Poller
 from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
 from signoff.runtime.store import Store
 from signoff.runtime.sweeper import Sweeper
+from signoff.runtime.ticks import Ticks
 from signoff.runtime.waits import WaitRegistry
 from signoff.runtime.workflows.engine import WorkflowEngine
 
@@ -55,6 +56,8 @@ WAKE_ERROR_RETRIES = 2
 # these many seconds (doubling up to the maximum): a worker that serves it may start.
 HAND_OVER_RETRY_SECONDS = 5.0
 HAND_OVER_RETRY_MAX_SECONDS = 60.0
+# A stopping worker lets each periodic loop finish its tick for up to this long.
+STOP_GRACE_SECONDS = 5.0
 
 
 class Worker:
@@ -92,6 +95,7 @@ class Worker:
         self.poller = Poller(self)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[Any]] = []
+        self.ticks = Ticks()
         self._subscribed = asyncio.Event()
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
         self._step_slots = asyncio.Semaphore(max(settings.pool_size, 2))
@@ -110,22 +114,20 @@ class Worker:
         await asyncio.wait_for(self._subscribed.wait(), 10)
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         s = self.settings
-        loops = {
-            "inbox": self._inbox_loop(),
-            "lease": self._every("lease", self._lease_every, lambda _: self._lease_tick(), True),
-            "poll": self._every("slow poll", s.poll_seconds, lambda tick: self.poll(tick)),
-            "sweep": self._every("sweep", s.sweep_seconds, lambda _: self.sweep()),
-            "workflows": self.workflows.loop(),  # returns at once for an app without any
-        }
-        for name, coro in loops.items():
-            self._loops.append(asyncio.create_task(coro, name=f"signoff-{name}"))
+        self._loops.append(asyncio.create_task(self._inbox_loop(), name="signoff-inbox"))
+        self.ticks.every("lease", self._lease_every, lambda _: self._lease_tick(), now=True)
+        self.ticks.every("poll", s.poll_seconds, lambda tick: self.poll(tick))
+        self.ticks.every("sweep", s.sweep_seconds, lambda _: self.sweep())
+        if self.workflows.workflows:  # an app without workflows costs nothing here
+            self.ticks.every("workflows", self.workflows.every, self.workflows.step, now=True)
 
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
         ``release=False`` leaves tokens and leases as they are, like a crash would)."""
         self._draining = True
         self.workflows.stop()  # takes no more wakes; its runs are released below
-        for task in self._loops:
+        await self.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
+        for task in self._loops:  # these wait on Redis (listen, inbox): cancelled at once
             task.cancel()
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -424,27 +426,6 @@ class Worker:
             except Exception as exc:
                 log.warning("worker subscription dropped (%s); re-subscribing", exc)
                 await asyncio.sleep(0.2)
-
-    async def _every(
-        self, what: str, seconds: float, step: Callable[[int], Awaitable[object]], now: bool = False
-    ) -> None:
-        """``step(tick)`` every ``seconds`` (the first at once with ``now``). Whatever a tick
-        raises is logged and the loop goes on: a loop that ended would leave the worker
-        alive without its lease (its runs adopted under it), its poll or its sweeps."""
-        tick = 0
-        while True:
-            if tick or not now:
-                await asyncio.sleep(seconds)
-            tick += 1
-            try:
-                await step(tick)
-            except asyncio.CancelledError:
-                raise
-            except SignoffError as exc:
-                log.warning("%s failed: %s", what, exc)
-            except Exception:
-                COUNTERS.inc("signoff_handler_errors_total")
-                log.exception("%s failed; trying again at the next tick", what)
 
     # -- leases and adoption -------------------------------------------------------------
 

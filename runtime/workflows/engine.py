@@ -114,6 +114,7 @@ class WorkflowEngine:
         self._inflight: set[str] = set()
         self._again: set[str] = set()
         self._stopping = False
+        self._reclaimed = False  # our own runs taken back once (a restart with a stable id)
         # Signal received (gateway's wall clock at the resolution) -> the next step starts.
         self.wake_latency_ns = LatencySamples(maxlen=100_000)
 
@@ -252,24 +253,21 @@ class WorkflowEngine:
 
     # -- the loop: adoption, missed signals, timeouts --------------------------------------
 
-    async def loop(self) -> None:
-        """Adopt running runs nobody live holds, pick up running runs we hold but do not
-        run (a missed signal), time out gates whose deadline passed (database clock)."""
-        if not self.workflows:
-            return  # an app without workflows costs nothing here
-        own = True
-        every = max(min(self.settings.sweep_seconds, self.settings.poll_seconds), 0.05)
-        while not self._stopping:
-            try:
-                await self.tick(own=own)
-                own = False
-            except SignoffError as exc:
-                log.warning("workflow tick failed: %s", exc)
-            except Exception:
-                log.exception("workflow tick failed")
-            await asyncio.sleep(every)
+    @property
+    def every(self) -> float:
+        """Seconds between two :meth:`tick` (the worker's ``workflows`` loop, ticks.py)."""
+        return max(min(self.settings.sweep_seconds, self.settings.poll_seconds), 0.05)
+
+    async def step(self, _tick: int = 0) -> None:
+        """One tick of the worker's ``workflows`` loop: :meth:`tick`, reclaiming our own
+        runs until that has once succeeded."""
+        await self.tick(own=not self._reclaimed)
+        self._reclaimed = True
 
     async def tick(self, *, own: bool = False) -> None:
+        """Adopt running runs nobody live holds (``own``: the first tick also reclaims
+        ours), pick up running runs we hold but do not run (a missed signal), time out
+        gates whose deadline passed (database clock)."""
         for run_id in await self.store.adopt_workflow_runs(
             self.worker_id,
             self.settings.lease_seconds,

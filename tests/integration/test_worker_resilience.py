@@ -36,7 +36,7 @@ LOOPS = ("signoff-listen", "signoff-inbox", "signoff-lease", "signoff-poll", "si
 
 def ended(worker: Worker) -> list[str]:
     """The worker's background loops that are no longer running."""
-    running = {t.get_name() for t in worker._loops if not t.done()}
+    running = {t.get_name() for t in worker._loops + worker.ticks.tasks if not t.done()}
     return [name for name in LOOPS if name not in running]
 
 
@@ -178,7 +178,7 @@ async def test_a_worker_that_lost_its_run_does_not_continue_it(own_database: str
         assert model_a.calls == 1
         # a stalls (its lease loop stops) while alive, its lease lapses and b adopts the
         # run; a still parks it.
-        (lease,) = [t for t in a.worker._loops if t.get_name() == "signoff-lease"]
+        (lease,) = [t for t in a.worker.ticks.tasks if t.get_name() == "signoff-lease"]
         lease.cancel()
         await a.store.db.execute(
             "UPDATE workers SET lease_until = now() - interval '1 second' WHERE id = 'lost-a'"
@@ -199,3 +199,53 @@ async def test_a_worker_that_lost_its_run_does_not_continue_it(own_database: str
         await b.worker.poll(tick=1)  # b, the holder, finds the approval
         await executed(b, card.id)
         assert model_a.calls == 1  # a never asked its model again
+
+
+async def test_a_stopping_worker_lets_a_tick_finish_its_statement(
+    own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: stop cancelled the lease, poll and sweep loops wherever they were, so a tick
+    waiting on a statement had the driver send a cancel request (behind PgBouncer 1.18-1.19
+    two at once can abort PgBouncer). Now the tick's statement runs to its end first."""
+    fast = Settings(poll_seconds=0.1)
+    async with harness(own_database, model=Scripted(), settings=fast) as h:
+        seen: dict[str, object] = {}
+        poll = h.worker.poll
+
+        async def slow_poll(tick: int = 0) -> None:
+            if "started" in seen:
+                return await poll(tick)
+            seen["started"] = True
+            try:
+                seen["slept"] = await h.store.db.fetchval("SELECT 1 FROM pg_sleep(0.6)")
+            except asyncio.CancelledError:
+                seen["cancelled"] = True
+                raise
+
+        monkeypatch.setattr(h.worker, "poll", slow_poll)
+        for _ in range(50):
+            if "started" in seen:
+                break
+            await asyncio.sleep(0.02)
+        tasks = h.worker.ticks.tasks
+        await h.worker.stop()
+        assert seen == {"started": True, "slept": 1}
+        assert all(t.done() and not t.cancelled() for t in tasks)
+
+
+async def test_a_tick_past_the_grace_is_cancelled_so_stop_ends() -> None:
+    from signoff.runtime.ticks import Ticks
+
+    ticks, seen = Ticks(), []
+
+    async def stuck(tick: int) -> None:
+        seen.append(tick)
+        await asyncio.sleep(60)
+
+    ticks.every("stuck", 0.01, stuck, now=True)
+    tasks = ticks.tasks
+    await asyncio.sleep(0.05)
+    started = asyncio.get_running_loop().time()
+    await ticks.stop(0.2)
+    assert asyncio.get_running_loop().time() - started < 2
+    assert seen == [1] and all(t.cancelled() for t in tasks)
