@@ -73,8 +73,13 @@ def _statement_cache_behind_pgbouncer() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _pgbouncer_alive() -> None:
-    """Through PgBouncer, each test starts with one running (tests/pgbouncer.py revive)."""
+def _pgbouncer_alive() -> Iterator[None]:
+    """Through PgBouncer, each test starts with one running (tests/pgbouncer.py revive):
+    looked at before the test and again after its fixtures are torn down (where a crash
+    comes from), so the next test's fixtures find it running."""
+    if pgbouncer.enabled():
+        pgbouncer.revive()
+    yield
     if pgbouncer.enabled():
         pgbouncer.revive()
 
