@@ -310,10 +310,8 @@ class Connection:
         if frame.thread_id is None:
             raise InvalidInput("resume needs thread_id")
         state = await self.service.thread_state(frame.thread_id, who)
-        await self.send(
-            {"type": "ack", "id": frame.id, "thread_id": frame.thread_id, "state": state}
-        )
-        await self.follow(frame.thread_id, max(frame.after_seq or 0, 0))
+        ack = {"type": "ack", "id": frame.id, "thread_id": frame.thread_id, "state": state}
+        await self.follow(frame.thread_id, max(frame.after_seq or 0, 0), ack=ack)
 
     async def on_resolve(self, frame: Frame, who: Principal) -> None:
         if frame.card_id is None:
@@ -337,10 +335,23 @@ class Connection:
     def following(self, thread_id: str) -> bool:
         return thread_id in self._listeners
 
-    async def follow(self, thread_id: str, after_seq: int) -> None:
-        """Send the log after ``after_seq``, then every new entry, in order, once."""
+    async def follow(
+        self, thread_id: str, after_seq: int, *, ack: dict[str, Any] | None = None
+    ) -> None:
+        """Send the log after ``after_seq``, then every new entry, in order, once.
+
+        ``ack`` (a resume's) is sent once the thread's feed is listened to and before any
+        of its events: a feed that cannot be listened to (Redis not answering) makes the
+        frame's one answer an ``error``, never an ``ack`` followed by an ``error``."""
         self._last_seq[thread_id] = after_seq
-        self._catchup.setdefault(thread_id, asyncio.Lock())
+        lock = self._catchup.setdefault(thread_id, asyncio.Lock())
+        async with lock:  # a hint's events wait for the ack
+            await self._listen(thread_id)
+            if ack is not None:
+                await self.send(ack)
+        await self.catch_up(thread_id)
+
+    async def _listen(self, thread_id: str) -> None:
         if thread_id not in self._listeners:
 
             async def listener(hint: Hint, _t: str = thread_id) -> None:
@@ -367,7 +378,6 @@ class Connection:
             except BaseException:
                 self.unfollow(thread_id)
                 raise
-        await self.catch_up(thread_id)
 
     def unfollow(self, thread_id: str) -> None:
         """Stop following a thread: no event of it is sent from now on."""

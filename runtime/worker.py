@@ -116,6 +116,7 @@ class Worker:
         s = self.settings
         self._loops.append(asyncio.create_task(self._inbox_loop(), name="signoff-inbox"))
         self.ticks.every("lease", self._lease_every, lambda _: self._lease_tick(), now=True)
+        self.ticks.every("heartbeat", self._lease_every, lambda _: self._heartbeat(), now=True)
         self.ticks.every("poll", s.poll_seconds, lambda tick: self.poll(tick))
         self.ticks.every("sweep", s.sweep_seconds, lambda _: self.sweep())
         if self.workflows.workflows:  # an app without workflows costs nothing here
@@ -463,8 +464,11 @@ class Worker:
 
     async def _lease_tick(self) -> None:
         await self.store.renew_leases(self.worker_id, self.settings.lease_seconds)
-        await self.bus.heartbeat(self.worker_id, int(self._lease_every * 3000))
         await self.adopt()
+
+    async def _heartbeat(self) -> None:
+        # Its own loop: a Redis that does not answer must not hold the lease's renewal.
+        await self.bus.heartbeat(self.worker_id, int(self._lease_every * 3000))
 
     # -- sweeping (runtime/sweeper.py) ----------------------------------------------------
 

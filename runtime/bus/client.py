@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -40,6 +41,15 @@ T = TypeVar("T")
 RETRY_DELAYS = (0.05, 0.15, 0.4)
 
 RETRYABLE = (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)
+TIMEOUTS = (rx.TimeoutError, TimeoutError)
+# A call that ran out the socket timeout met a Redis that stopped answering (stalled,
+# paused, partitioned: not one that refuses connections). Trying it again would wait the
+# timeout again, and so would every other call: a decision's three hints after its commit
+# took ~65 s. Such a client is "stalled": its calls fail at once (Unavailable) but for one
+# probe every STALL_PROBE_SECONDS, bounded by STALL_PROBE_TIMEOUT (plus a read's BLOCK);
+# the first answer ends the stall (design note 42).
+STALL_PROBE_SECONDS = 0.5
+STALL_PROBE_TIMEOUT = 1.0
 
 
 def text(value: object) -> str:
@@ -105,6 +115,9 @@ class Client:
         self._pipe_kwargs = pool.connection_kwargs if supported(pool.connection_class) else None
         self._pipe: Pipe | None = None
         self._pipe_lock = asyncio.Lock()
+        self.stalled = False  # a call ran out the socket timeout; no answer since
+        self._probing = False
+        self._next_probe = 0.0
 
     # One server: plain pub/sub on one connection (a cluster client shards it).
     sharded = False
@@ -123,13 +136,39 @@ class Client:
         """A connection failed in a way that may mean the topology changed (a cluster
         reloads its slot table before the next call; one server has nothing to reload)."""
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run one Redis call; retry connection errors and timeouts, then raise Unavailable."""
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]], *, blocks: float = 0.0) -> T:
+        """Run one Redis call; retry connection errors, then raise Unavailable. A call that
+        timed out is not tried again: the client is stalled until Redis answers a probe
+        (``blocks``: seconds the call may wait on the server by design, a read's BLOCK)."""
         if self.closed:
             raise Unavailable("the Redis bus is closed", command=what)
+        if not self.stalled:
+            return await self._tries(what, fn)
+        now = time.monotonic()
+        if self._probing or now < self._next_probe:
+            raise Unavailable(f"Redis is not answering; {what} not sent", command=what)
+        self._probing, self._next_probe = True, now + STALL_PROBE_SECONDS
+        try:
+            async with asyncio.timeout(STALL_PROBE_TIMEOUT + blocks):
+                return await self._tries(what, fn)
+        except TimeoutError as exc:
+            raise Unavailable(f"Redis is not answering; {what} not sent", command=what) from exc
+        finally:
+            self._probing = False
+
+    async def _tries(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         for attempt, delay in enumerate((*RETRY_DELAYS, None), start=1):
             try:
-                return await fn()
+                result = await fn()
+                self.stalled = False
+                return result
+            except TIMEOUTS as exc:
+                if not self.stalled:
+                    log.warning("Redis stopped answering (%s: %s); failing fast", what, exc)
+                    self._next_probe = time.monotonic() + STALL_PROBE_SECONDS
+                self.stalled = True
+                COUNTERS.inc("signoff_redis_errors_total")
+                raise Unavailable(f"Redis {what}: no answer ({exc})", command=what) from exc
             except RETRYABLE as exc:
                 if delay is None or self.closed:
                     COUNTERS.inc("signoff_redis_errors_total")

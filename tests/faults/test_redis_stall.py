@@ -1,0 +1,165 @@
+"""A Redis that stops answering (SIGSTOP: connections accepted, nothing replied).
+
+Before: every bus call that met it waited out the socket timeout four times (a timeout
+was retried like a refused connection), so a decision, committed at once, was answered
+after ~65 s (its three hints after the commit, one after the other), a message's 503
+came after ~41 s, and a worker's lease renewal waited behind its Redis heartbeat until
+the lease lapsed. Now the first call that times out marks the client stalled: calls fail
+at once until Redis answers a probe (``runtime/bus/client.py``, design note 42).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import websockets
+
+from signoff.runtime.bus.client import STALL_PROBE_SECONDS, Client, redis_from_url
+from signoff.runtime.errors import Unavailable
+from signoff.testing.servers import EmbeddedServer
+from tests.cluster import cluster
+from tests.faults.conftest import Invariants
+from tests.faults.helpers import approve, bearer, pending, runs_done, start_threads, wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def stall(valkey: EmbeddedServer) -> Iterator[tuple[EmbeddedServer, list[bool]]]:
+    """SIGSTOP/SIGCONT of the private Redis; continued at the end whatever happened."""
+    stopped = [False]
+    yield valkey, stopped
+    if stopped[0]:
+        os.kill(valkey.pid, signal.SIGCONT)
+
+
+def pause(server: EmbeddedServer, stopped: list[bool], on: bool) -> None:
+    os.kill(server.pid, signal.SIGSTOP if on else signal.SIGCONT)
+    stopped[0] = on
+
+
+async def resume_answers(url: str, token: str, thread_id: str) -> list[dict[str, Any]]:
+    """Every answer to one ``resume`` frame within 15 s."""
+    async with websockets.connect(url.replace("http", "ws", 1) + "/v1/ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+        await ws.send(json.dumps({"type": "resume", "id": "r1", "thread_id": thread_id}))
+        answers = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(15):
+                async for raw in ws:
+                    frame = json.loads(raw)
+                    if frame.get("id") == "r1":
+                        answers.append(frame)
+        return answers
+
+
+@pytest.mark.no_store
+async def test_a_stalled_redis_costs_one_timeout_then_calls_fail_at_once(
+    stall: tuple[EmbeddedServer, list[bool]],
+) -> None:
+    server, stopped = stall
+    client = Client(redis_from_url(server.url + "?socket_timeout=0.5"))
+    try:
+        await client.set_px("k", "v", 60_000)
+        pause(server, stopped, True)
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable):
+            await client.get("k")
+        first = time.monotonic() - t0
+        assert 0.4 < first < 1.5, first  # one socket timeout, not four
+        assert client.stalled
+        t0 = time.monotonic()
+        results = await asyncio.gather(
+            *(client.get("k") for _ in range(20)), return_exceptions=True
+        )
+        assert all(isinstance(r, Unavailable) for r in results)
+        assert time.monotonic() - t0 < 0.3  # no probe due yet: none of them waited
+
+        await asyncio.sleep(STALL_PROBE_SECONDS + 0.1)
+        t0 = time.monotonic()
+        probe, *rest = await asyncio.gather(
+            *(client.get("k") for _ in range(5)), return_exceptions=True
+        )
+        assert all(isinstance(r, Unavailable) for r in (probe, *rest))
+        assert time.monotonic() - t0 < 1.5  # the one probe waited its own bound
+
+        pause(server, stopped, False)
+        await asyncio.sleep(STALL_PROBE_SECONDS + 0.1)
+        assert await client.get("k") == b"v"  # the probe is answered: the stall is over
+        assert not client.stalled
+        assert await client.get("k") == b"v"
+    finally:
+        await client.close()
+
+
+async def test_decisions_are_answered_soon_while_redis_stalls_and_applied_once(
+    database_url: str,
+    stall: tuple[EmbeddedServer, list[bool]],
+    tmp_path: Path,
+    invariants: Invariants,
+) -> None:
+    """The hostile reviewer's repro on a gateway and a worker: cards shown, Redis
+    SIGSTOPped, three approvals. Each is committed, then answered 200 within one socket
+    timeout (the first) or at once; a message gets its 503 within one; the worker applies
+    every decision from its poll of Postgres; once Redis answers again, hints flow."""
+    server, stopped = stall
+    with cluster(
+        database_url,
+        server.url,
+        tmp_path,
+        gateways=1,
+        workers=1,
+        SIGNOFF_POLL_SECONDS="1",
+    ) as c:
+        invariants.watch_cluster(c)
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        try:
+            threads = await start_threads(c, gw.url, [f"st{i}" for i in range(3)])
+            cards = await wait_until(lambda: pending(db, c.tenant, 3), what="3 cards")
+            pause(server, stopped, True)
+            t0 = time.monotonic()
+            assert await approve(c, gw.url, cards[:1]) == [200]
+            assert time.monotonic() - t0 < 8  # was ~65 s: one timeout now (5 s)
+            t0 = time.monotonic()
+            assert await approve(c, gw.url, cards[1:]) == [200, 200]
+            assert time.monotonic() - t0 < 3  # the stall is known: no wait
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+                thread = (await http.post("/v1/threads", headers=bearer(c, "st9"))).json()
+                t0 = time.monotonic()
+                r = await http.post(
+                    f"/v1/threads/{thread['thread']['id']}/messages",
+                    json={"text": "cobre 12 do João"},
+                    headers=bearer(c, "st9"),
+                )
+                assert r.status_code == 503, r.text
+                assert time.monotonic() - t0 < 8  # was ~41 s
+            await wait_until(lambda: runs_done(db, c.tenant, 3), timeout=30, what="3 applied")
+            # A resume whose thread feed cannot be listened to gets one answer, an error;
+            # it got an ack, then the error ten seconds later, and followed nothing.
+            answers = await resume_answers(gw.url, c.token("st0"), threads[0])
+            assert [(a["type"], a.get("status")) for a in answers] == [("error", 503)]
+            # Renewing the worker's lease never waits on Redis (its heartbeat has its own
+            # loop): the worker still holds its lease after the whole stall.
+            assert await db.fetchval("SELECT bool_and(lease_until > now()) FROM workers")
+
+            pause(server, stopped, False)
+            await start_threads(c, gw.url, ["st-after"])
+            after = await wait_until(lambda: pending(db, c.tenant, 1), timeout=30, what="card")
+            assert await approve(c, gw.url, after) == [200]
+            await wait_until(lambda: runs_done(db, c.tenant, 4), timeout=30, what="4 done")
+            await invariants.check()
+        finally:
+            await db.close()
