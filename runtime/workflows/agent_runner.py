@@ -24,6 +24,7 @@ are no longer pending.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,7 +50,7 @@ from signoff.runtime.workflows.agent_step import (
     workflow_thread_id,
 )
 from signoff.runtime.workflows.definition import Step, WorkflowContext, WorkflowStatus
-from signoff.runtime.workflows.records import GateOpening
+from signoff.runtime.workflows.records import GateOpening, WorkflowRun
 
 log = logging.getLogger("signoff.workflows.agent")
 
@@ -129,6 +130,8 @@ class AgentSteps:
             wf_run = await self.store.workflows.get_workflow_run(wf_id)
         except NotFound:
             return None
+        if not _same_principal(wf_run, run):
+            return None
         workflow = self.workflows.get(wf_run.workflow)
         for step in workflow.step_list if workflow else ():
             if isinstance(step, AgentStep):
@@ -161,11 +164,22 @@ class AgentSteps:
         return await self.outcome(step, run)
 
     async def _thread(self, ctx: WorkflowContext) -> str:
+        """The workflow run's own thread, made on its first agent step. A run id that is
+        not a version-4 UUID (a start before they were refused) would share its thread
+        with the version-4 run of the same bits, and a thread that is not the run's
+        principal's is someone else's: the step fails rather than talk there (I3)."""
+        if uuid.UUID(ctx.run_id).version != 4:
+            raise AgentStepFailed(
+                f"workflow run {ctx.run_id} has no thread of its own for agent steps "
+                "(its id is not a version-4 UUID)"
+            )
         thread_id = workflow_thread_id(ctx.run_id)
         try:
-            await self.store.get_thread(thread_id)
+            thread = await self.store.get_thread(thread_id)
         except NotFound:
-            await self.store.create_thread(ctx.tenant, ctx.principal, thread_id=thread_id)
+            thread = await self.store.create_thread(ctx.tenant, ctx.principal, thread_id=thread_id)
+        if (thread.tenant, thread.owner) != (ctx.tenant, ctx.principal):
+            raise AgentStepFailed(f"workflow run {ctx.run_id}: its thread is another user's")
         return thread_id
 
     async def outcome(self, step: AgentStep, run: Run) -> Mapping[str, Any] | GateOpening:
@@ -294,6 +308,8 @@ class AgentSteps:
         workflow = self.workflows.get(wf_run.workflow)
         if workflow is None or wf_run.step >= len(workflow.step_list):
             return
+        if not _same_principal(wf_run, run):
+            return  # a chat's thread that merely looks like a workflow's: not its run
         step = workflow.step_list[wf_run.step]
         if not isinstance(step, AgentStep):
             return
@@ -336,3 +352,8 @@ def _actions(cards: list[Card]) -> list[dict[str, Any]]:
         {"card_id": c.id, "tool": c.tool, "summary": c.summary, "status": str(c.status)}
         for c in sorted(cards, key=lambda c: c.created_at)
     ]
+
+
+def _same_principal(wf_run: WorkflowRun, run: Run) -> bool:
+    """Whether an agent run can be the workflow run's (the same tenant and principal)."""
+    return (wf_run.tenant, wf_run.owner) == (run.tenant, run.owner)

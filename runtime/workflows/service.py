@@ -99,8 +99,9 @@ class WorkflowService:
         """Start a run of workflow ``name`` for ``owner``; ``input`` is validated against
         the workflow's input type (422 otherwise). Any worker runs its first steps.
 
-        ``run_id`` (a UUID the client chose) makes the start idempotent: the same start
-        again returns the same run; another start with that id is a ``Conflict`` (409)."""
+        ``run_id`` (a version-4 UUID the client chose) makes the start idempotent: the same
+        start again returns the same run; another start with that id is a ``Conflict``
+        (409)."""
         workflow = self.workflow(name)
         data: Any = None
         if workflow.input is not None:
@@ -112,9 +113,14 @@ class WorkflowService:
             raise InvalidInput(f"workflow {name!r} takes no input")
         if run_id is not None:
             try:
-                run_id = str(uuid.UUID(run_id))
+                chosen = uuid.UUID(run_id)
             except (ValueError, TypeError, AttributeError):
                 raise InvalidInput(f"run_id {run_id!r} is not a UUID") from None
+            if chosen.version != 4:
+                # A run's agent steps talk on a thread named by its id's other 122 bits
+                # (agent_step.workflow_thread_id): another version would share it.
+                raise InvalidInput(f"run_id {run_id!r} is not a random (version 4) UUID")
+            run_id = str(chosen)
         run, created = await self.store.create_run(
             run_id or str(uuid.uuid4()),
             tenant=tenant,

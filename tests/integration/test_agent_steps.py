@@ -4,6 +4,7 @@ with every pending card on the interrupt; one resume decides them all (design no
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -250,4 +251,59 @@ async def test_cards_that_expire_before_the_resume_let_the_run_go_on(h: Harness)
     done = await until(status_is(h, run.id, "completed"), what="completed after expiry")
     assert done.state["agent"]["reply"] == "paid: nothing"
     assert {x["status"] for x in done.state["agent"]["actions"]} == {"expired"}
+    assert await executions(h) == {}
+
+
+def sibling(run_id: str, version: int) -> str:
+    """``run_id`` with another UUID version: the same thread under the old mapping."""
+    u = uuid.UUID(run_id)
+    return str(uuid.UUID(int=(u.int & ~(0xF << 76)) | (version << 76)))
+
+
+async def test_a_run_id_that_is_not_a_version_4_uuid_is_refused(h: Harness) -> None:
+    """The hostile prober's repro: a victim's run id with version 5 named the victim's
+    thread, and an agent step of another tenant's run talked, read and charged there."""
+    victim = await h.workflows.start("approvals", tenant=h.tenant, owner=OWNER)
+    for version in (1, 5, 8):
+        with pytest.raises(InvalidInput, match="version 4"):
+            await h.workflows.start(
+                "approvals", tenant="other", owner="mallory", run_id=sibling(victim.id, version)
+            )
+    mine = str(uuid.uuid4())
+    run = await h.workflows.start("approvals", tenant=h.tenant, owner=OWNER, run_id=mine)
+    assert run.id == mine  # a client-chosen version-4 id is taken
+
+
+async def test_an_agent_step_never_talks_on_another_principals_thread(h: Harness) -> None:
+    """A run stored before non-version-4 ids were refused (made here through the store),
+    and a thread squatted at a run's thread id: the agent step fails; the victim's thread,
+    cards and run are untouched, and nothing is executed for anyone."""
+    victim, cards = await parked_on_cards(h)
+    thread = workflow_thread_id(victim.id)
+    before = await h.store.entries_after(thread, 0, 500)
+    wf = h.store.workflows
+    legacy, _ = await wf.create_run(
+        sibling(victim.id, 5),
+        tenant="other-" + h.tenant,
+        owner="mallory",
+        app=h.app.name,
+        workflow="approvals",
+        input=None,
+    )
+    await h.workflows._hint(legacy)
+    failed = await until(status_is(h, legacy.id, "failed"), what="the legacy run failed")
+    assert "version-4" in str(failed.error)
+
+    squat_target = str(uuid.uuid4())
+    await h.store.create_thread(h.tenant, "mallory", thread_id=workflow_thread_id(squat_target))
+    squatted = await h.workflows.start(
+        "approvals", tenant=h.tenant, owner=OWNER, run_id=squat_target
+    )
+    failed = await until(status_is(h, squatted.id, "failed"), what="the squatted run failed")
+    assert "another user's" in str(failed.error)
+
+    assert await h.store.entries_after(thread, 0, 500) == before
+    still = await h.store.pending_cards(thread)
+    assert sorted(c.id for c in still) == sorted(c.id for c in cards)
+    assert str((await wf.get_workflow_run(victim.id)).status) == "awaiting_human"
     assert await executions(h) == {}
