@@ -44,7 +44,7 @@ AMOUNT = re.compile(
     r"(?:R\$\s*)?((?:(?<![\w-])[-\u2212])?(?:\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?))"
 )
 _IDS = re.compile(r"\b[VvAa]\d{3}\b|\(CPF[^)]*\)")
-EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.\w+")
+EMAIL = re.compile(r"(?<![^@\s])[^@\s]+@[^@\s]+\.\w+")
 _SPLIT = re.compile(
     r"[,;]?\s+(?:e|and|depois|then|e depois|and then)\s+(?=\S*\s*(?:cobr|charge|estorn|reembols|"
     r"refund|cancel|saldo|balance|alter|mude|change|busc|find|procur))",

@@ -82,6 +82,11 @@ async def _no_reset(conn: Any) -> None:
     """Nothing to reset between uses (see Provider.connect)."""
 
 
+class RefundRefused(Exception):
+    """The provider refuses a refund larger than what is left of the sale (the card fails
+    with this message; nothing was moved)."""
+
+
 class Provider:
     """The demo app's service handle, passed to tools as ``ctx.services``."""
 
@@ -245,15 +250,20 @@ class Provider:
                 amount,
             )
             if row is not None:
+                # Never more than the sale: two refunds that both passed revalidation
+                # (one in flight while the other checked) cannot both be made.
+                status = await conn.execute(
+                    "UPDATE demo_sales SET refunded = refunded + $3 WHERE tenant = $1 AND id = $2"
+                    " AND refunded + $3 <= amount",
+                    tenant,
+                    sale_id,
+                    amount,
+                )
+                if status != "UPDATE 1":
+                    raise RefundRefused(f"sale {sale_id} has less than {amount} left to refund")
                 await conn.execute(
                     "UPDATE demo_accounts SET balance = balance - $2 WHERE tenant = $1",
                     tenant,
-                    amount,
-                )
-                await conn.execute(
-                    "UPDATE demo_sales SET refunded = refunded + $3 WHERE tenant = $1 AND id = $2",
-                    tenant,
-                    sale_id,
                     amount,
                 )
             else:

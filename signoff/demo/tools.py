@@ -200,7 +200,12 @@ class RefundSale(Tool):
             f"Estornar venda {sale['id']} · Cliente: {sale['name']} (CPF {mask_cpf(sale['cpf'])})"
             f" · Valor: {brl(cents)}"
         )
-        args = {"sale_id": sale["id"], "amount_cents": cents, "balance_seen": balance}
+        args = {
+            "sale_id": sale["id"],
+            "amount_cents": cents,
+            "balance_seen": balance,
+            "refundable_seen": left,
+        }
         impact = {
             "amount_cents": cents,
             "amount": brl(cents),
@@ -211,8 +216,18 @@ class RefundSale(Tool):
         return Prepared(args=args, summary=summary, impact=impact)
 
     async def revalidate(self, args: dict[str, Any], ctx: ToolContext) -> Revalidation:
-        balance = await _provider(ctx).balance(ctx.tenant)
-        if balance < int(args["amount_cents"]):
+        provider = _provider(ctx)
+        cents = int(args["amount_cents"])
+        sale = await provider.sale(ctx.tenant, str(args["sale_id"]))
+        left = 0 if sale is None else sale["amount"] - sale["refunded"]
+        if cents > left:  # refunded meanwhile (another card, another channel)
+            seen = int(args.get("refundable_seen", cents))
+            return Revalidation.changed(
+                "the sale was refunded meanwhile",
+                {"field": "refundable", "approved": brl(seen), "current": brl(left)},
+            )
+        balance = await provider.balance(ctx.tenant)
+        if balance < cents:
             return Revalidation.changed(
                 "the balance no longer covers the refund",
                 {

@@ -199,6 +199,39 @@ async def test_revalidation_failure_invalidates_and_executes_nothing(database_ur
         assert "NOT executed" in told["content"] and "R$ 1,00" in told["content"]
 
 
+async def test_one_sale_is_never_refunded_twice(database_url: str) -> None:
+    """The integrity prober's repro: two refund cards of one sale in two threads, both
+    approved. Each ran once (I4), but both refunded the whole sale: the demo's revalidation
+    looked at the balance only. Now the second is invalidated (the sale has nothing left),
+    and the provider refuses a refund past the sale even when two were checked at once."""
+    refund = {"name": "refund_sale", "input": {"sale_id": "V002"}}
+    async with harness(database_url, model=Scripted(refund, refund)) as h:
+        first = await one_card(h, "alice")
+        second = await one_card(h, "bob")
+        await h.decide(first, Decision.APPROVE)
+        await h.settle()
+        await h.decide(second, Decision.APPROVE)
+        await h.settle()
+        assert (await h.store.get_card(first.id)).status is Status.EXECUTED
+        final = await h.store.get_card(second.id)
+        assert final.status is Status.INVALIDATED
+        assert final.result is not None
+        assert final.result["changes"][0]["field"] == "refundable"
+        sale = await h.provider.sale(h.tenant, "V002")
+        assert sale is not None and sale["refunded"] == sale["amount"]
+
+        from signoff.demo.provider import RefundRefused
+
+        with pytest.raises(RefundRefused):  # checked together, refused at the provider
+            await h.provider.refund("other-key", h.tenant, "V002", 1)
+        assert (
+            await h.provider.pool.fetchval(
+                "SELECT count(*) FROM demo_refunds WHERE tenant = $1", h.tenant
+            )
+            == 1
+        )
+
+
 async def test_batch_decisions(database_url: str) -> None:
     from signoff.runtime.decisions import Resolution
 

@@ -223,3 +223,26 @@ def test_a_minus_sign_is_kept_so_the_tool_refuses_it(text: str) -> None:
     assert use["input"]["amount"] in ("-5", "−5")
     with pytest.raises(ToolValidationError):
         parse_amount(use["input"]["amount"])
+
+
+def test_parsing_a_long_message_grows_linearly() -> None:
+    """The hostile prober's repro: the e-mail pattern tried every start inside a long
+    word, so parsing took quadratic time (8,000 characters: ~1 s of CPU per message, the
+    event loop of `signoff dev` blocked meanwhile). Checked by growth, not by a deadline:
+    16x the text must cost far less than 256x the time."""
+    import time
+
+    from signoff.demo import offline_model
+
+    def cost(n: int) -> float:
+        text = "cobre 150 do Joao " + "z" * (n // 2) + "@" + "." * (n // 2)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            offline_model.intent(text)
+            offline_model.amount_of(text)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    small, large = cost(1_000), cost(16_000)
+    assert large < 80 * max(small, 1e-4), (small, large)
