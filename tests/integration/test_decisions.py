@@ -204,7 +204,7 @@ async def test_one_sale_is_never_refunded_twice(database_url: str) -> None:
     approved. Each ran once (I4), but both refunded the whole sale: the demo's revalidation
     looked at the balance only. Now the second is invalidated (the sale has nothing left),
     and the provider refuses a refund past the sale even when two were checked at once."""
-    refund = {"name": "refund_sale", "input": {"sale_id": "V002"}}
+    refund: dict[str, object] = {"name": "refund_sale", "input": {"sale_id": "V002"}}
     async with harness(database_url, model=Scripted(refund, refund)) as h:
         first = await one_card(h, "alice")
         second = await one_card(h, "bob")
