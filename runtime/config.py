@@ -95,6 +95,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     quota_turns_in_flight: int = 16  # accepted, unstarted messages + runs `running`
     quota_queued_seconds: float = 120.0  # an accepted message no worker started counts this long
     quota_sockets: int = 64  # open WebSockets per user, per gateway process
+    quota_workflow_runs_per_minute: int = 30  # workflow runs started in any 60 s
+    workflow_events_kept: int = 100  # events a workflow run keeps for later gates
     # Slow clients (gateway/timeouts.py; 0: no limit): a request's headers must arrive within
     # header_timeout_seconds of its first byte (of the connection, for its first request),
     # its body within body_timeout_seconds of the headers (408, or the connection is cut).
@@ -197,6 +199,8 @@ _ENV: dict[str, str] = {
     "quota_turns_in_flight": "SIGNOFF_QUOTA_TURNS_IN_FLIGHT",
     "quota_queued_seconds": "SIGNOFF_QUOTA_QUEUED_SECONDS",
     "quota_sockets": "SIGNOFF_QUOTA_SOCKETS",
+    "quota_workflow_runs_per_minute": "SIGNOFF_QUOTA_WORKFLOW_RUNS_PER_MINUTE",
+    "workflow_events_kept": "SIGNOFF_WORKFLOW_EVENTS_KEPT",
     "header_timeout_seconds": "SIGNOFF_HEADER_TIMEOUT_SECONDS",
     "body_timeout_seconds": "SIGNOFF_BODY_TIMEOUT_SECONDS",
     "whatsapp_phone_number_id": "SIGNOFF_WHATSAPP_PHONE_NUMBER_ID",

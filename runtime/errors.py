@@ -127,6 +127,13 @@ class WrongEvent(Conflict):
     code = "wrong_event"
 
 
+class EventsFull(Conflict):
+    """A workflow run keeps as many events for later gates as it may
+    (``SIGNOFF_WORKFLOW_EVENTS_KEPT``); this one was not kept (409)."""
+
+    code = "events_full"
+
+
 class NotRetriable(Conflict):
     """``retry`` on a workflow run that did not fail at a gate (409)."""
 

@@ -171,7 +171,7 @@ async def running(
                 services=app.services,
                 faults=Faults(settings.faults),
             )
-            node.workflows = WorkflowService.of(store.workflows, bus, keys, app)
+            node.workflows = WorkflowService.of(store.workflows, bus, keys, app, settings)
         if worker:
             node.model = model or pick_model(settings, app)
             node.worker = Worker(settings=settings, store=store, bus=bus, app=app, model=node.model)

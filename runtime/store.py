@@ -57,6 +57,19 @@ class WorkflowStore(Protocol):
         self, run_id: str, *, tenant: str, owner: str, app: str, workflow: str, input: Any
     ) -> tuple[WorkflowRun, bool]: ...
 
+    async def create_run_within_quota(
+        self,
+        run_id: str,
+        *,
+        tenant: str,
+        owner: str,
+        app: str,
+        workflow: str,
+        input: Any,
+        limit: int,
+        window_seconds: float,
+    ) -> tuple[WorkflowRun | None, bool, float]: ...
+
     async def get_workflow_run(self, run_id: str) -> WorkflowRun: ...
 
     async def interrupts(self, run_id: str) -> list[Interrupt]: ...
@@ -117,6 +130,7 @@ class WorkflowStore(Protocol):
         lookback_steps: list[int],
         by: str,
         n_steps: int,
+        kept_limit: int = 0,
     ) -> Passed: ...
 
     async def time_out(

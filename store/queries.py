@@ -104,6 +104,7 @@ class Queries:
     card_refusals_of_card: str
     # durable workflows (store/workflows.py)
     wf_run_insert: str
+    wf_runs_recent: str
     wf_run_get: str
     wf_run_lock: str
     wf_runs_list: str
@@ -125,6 +126,7 @@ class Queries:
     wf_interrupts_cancel: str
     wf_interrupts_overdue: str
     wf_event_insert: str
+    wf_events_kept: str
     wf_event_take: str
     wf_pass_gate: str
     # retention (store/retention.py)

@@ -90,8 +90,8 @@ SELECT seq, run_id::text, kind, body, created_at FROM messages
 WHERE thread_id = $1 AND kind IN ('user', 'assistant', 'tool_results') ORDER BY seq;
 
 -- name: quota_user_lock
--- Serialises one user's thread creations (until commit), so the count in
--- thread_insert_within_quota sees every earlier insert of theirs; other users never
+-- Serialises one user's thread creations and workflow starts (until commit), so the count
+-- in thread_insert_within_quota (wf_runs_recent) sees every earlier insert of theirs; other users never
 -- wait. A transaction-level lock: released at commit or rollback, so it is safe with the
 -- pool's no-op reset.
 SELECT pg_advisory_xact_lock(hashtext('signoff:quota'), hashtext($1 || '/' || $2));
@@ -1171,6 +1171,15 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id::text, tenant, owner, app, workflow, status, step, state, input, steps,
     worker_id AS holder, error, created_at, updated_at;
 
+-- name: wf_runs_recent
+-- How many workflow runs owner $2 of tenant $1 started in the last $3 seconds, and the
+-- seconds until the oldest of them leaves that window (run under quota_user_lock).
+SELECT count(*) AS n,
+       extract(epoch FROM min(created_at) + make_interval(secs => $3) - now())::float8
+           AS retry_after
+FROM workflow_runs
+WHERE tenant = $1 AND owner = $2 AND created_at > now() - make_interval(secs => $3);
+
 -- name: wf_run_get
 SELECT id::text, tenant, owner, app, workflow, status, step, state, input, steps,
     worker_id AS holder, error, created_at, updated_at
@@ -1343,6 +1352,10 @@ ORDER BY i.deadline LIMIT $1;
 -- name: wf_event_insert
 INSERT INTO workflow_events (id, run_id, name, payload, delivered_by)
 VALUES ($1, $2, $3, $4, $5);
+
+-- name: wf_events_kept
+-- How many events run $1 keeps that no gate has taken yet (under the run's lock).
+SELECT count(*) FROM workflow_events WHERE run_id = $1 AND consumed_at IS NULL;
 
 -- name: wf_event_take
 -- The earliest event $2 delivered to run $1 within the last $3 seconds and not consumed

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from signoff.runtime.errors import (
+    EventsFull,
     NotParked,
     NotRetriable,
     RunInactive,
@@ -107,6 +108,40 @@ class WorkflowRows:
         if row is None:
             return await self.get_workflow_run(run_id), False
         return _run(row), True
+
+    async def create_run_within_quota(
+        self,
+        run_id: str,
+        *,
+        tenant: str,
+        owner: str,
+        app: str,
+        workflow: str,
+        input: Any,
+        limit: int,
+        window_seconds: float,
+    ) -> tuple[WorkflowRun | None, bool, float]:
+        """:meth:`create_run` unless ``owner`` started ``limit`` or more runs in the last
+        ``window_seconds``: then ``(None, False, seconds until one leaves the window)``. A
+        run that exists already (a retried start) is returned, never refused. One
+        transaction under the user's quota lock: concurrent starts on any gateway cannot
+        all see room for one more."""
+        rid = _id(run_id)
+
+        async def go(conn: Conn) -> tuple[WorkflowRun | None, bool, float]:
+            await conn.execute(SQL.quota_user_lock, tenant, owner)
+            found = await conn.fetchrow(SQL.wf_run_get, rid)
+            if found is not None:
+                return _run(found), False, 0.0
+            recent = await conn.fetchrow(SQL.wf_runs_recent, tenant, owner, float(window_seconds))
+            if recent is not None and recent["n"] >= limit:
+                return None, False, max(float(recent["retry_after"] or 0.0), 0.0)
+            row = await conn.fetchrow(SQL.wf_run_insert, rid, tenant, owner, app, workflow, input)
+            if row is None:  # inserted meanwhile by a start that did not take the lock
+                return _run(rows.some(await conn.fetchrow(SQL.wf_run_get, rid))), False, 0.0
+            return _run(row), True, 0.0
+
+        return await self._db.transaction(go)
 
     async def get_workflow_run(self, run_id: str) -> WorkflowRun:
         row = await self._db.fetchrow(SQL.wf_run_get, _id(run_id))
@@ -308,10 +343,12 @@ class WorkflowRows:
         lookback_steps: list[int],
         by: str,
         n_steps: int,
+        kept_limit: int = 0,
     ) -> Passed:
         """Deliver event ``name``: pass the gate the run waits at if it waits for that
-        event; else keep it if a gate at or after the run's step takes it with a lookback;
-        else ``WrongEvent`` (it waits for another event) or ``NotParked``."""
+        event; else keep it if a gate at or after the run's step takes it with a lookback
+        (``EventsFull`` when the run keeps ``kept_limit`` already; 0: no limit); else
+        ``WrongEvent`` (it waits for another event) or ``NotParked``."""
         rid = _id(run_id)
 
         async def go(conn: Conn) -> Passed:
@@ -324,6 +361,12 @@ class WorkflowRows:
             later = [i for i in lookback_steps if i > run.step or (i == run.step and found is None)]
             if run.status in (*PARKED_WORKFLOW, WorkflowStatus.RUNNING) and later:
                 payload = payload_for(later[0])
+                if kept_limit > 0 and await conn.fetchval(SQL.wf_events_kept, rid) >= kept_limit:
+                    raise EventsFull(
+                        f"workflow run {rid} keeps {kept_limit} events no gate has taken yet",
+                        run_id=rid,
+                        limit=kept_limit,
+                    )
                 await conn.execute(SQL.wf_event_insert, str(uuid.uuid4()), rid, name, payload, by)
                 return Passed(run=run, interrupt=None, holder_live=live, buffered=True)
             if found is not None and found[0].kind == "event":

@@ -15,7 +15,14 @@ import msgspec
 
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
-from signoff.runtime.errors import Conflict, InvalidInput, NotOwner, WorkflowNotFound
+from signoff.runtime.config import Settings
+from signoff.runtime.errors import (
+    Conflict,
+    InvalidInput,
+    NotOwner,
+    RateLimited,
+    WorkflowNotFound,
+)
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import wake_workflow
 from signoff.runtime.store import WorkflowStore
@@ -31,6 +38,8 @@ from signoff.runtime.workflows.records import Interrupt, Passed, WorkflowRun
 
 # Roles that may deliver events to any run of their tenant (an integration, an operator).
 EVENT_ROLES = frozenset({"service", "admin"})
+# The window of SIGNOFF_QUOTA_WORKFLOW_RUNS_PER_MINUTE.
+RUNS_WINDOW_SECONDS = 60.0
 
 
 class WorkflowService:
@@ -51,11 +60,20 @@ class WorkflowService:
         self.keys = keys
         self.app = app
         self.workflows = dict(workflows)
+        # Per-user bounds (G14; 0: none): starts per minute, events kept per run.
+        self.runs_per_minute = 0
+        self.events_kept = 0
 
     @classmethod
-    def of(cls, store: WorkflowStore, bus: Bus, keys: Keys, app: App) -> WorkflowService:
-        """The service for ``app``'s workflows."""
-        return cls(store=store, bus=bus, keys=keys, app=app.name, workflows=app.workflow_map())
+    def of(
+        cls, store: WorkflowStore, bus: Bus, keys: Keys, app: App, settings: Settings | None = None
+    ) -> WorkflowService:
+        """The service for ``app``'s workflows (with ``settings``' per-user bounds)."""
+        service = cls(store=store, bus=bus, keys=keys, app=app.name, workflows=app.workflow_map())
+        if settings is not None:
+            service.runs_per_minute = settings.quota_workflow_runs_per_minute
+            service.events_kept = settings.workflow_events_kept
+        return service
 
     def workflow(self, name: str) -> Workflow:
         found = self.workflows.get(name)
@@ -121,14 +139,7 @@ class WorkflowService:
                 # (agent_step.workflow_thread_id): another version would share it.
                 raise InvalidInput(f"run_id {run_id!r} is not a random (version 4) UUID")
             run_id = str(chosen)
-        run, created = await self.store.create_run(
-            run_id or str(uuid.uuid4()),
-            tenant=tenant,
-            owner=owner,
-            app=self.app,
-            workflow=name,
-            input=data,
-        )
+        run, created = await self._create(run_id or str(uuid.uuid4()), tenant, owner, name, data)
         if not created:
             same = (run.tenant, run.owner, run.workflow, run.input) == (tenant, owner, name, data)
             if not same:
@@ -136,6 +147,33 @@ class WorkflowService:
             return run  # a retried start: its first hint went out (or adoption has it)
         await self._hint(run)
         return run
+
+    async def _create(
+        self, run_id: str, tenant: str, owner: str, name: str, data: Any
+    ) -> tuple[WorkflowRun, bool]:
+        if self.runs_per_minute <= 0:
+            return await self.store.create_run(
+                run_id, tenant=tenant, owner=owner, app=self.app, workflow=name, input=data
+            )
+        limit = self.runs_per_minute
+        run, created, wait = await self.store.create_run_within_quota(
+            run_id,
+            tenant=tenant,
+            owner=owner,
+            app=self.app,
+            workflow=name,
+            input=data,
+            limit=limit,
+            window_seconds=RUNS_WINDOW_SECONDS,
+        )
+        if run is None:
+            raise RateLimited(
+                f"more than {limit} workflow runs a minute; wait before starting another",
+                retry_after=wait,
+                quota="workflow_runs_per_minute",
+                limit=limit,
+            )
+        return run, created
 
     async def get(
         self, run_id: str, *, tenant: str, user: str, role: str = "user"
@@ -233,6 +271,7 @@ class WorkflowService:
                 lookback_steps=workflow.lookback_steps(name),
                 by=by,
                 n_steps=n_steps,
+                kept_limit=self.events_kept,
             )
         await self._hint(passed, at_ns)
         return passed

@@ -195,7 +195,8 @@ class Harness:
             store=self.store, bus=self.bus, tools=app.tools, policy=app.policy, keys=keys
         )
         self.decisions.services = app.services
-        self.workflows = WorkflowService.of(self.store.workflows, self.bus, keys, self.app)
+        wf = self.store.workflows
+        self.workflows = WorkflowService.of(wf, self.bus, keys, self.app, self.settings)
         self.tokens = Tokens(self._secret)
         if self._start_worker:
             await self.worker.start()
