@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import time
+import unicodedata
 
 import jwt
 import msgspec
 
-from signoff.runtime.errors import ConfigError, Unauthenticated
+from signoff.runtime.errors import ConfigError, InvalidInput, Unauthenticated
 
 ISSUER = "signoff"
 
@@ -20,6 +21,20 @@ class Principal(msgspec.Struct, frozen=True):
 
 
 VERIFIED_CACHE = 10_000
+MAX_NAME = 256  # characters of a user's or a tenant's name
+
+
+def name_problem(value: object) -> str | None:
+    """Why ``value`` cannot name a user or a tenant (None: it can): a non-empty string of
+    at most MAX_NAME characters, none of them a control character or half a surrogate
+    pair (Postgres would refuse it, on every request the token makes)."""
+    if not isinstance(value, str) or not value.strip():
+        return "is empty"
+    if len(value) > MAX_NAME:
+        return f"is longer than {MAX_NAME} characters"
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+        return "holds a control character or half a surrogate pair"
+    return None
 
 
 class Tokens:
@@ -35,6 +50,11 @@ class Tokens:
         self._verified: dict[str, tuple[Principal, float]] = {}
 
     def issue(self, user: str, tenant: str, role: str = "user", ttl: int | None = None) -> str:
+        """A token for ``user`` of ``tenant``; InvalidInput for a name no token may carry."""
+        for kind, value in (("user", user), ("tenant", tenant)):
+            problem = name_problem(value)
+            if problem is not None:
+                raise InvalidInput(f"the {kind} {problem}")
         now = int(time.time())
         claims = {
             "iss": ISSUER,
@@ -74,6 +94,8 @@ class Tokens:
         sub, tenant, role = claims.get("sub"), claims.get("tenant"), claims.get("role", "user")
         if not isinstance(sub, str) or not sub or not isinstance(tenant, str):
             raise Unauthenticated("token lacks a user or tenant")
+        if name_problem(sub) or name_problem(tenant):
+            raise Unauthenticated("token's user or tenant is not a valid name")
         who = Principal(user=sub, tenant=tenant, role=str(role))
         if len(self._verified) >= VERIFIED_CACHE:
             self._verified.clear()

@@ -271,7 +271,13 @@ async def _migrate(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from signoff.gateway.auth import Tokens
+    from signoff.gateway.auth import Tokens, name_problem
+
+    for kind, value in (("--user", args.user), ("--tenant", args.tenant)):
+        problem = name_problem(value) if value is not None else None
+        if problem is not None:
+            print(f"signoff token: {kind} {problem}", file=sys.stderr)
+            return 2
 
     settings = _settings(args)
     # (--ttl is refused by argparse, SIGNOFF_TOKEN_TTL_SECONDS by from_env, unless > 0)

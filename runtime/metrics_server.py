@@ -41,10 +41,12 @@ from starlette.routing import Route
 
 from signoff.runtime.errors import ConfigError
 from signoff.runtime.metrics import LatencySamples
-from signoff.runtime.spans import Spans, spans_json
+from signoff.runtime.spans import Spans, after_of, spans_json
 
 log = logging.getLogger("signoff.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Connections the metrics port serves at once (scrapers and a bench): past it, 503.
+METRICS_CONNECTIONS = 64
 _json = msgspec.json.Encoder()
 
 
@@ -145,8 +147,7 @@ class MetricsServer:
         def serve_samples(samples: LatencySamples | None, request: Request) -> Response:
             if samples is None:
                 return JSONResponse({"error": "not_found"}, 404)
-            raw = request.query_params.get("after", "0")
-            after = int(raw) if raw.lstrip("-").isdigit() else 0
+            after = after_of(request.query_params.get("after", "0"))
             body = {"count": samples.count, "samples_ns": samples.after(after)}
             return Response(_json.encode(body), media_type="application/json")
 
@@ -175,12 +176,18 @@ class MetricsServer:
             ]
         )
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; the port bound (useful with 0 in tests)."""
+    async def start(self, host: str, port: int, http: type[Any] | None = None) -> int:
+        """Listen; the port bound (useful with 0 in tests). ``http``: uvicorn's HTTP
+        protocol class (the gateway's, with header and body deadlines: a client that never
+        finishes its request must not hold a connection, and the process's descriptors,
+        for ever; the composition root passes it)."""
         config = uvicorn.Config(
             self.app(),
             host=host,
             port=port,
+            http=http or "auto",
+            limit_concurrency=METRICS_CONNECTIONS,
+            server_header=False,
             lifespan="off",
             log_config=None,
             log_level="warning",

@@ -220,7 +220,9 @@ async def start_metrics(node: Node) -> Any:
         inbox = InboxStats(node.bus)
         server.add(inbox.gauges)
         server.refreshers.append(inbox.refresh)
-    await server.start(s.metrics_host or s.host, s.metrics_port)
+    from signoff.gateway.timeouts import http_protocol
+
+    await server.start(s.metrics_host or s.host, s.metrics_port, http_protocol(s))
     return server
 
 

@@ -44,9 +44,17 @@ class Spans:
 _json = msgspec.json.Encoder()
 
 
+def after_of(raw: str) -> int:
+    """A sample cursor (``?after=``): ASCII digits that fit a 64-bit count, else 0. (A
+    Unicode digit such as "²" passes ``str.isdigit`` and failed ``int``: a 500.)"""
+    digits = raw.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
+        return 0
+    return int(raw)
+
+
 def spans_json(spans: Spans, query: str) -> bytes:
-    raw = parse_qs(query).get("after", ["0"])[0]
-    after = int(raw) if raw.isdigit() else 0
+    after = after_of(parse_qs(query).get("after", ["0"])[0])
     return _json.encode({"count": spans.count, "spans": spans.after(after)})
 
 

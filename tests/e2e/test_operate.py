@@ -137,6 +137,39 @@ async def test_metrics_port_banners_and_json_logs(
             assert line["worker_id"] == wk.name and line["role"] == "worker"
 
 
+async def test_the_metrics_port_bounds_slow_requests_and_odd_cursors(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The hostile prober's repro: a request whose headers never end held a metrics-port
+    connection (and a descriptor of the gateway's process) for ever, where the public port
+    answers 408; ``?after=²`` (a Unicode digit) answered 500."""
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=1,
+        SIGNOFF_HEADER_TIMEOUT_SECONDS="1",
+    ) as c:
+        (gw,), (wk,) = c.gateways, c.workers
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.metrics_port)
+        try:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-a: b\r\n")
+            await writer.drain()
+            t0 = time.monotonic()
+            answer = await asyncio.wait_for(reader.read(), 10)
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert time.monotonic() - t0 < 5
+        finally:
+            writer.close()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{wk.metrics_port}") as http:
+            for path in ("/metrics/spans", "/metrics/decision-latency"):
+                for cursor in ("\u00b2", "9" * 5000, "-3", "x"):
+                    r = await http.get(path, params={"after": cursor})
+                    assert r.status_code == 200, (path, cursor, r.text)
+                    assert "server" not in r.headers
+
+
 async def test_readyz_fails_with_postgres_or_redis_down_and_recovers(
     database_url: str, redis_url: str, tmp_path: Path
 ) -> None:

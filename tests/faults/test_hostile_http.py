@@ -449,7 +449,7 @@ def _peak_rss(pid: int) -> int:
 
 def test_missing_expired_forged_tokens_and_other_owners(t: Target) -> None:
     """I3 + I9: no token, a malformed header, `alg: none`, another secret, the wrong
-    issuer, an expired token, no user: 401. Another user of the tenant, and the same user
+    issuer, an expired token, no user, a signed user or tenant no name can be: 401. Another user of the tenant, and the same user
     name in another tenant: 403. Nothing changes."""
     now = int(time.time())
     claims = {"iss": "signoff", "sub": "alice", "tenant": t.c.tenant, "iat": now, "exp": now + 600}
@@ -462,6 +462,13 @@ def test_missing_expired_forged_tokens_and_other_owners(t: Target) -> None:
             {k: v for k, v in claims.items() if k != "sub"}, SECRET, algorithm="HS256"
         ),
         "tenant not text": jwt.encode({**claims, "tenant": ["x"]}, SECRET, algorithm="HS256"),
+        # signed, but names no one can be: a 422 in Postgres's or the driver's words before
+        "user with NUL": jwt.encode({**claims, "sub": "ali\x00ce"}, SECRET, algorithm="HS256"),
+        "tenant with a lone surrogate": jwt.encode(
+            {**claims, "tenant": "t\ud800"}, SECRET, algorithm="HS256"
+        ),
+        "user of spaces": jwt.encode({**claims, "sub": "   "}, SECRET, algorithm="HS256"),
+        "user too long": jwt.encode({**claims, "sub": "a" * 300}, SECRET, algorithm="HS256"),
         "garbage": "a.b.c",
         "tampered": t.c.token("alice")[:-3] + "AAA",
     }

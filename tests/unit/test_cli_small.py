@@ -83,6 +83,22 @@ def test_a_token_ttl_of_zero_or_less_is_refused(
     assert cli.parser().parse_args(["token", "--user", "demo", "--ttl", "60"]).ttl == 60
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--user", ""), ("--user", "  "), ("--tenant", "a\x01b")]
+)
+def test_a_token_for_a_name_no_one_can_have_is_refused(
+    flag: str, value: str, tmp_path: Path
+) -> None:
+    """`signoff token --user ""` printed a token every endpoint then refused."""
+    env = {"SIGNOFF_SECRET": "s" * 48}
+    args = (
+        ["token", "--user", "demo", flag, value] if flag == "--tenant" else ["token", flag, value]
+    )
+    out = _signoff(*args, cwd=tmp_path, env=env)
+    assert out.returncode == 2, out
+    assert out.stdout == "" and f"signoff token: {flag} " in out.stderr
+
+
 def test_a_token_ttl_of_zero_from_the_environment_is_refused(tmp_path: Path) -> None:
     env = {"SIGNOFF_SECRET": "s" * 48, "SIGNOFF_TOKEN_TTL_SECONDS": "0"}
     out = _signoff("token", "--user", "demo", cwd=tmp_path, env=env)
