@@ -198,7 +198,7 @@ class MetricsServer:
             sock = socket.create_server((host, port), family=family)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
-        server = _QuietServer(config)
+        server = QuietServer(config)
         self._server = server
         self._task = asyncio.create_task(server.serve([sock]), name="signoff-metrics")
         while not server.started and not self._task.done():
@@ -220,8 +220,9 @@ class MetricsServer:
                 await asyncio.wait_for(self._task, 5)
 
 
-class _QuietServer(uvicorn.Server):
-    """Never takes SIGTERM/SIGINT: the process's own server or loop does."""
+class QuietServer(uvicorn.Server):
+    """Never takes SIGTERM/SIGINT: the process's own server or loop does (and a test
+    run's Ctrl-C reaches pytest instead of stopping one in-process server)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -210,6 +210,7 @@ class Harness:
 
         from signoff.gateway.app import build_app
         from signoff.gateway.timeouts import http_protocol
+        from signoff.runtime.metrics_server import QuietServer
 
         port = servers.free_port()
         asgi = build_app(
@@ -221,7 +222,7 @@ class Harness:
             workflows=self.workflows,
         )
         self.asgi = asgi
-        server = uvicorn.Server(
+        server = QuietServer(  # a Ctrl-C of the test run reaches pytest, not this server
             uvicorn.Config(
                 asgi,
                 host="127.0.0.1",
@@ -432,8 +433,7 @@ class Harness:
         return await self.store.card_events(card if isinstance(card, str) else card.id)
 
     async def trail(self, card: Card | str) -> list[str]:
-        """The statuses the card went through, e.g. ``["pending", "approved",
-        "executing", "executed"]``."""
+        """The statuses the card went through (``["pending", "approved", ...]``)."""
         return [str(e.to_status) for e in await self.events(card)]
 
     async def pending(self, thread_id: str) -> list[Card]:
