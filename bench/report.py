@@ -449,10 +449,14 @@ def _splice(text: str, begin: str, end: str, body: str) -> str:
     return text
 
 
-def write(results: Path = RESULTS, readme: Path = README) -> dict[str, Any]:
+def write(results: Path = RESULTS, readme: Path | None = README) -> dict[str, Any]:
+    """Write ``results``/summary.json; regenerate the tables of ``readme`` (None: none) and,
+    for bench/README.md, the targets table of the top README."""
     data = load(results)
     s = summary(data)
     (results / "summary.json").write_text(json.dumps(s, indent=2, ensure_ascii=False) + "\n")
+    if readme is None:
+        return s
     if readme.exists():
         text = readme.read_text()
         text = _splice(text, BEGIN, END, table(s, data))

@@ -16,6 +16,7 @@ or executed twice.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -48,12 +49,23 @@ SCRIPTS = [
 ]
 
 
+# What the scripts import beyond signoff's own dependencies (the `bench` extra).
+BENCH_MODULES = ("tqdm", "matplotlib", "langgraph", "dbos", "psycopg")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help="comma-separated script names to run (default: all)")
     p.add_argument("--report-only", action="store_true", help="only regenerate the report")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the suite")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for the JSON results (default: bench/results; with --quick, "
+        "bench/results/quick). Only a full run into the default folder that failed "
+        "nowhere regenerates the README tables",
+    )
     p.add_argument(
         "--wait-quiet",
         type=float,
@@ -63,8 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database-url", help="passed to every script (default: private servers)")
     p.add_argument("--redis-url", help="passed to every script")
     args = p.parse_args(argv)
+    missing = [m for m in BENCH_MODULES if importlib.util.find_spec(m) is None]
+    if missing and not args.report_only:
+        log(
+            f"run_all: the bench needs its extras ({', '.join(missing)} missing): "
+            ".venv/bin/pip install -e '.[test,bench]'"
+        )
+        return 2
+    if args.out is None:
+        args.out = RESULTS / "quick" if args.quick else RESULTS
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        report.write(args.out)
+        default = args.out.resolve() == RESULTS.resolve()
+        report.write(args.out, readme=report.README if default else None)
         return 0
     if args.wait_quiet:
         deadline = time.monotonic() + args.wait_quiet
@@ -115,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "run_all.json").write_text(
         json.dumps({"seconds": total, "scripts": timings, "failed": failed}, indent=2) + "\n"
     )
-    summary = report.write(args.out)
+    # The README tables are the committed figures: a smoke run, a run into another folder
+    # or one where a script failed must not replace them (its summary.json is in --out).
+    publish = args.out.resolve() == RESULTS.resolve() and not args.quick and not failed
+    summary = report.write(args.out, readme=report.README if publish else None)
+    if not publish:
+        log(f"run_all: README tables left as they were; this run's figures: {args.out}")
     missed = [k for k, v in summary.items() if isinstance(v, dict) and v.get("met") is False]
     log(f"run_all: {total} s; failed: {failed or 'none'}; targets missed: {missed or 'none'}")
     for k, v in summary.items():
