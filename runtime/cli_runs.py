@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from signoff.runtime import config as cfg
-from signoff.runtime.errors import NotFound, WorkflowNotFound
+from signoff.runtime.errors import InvalidInput, NotFound, WorkflowNotFound
 
 NO_DATABASE = "set SIGNOFF_DATABASE_URL or --database-url (or run `signoff dev` on this --data-dir)"
 KINDS = ("workflow", "agent")
@@ -65,17 +65,20 @@ def where_workflow(run: Any) -> str:
     return f"{run.workflow}: {len(run.steps)} steps done"
 
 
+def _error(message: str) -> int:
+    print(f"signoff runs: {message}", file=sys.stderr)
+    return 2
+
+
 async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
     from signoff.runtime.node import database_url
     from signoff.store.postgres import PostgresStore
 
     url = database_url(settings)
     if url is None:
-        print(NO_DATABASE, file=sys.stderr)
-        return 2
+        return _error(NO_DATABASE)
     if args.action == "show" and not args.run_id:
-        print("run_id is required", file=sys.stderr)
-        return 2
+        return _error("show needs a run id (or a unique prefix of one)")
     store = await PostgresStore.connect(url, statement_cache_size=settings.db_statement_cache_size)
     try:
         if args.action == "list":
@@ -98,7 +101,11 @@ async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
             return 0
         out: dict[str, Any]
         try:
-            run = await store.workflows.get_workflow_run(args.run_id)
+            run_id = await store.operator.run_id(args.run_id)
+        except (NotFound, InvalidInput) as exc:  # none, or several (AmbiguousId)
+            return _error(exc.message)
+        try:
+            run = await store.workflows.get_workflow_run(run_id)
             interrupts = await store.workflows.interrupts(run.id)
             out = {
                 "kind": "workflow",
@@ -107,11 +114,7 @@ async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
                 "interrupts": msgspec.to_builtins(interrupts),
             }
         except WorkflowNotFound:
-            try:
-                agent_run = await store.get_run(args.run_id)
-            except NotFound:
-                print(f"no run {args.run_id}", file=sys.stderr)
-                return 1
+            agent_run = await store.get_run(run_id)
             cards = await store.cards_of_run(agent_run.id)
             out = {
                 "kind": "agent",

@@ -59,6 +59,10 @@ class Operator:
     async def thread_id(self, prefix: str) -> str:
         return await self._one(SQL.thread_ids_between, prefix, "thread")
 
+    async def run_id(self, prefix: str) -> str:
+        """The one workflow run or agent run whose id starts with ``prefix``."""
+        return await self._one(SQL.run_ids_between, prefix, "run")
+
     async def _one(self, query: str, prefix: str, what: str) -> str:
         lo, hi = prefix_range(prefix)
         ids = [r["id"] for r in await self._db.fetch(query, lo, hi, 6)]

@@ -147,6 +147,7 @@ class Queries:
     cards_find: str
     card_ids_between: str
     thread_ids_between: str
+    run_ids_between: str
 
 
 def parse(text: str) -> dict[str, str]:

@@ -120,8 +120,12 @@ async def test_cli_runs_list_and_show(h: Harness) -> None:
     data = json.loads(shown.stdout)
     assert data["kind"] == "workflow" and data["run"]["status"] == "awaiting_human"
     assert data["interrupts"][0]["reason"] == "approve the payout"
+    # by a unique prefix, as `signoff cards show` (it answered "no run 2c77faa1")
+    by_prefix = await asyncio.to_thread(cli, "show", run.id[:13])
+    assert by_prefix.returncode == 0, by_prefix.stderr
+    assert json.loads(by_prefix.stdout)["run"]["id"] == run.id
     missing = await asyncio.to_thread(cli, "show", "00000000-0000-0000-0000-000000000000")
-    assert missing.returncode == 1 and "no run" in missing.stderr
+    assert missing.returncode == 2 and "signoff runs: no run id starts with" in missing.stderr
     agents = await asyncio.to_thread(cli, "list", "--kind", "agent")
     assert agents.returncode == 0 and agents.stdout.startswith("KIND")
 
