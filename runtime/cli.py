@@ -21,11 +21,29 @@ from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.errors import ConfigError, SignoffError
 
-ENV_HELP = "\n".join(f"  {var:<30} {name}" for name, var in cfg.env_names().items())
+
+def _env_help() -> str:
+    """Each variable with its default (README.md's configuration table says what each
+    does); the fault-injection one is for tests only."""
+    defaults = cfg.Settings()
+    lines = []
+    for name, var in cfg.env_names().items():
+        if name == "faults":
+            continue
+        value = getattr(defaults, name)
+        shown = "(unset)" if value in (None, "", ()) else str(value)
+        lines.append(f"  {var:<40} {shown}")
+    return "\n".join(lines)
+
+
+ENV_HELP = _env_help()
 DEMO_APP = "signoff.demo:app"
 DEMO_HELP = (
-    "the built-in demo (--app signoff.demo:app) also reads SIGNOFF_DEMO_CARD_TTL_SECONDS "
-    "(every card's lifetime, e.g. 20 to watch one expire)"
+    "also read: SIGNOFF_PG_USER (the account the embedded Postgres runs as when signoff "
+    "runs as root), SIGNOFF_DISABLE (speed levers off, for bench A/B runs); the built-in "
+    "demo (--app signoff.demo:app) reads SIGNOFF_DEMO_CARD_TTL_SECONDS (every card's "
+    "lifetime, e.g. 20 to watch one expire). What each variable does: README.md, "
+    "Configuration."
 )
 MAKE_SECRET = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
@@ -246,12 +264,17 @@ async def _worker(args: argparse.Namespace) -> int:
         parked = len(node.worker.waits.parked_runs()) if node.worker is not None else 0
         log.warning(
             "stopping: taking no new work; steps in flight get up to 10 s to finish, then "
-            "its runs (%d parked) are released to other workers",
+            "its runs (%d parked) are released (another worker, or this one started "
+            "again, takes them over)",
             parked,
         )
         if metrics is not None:
             await metrics.close()
-    log.info("stopped: released its runs to other workers (%d were parked)", parked)
+    log.info(
+        "stopped: released its runs (%d were parked); any live worker of this database "
+        "takes them over",
+        parked,
+    )
     return 0
 
 
@@ -315,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="signoff",
         description="Human-in-the-loop runtime for AI agents.",
-        epilog="environment variables:\n" + ENV_HELP + "\n\n" + DEMO_HELP,
+        epilog="environment variables (and their defaults):\n" + ENV_HELP + "\n\n" + DEMO_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"signoff {version()}")

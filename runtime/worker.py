@@ -451,6 +451,8 @@ class Worker:
             self._adopting += 1
             self.spawn(self._adopted(run.id))
         COUNTERS.inc("signoff_runs_adopted_total", len(adopted))
+        if adopted:
+            log.info("adopted %d run(s) whose worker stopped renewing its lease", len(adopted))
         return adopted
 
     async def _adopted(self, run_id: str) -> None:

@@ -194,3 +194,16 @@ def test_a_worker_says_when_it_starts_draining_and_when_it_has_stopped(
     assert said[0].startswith("stopping") and "(2 parked)" in said[0]
     assert said[1].startswith("stopped") and "2 were parked" in said[1]
     assert said_before_stop == [said[0]]  # draining is said before the node stops
+
+
+def test_help_lists_every_variable_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each variable was listed beside its field name only (`SIGNOFF_APP  app`), the
+    tests' fault switch among them, and three variables signoff reads were missing."""
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "SIGNOFF_QUOTA_SOCKETS" in out and "SIGNOFF_FAULTS" not in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("SIGNOFF_PORT "))
+    assert line.split()[-1] == "8000"
+    for var in ("SIGNOFF_PG_USER", "SIGNOFF_DISABLE", "SIGNOFF_DEMO_CARD_TTL_SECONDS"):
+        assert var in out
