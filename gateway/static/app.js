@@ -800,13 +800,16 @@
     var confirmBtn = actions.querySelector('[data-action=confirm]');
     confirmBtn.textContent = t('btn.confirm');
     confirmBtn.disabled = !canDecide || entry.form === 'edit-form';
+    // An expired card offers only "Propose again": nothing else can be done with it.
+    confirmBtn.hidden = expired;
     var rejectBtn = actions.querySelector('[data-action=reject]');
     rejectBtn.textContent = t('btn.reject');
-    rejectBtn.hidden = entry.form === 'reject-form';
+    rejectBtn.hidden = expired || entry.form === 'reject-form';
     rejectBtn.disabled = !canDecide;
     var editBtn = actions.querySelector('[data-action=edit]');
     editBtn.textContent = t('btn.edit');
-    editBtn.hidden = !(card.editable && card.editable.length) || entry.form === 'edit-form';
+    editBtn.hidden =
+      expired || !(card.editable && card.editable.length) || entry.form === 'edit-form';
     editBtn.disabled = !canDecide;
     var again = actions.querySelector('[data-action=again]');
     again.textContent = t('btn.again');
@@ -852,7 +855,7 @@
       row(t('impact.sideEffects'), impact.side_effects.join('; '));
     }
     if (card.status === 'pending' && card.expires_at) {
-      row(t('impact.expires'), timeOf(card.expires_at));
+      row(t('impact.expires'), I.expiry(card.expires_at));
     }
   }
 

@@ -332,6 +332,18 @@
     return d ? new Intl.DateTimeFormat(I.locale(), { hour: '2-digit', minute: '2-digit' }).format(d) : '';
   };
 
+  // A card's deadline: with seconds when it is less than an hour away (a card of a
+  // short lifetime showed "19:13" for "in 20 s").
+  I.expiry = function (iso) {
+    var d = date(iso);
+    if (!d) return '';
+    var soon = d.getTime() - Date.now() < 3600 * 1000;
+    var opts = soon
+      ? { hour: '2-digit', minute: '2-digit', second: '2-digit' }
+      : { hour: '2-digit', minute: '2-digit' };
+    return new Intl.DateTimeFormat(I.locale(), opts).format(d);
+  };
+
   I.dateTime = function (iso) {
     var d = date(iso);
     return d ? new Intl.DateTimeFormat(I.locale(), { dateStyle: 'medium', timeStyle: 'short' }).format(d) : '';
