@@ -7,6 +7,7 @@ raised before anything changes (I9).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -26,7 +27,7 @@ from signoff.runtime.errors import (
 )
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
-from signoff.runtime.metrics import decided
+from signoff.runtime.metrics import COUNTERS, decided
 from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
@@ -39,6 +40,11 @@ log = logging.getLogger("signoff.decisions")
 
 
 MAX_REASON = 2000
+# A decision is committed before its hints (the worker's signal, the wait token's delete,
+# the thread's hint) are sent; the caller is answered after them. Whatever Redis does
+# (one server that stalls fails fast, bus/client.py; a cluster retries ~6 s per command),
+# the answer waits at most this long for them: the worker's poll finds the decision.
+HINTS_BUDGET_SECONDS = 5.0
 
 
 class Resolution(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,9 +166,18 @@ class Decisions:
         that fails (Redis down) costs latency, the worker's poll finds it in Postgres (I6);
         the notifier never raises."""
         self.faults.hit("decide.before_publish")
-        await self.notify.card(
-            card, at_ns=received, holder=holder, entry=entry, trace=traceparent()
-        )
+        try:
+            async with asyncio.timeout(HINTS_BUDGET_SECONDS):
+                await self.notify.card(
+                    card, at_ns=received, holder=holder, entry=entry, trace=traceparent()
+                )
+        except TimeoutError:
+            COUNTERS.inc("signoff_hints_failed_total")
+            log.warning(
+                "card %s decided; its hints took over %.0f s and were dropped: Postgres has it",
+                card.id,
+                HINTS_BUDGET_SECONDS,
+            )
 
     async def _edit(
         self, card_id: str, res: Resolution, *, principal: str, channel: str, tenant: str | None

@@ -26,6 +26,7 @@ import pytest
 import websockets
 
 from signoff.runtime.bus.client import STALL_PROBE_SECONDS, Client, redis_from_url
+from signoff.runtime.decisions import Resolution
 from signoff.runtime.errors import Unavailable
 from signoff.testing.servers import EmbeddedServer
 from tests.cluster import cluster
@@ -163,3 +164,47 @@ async def test_decisions_are_answered_soon_while_redis_stalls_and_applied_once(
             await invariants.check()
         finally:
             await db.close()
+
+
+@pytest.mark.no_store
+async def test_a_decision_waits_for_its_hints_at_most_their_budget_on_a_stalled_cluster(
+    database_url: str,
+) -> None:
+    """A Redis Cluster client retries a timeout for ~6 s to ride a failover: with every
+    node paused, each of a decision's three hints took up to a minute before the answer
+    went out. The answer now waits at most HINTS_BUDGET_SECONDS for all of them; the
+    decision is committed either way."""
+    from signoff.runtime.bus.redis import RedisBus
+    from signoff.runtime.cards import Decision, Status
+    from signoff.runtime.decisions import HINTS_BUDGET_SECONDS
+    from signoff.runtime.keys import Keys
+    from tests.harness import harness
+    from tests.integration.test_decisions import Scripted, one_card, pix
+    from tests.rediscluster import local_cluster
+
+    with local_cluster() as rc:
+        bus = RedisBus.from_url(rc.url, Keys("stall-cluster:"))
+        async with harness(database_url, model=Scripted(pix()), bus=bus) as h:
+            card = await one_card(h)
+            paused = list(rc.processes.values())
+            for proc in paused:
+                os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                await h.decisions.resolve(
+                    card.id,
+                    Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+                    principal=card.owner,
+                    channel="test",
+                    tenant=h.tenant,
+                )
+                took = time.monotonic() - t0
+            finally:
+                for proc in paused:
+                    os.kill(proc.pid, signal.SIGCONT)
+            assert took < HINTS_BUDGET_SECONDS + 2.5, took
+            assert (await h.store.get_card(card.id)).status in (
+                Status.APPROVED,
+                Status.EXECUTING,
+                Status.EXECUTED,
+            )
