@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="folder for the JSON results (default: bench/results; with --quick, "
-        "bench/results/quick). Only a full run into the default folder that failed "
-        "nowhere regenerates the README tables",
+        "bench/results/quick). Only a run into the default folder, not --quick, where no "
+        "script failed regenerates the README tables (with --only, from that run's JSON "
+        "files and the earlier ones of the other scripts)",
     )
     p.add_argument(
         "--wait-quiet",

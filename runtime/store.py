@@ -131,6 +131,7 @@ class WorkflowStore(Protocol):
         by: str,
         n_steps: int,
         kept_limit: int = 0,
+        kept_window: float = 0.0,
     ) -> Passed: ...
 
     async def time_out(

@@ -109,12 +109,16 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Subscribe first (and wait for it), then adopt runs, then take work."""
+        """Subscribe first (and wait for it), then adopt runs, then take work (a stopped
+        worker may be started again)."""
+        self._draining = False
+        self.workflows.reopen()
         self._loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
         await asyncio.wait_for(self._subscribed.wait(), 10)
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         s = self.settings
         self._loops.append(asyncio.create_task(self._inbox_loop(), name="signoff-inbox"))
+        self.ticks = Ticks()  # a stopped worker's loops stay stopped; a start gets new ones
         self.ticks.every("lease", self._lease_every, lambda _: self._lease_tick(), now=True)
         self.ticks.every("heartbeat", self._lease_every, lambda _: self._heartbeat(), now=True)
         self.ticks.every("poll", s.poll_seconds, lambda tick: self.poll(tick))
@@ -125,15 +129,15 @@ class Worker:
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
         ``release=False`` leaves tokens and leases as they are, like a crash would)."""
-        self._draining = True
+        self._draining = True  # adopts nothing from now on
         self.workflows.stop()  # takes no more wakes; its runs are released below
-        await self.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
         for task in self._loops:  # these wait on Redis (listen, inbox): cancelled at once
             task.cancel()
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._loops.clear()
+        await self.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
         if drain and self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
         for task in list(self._tasks):
@@ -437,7 +441,7 @@ class Worker:
         rest stay lapsed for the next tick, or for another worker with room.
         """
         room = self.settings.adopt_batch - self._adopting
-        if room <= 0:
+        if room <= 0 or self._draining:
             return []
         runs = await self.store.adopt_runs(
             self.worker_id, self.settings.lease_seconds, room, own=own

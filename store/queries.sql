@@ -1354,8 +1354,12 @@ INSERT INTO workflow_events (id, run_id, name, payload, delivered_by)
 VALUES ($1, $2, $3, $4, $5);
 
 -- name: wf_events_kept
--- How many events run $1 keeps that no gate has taken yet (under the run's lock).
-SELECT count(*) FROM workflow_events WHERE run_id = $1 AND consumed_at IS NULL;
+-- How many events run $1 keeps that a gate may still take: not consumed, delivered within
+-- the last $2 seconds (the longest lookback of the gates that take them; older ones can
+-- never be taken, so they do not count against the bound). Under the run's lock.
+SELECT count(*) FROM workflow_events
+WHERE run_id = $1 AND consumed_at IS NULL
+  AND delivered_at >= now() - make_interval(secs => $2::float8);
 
 -- name: wf_event_take
 -- The earliest event $2 delivered to run $1 within the last $3 seconds and not consumed

@@ -344,10 +344,12 @@ class WorkflowRows:
         by: str,
         n_steps: int,
         kept_limit: int = 0,
+        kept_window: float = 0.0,
     ) -> Passed:
         """Deliver event ``name``: pass the gate the run waits at if it waits for that
         event; else keep it if a gate at or after the run's step takes it with a lookback
-        (``EventsFull`` when the run keeps ``kept_limit`` already; 0: no limit); else
+        (``EventsFull`` when the run keeps ``kept_limit`` already, counting those of the
+        last ``kept_window`` seconds; 0: no limit); else
         ``WrongEvent`` (it waits for another event) or ``NotParked``."""
         rid = _id(run_id)
 
@@ -361,7 +363,8 @@ class WorkflowRows:
             later = [i for i in lookback_steps if i > run.step or (i == run.step and found is None)]
             if run.status in (*PARKED_WORKFLOW, WorkflowStatus.RUNNING) and later:
                 payload = payload_for(later[0])
-                if kept_limit > 0 and await conn.fetchval(SQL.wf_events_kept, rid) >= kept_limit:
+                kept = SQL.wf_events_kept
+                if kept_limit > 0 and await conn.fetchval(kept, rid, kept_window) >= kept_limit:
                     raise EventsFull(
                         f"workflow run {rid} keeps {kept_limit} events no gate has taken yet",
                         run_id=rid,

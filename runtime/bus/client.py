@@ -40,16 +40,21 @@ T = TypeVar("T")
 # Waits between tries of one command: 4 tries in all, ~0.6 s before giving up.
 RETRY_DELAYS = (0.05, 0.15, 0.4)
 
-RETRYABLE = (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)
+# OSError: what a connection attempt raises besides ConnectionError (a name that does
+# not resolve, no route to the host), retried like a refused connection.
+RETRYABLE = (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError, OSError)
 TIMEOUTS = (rx.TimeoutError, TimeoutError)
 # A call that ran out the socket timeout met a Redis that stopped answering (stalled,
 # paused, partitioned: not one that refuses connections). Trying it again would wait the
 # timeout again, and so would every other call: a decision's three hints after its commit
-# took ~65 s. Such a client is "stalled": its calls fail at once (Unavailable) but for one
-# probe every STALL_PROBE_SECONDS, bounded by STALL_PROBE_TIMEOUT (plus a read's BLOCK);
-# the first answer ends the stall (design note 42).
+# took ~65 s. Such a client is "stalled": the calls in flight are cut short and new ones
+# fail at once (Unavailable), but for one probe every STALL_PROBE_SECONDS (an ordinary
+# call, with an ordinary call's timeouts); the first answer ends the stall (design note 42).
 STALL_PROBE_SECONDS = 0.5
-STALL_PROBE_TIMEOUT = 1.0
+
+
+def _not_answering(what: str) -> Unavailable:
+    return Unavailable(f"Redis is not answering; {what} not sent", command=what)
 
 
 def text(value: object) -> str:
@@ -118,6 +123,8 @@ class Client:
         self.stalled = False  # a call ran out the socket timeout; no answer since
         self._probing = False
         self._next_probe = 0.0
+        self._calls: set[asyncio.Task[Any]] = set()  # tasks inside call() now
+        self._cut: set[asyncio.Task[Any]] = set()  # of those, cancelled by a stall
 
     # One server: plain pub/sub on one connection (a cluster client shards it).
     sharded = False
@@ -136,37 +143,59 @@ class Client:
         """A connection failed in a way that may mean the topology changed (a cluster
         reloads its slot table before the next call; one server has nothing to reload)."""
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]], *, blocks: float = 0.0) -> T:
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]], *, blocking: bool = False) -> T:
         """Run one Redis call; retry connection errors, then raise Unavailable. A call that
-        timed out is not tried again: the client is stalled until Redis answers a probe
-        (``blocks``: seconds the call may wait on the server by design, a read's BLOCK)."""
+        timed out is not tried again: the client is stalled until Redis answers a probe,
+        and the calls in flight then are cut short (``blocking``: a read that waits on the
+        server by design, its BLOCK, is never the probe)."""
         if self.closed:
             raise Unavailable("the Redis bus is closed", command=what)
-        if not self.stalled:
-            return await self._tries(what, fn)
-        now = time.monotonic()
-        if self._probing or now < self._next_probe:
-            raise Unavailable(f"Redis is not answering; {what} not sent", command=what)
-        self._probing, self._next_probe = True, now + STALL_PROBE_SECONDS
+        probe = False
+        if self.stalled:
+            now = time.monotonic()
+            if blocking or self._probing or now < self._next_probe:
+                raise _not_answering(what)
+            self._probing, self._next_probe, probe = True, now + STALL_PROBE_SECONDS, True
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.add(task)
         try:
-            async with asyncio.timeout(STALL_PROBE_TIMEOUT + blocks):
-                return await self._tries(what, fn)
-        except TimeoutError as exc:
-            raise Unavailable(f"Redis is not answering; {what} not sent", command=what) from exc
+            return await self._tries(what, fn, probe)
+        except asyncio.CancelledError:
+            if task not in self._cut:
+                raise  # its caller's cancellation
+            self._cut.discard(task)
+            task.uncancel()
+            raise _not_answering(what) from None
         finally:
-            self._probing = False
+            self._calls.discard(task)
+            if probe:
+                self._probing = False
 
-    async def _tries(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+    def _stall(self, what: str, exc: BaseException) -> None:
+        """Redis stopped answering: fail fast from now on, and cut short every other call in
+        flight (each would wait out its own timeout: calls queued for one of redis-py's
+        pooled connections, one wave of timeouts after another)."""
+        if not self.stalled:
+            log.warning("Redis stopped answering (%s: %s); failing fast", what, exc)
+            self._next_probe = time.monotonic() + STALL_PROBE_SECONDS
+        self.stalled = True
+        me = asyncio.current_task()
+        for task in self._calls:
+            if task is not me and task not in self._cut:
+                self._cut.add(task)
+                task.cancel()
+
+    async def _tries(self, what: str, fn: Callable[[], Awaitable[T]], probe: bool) -> T:
         for attempt, delay in enumerate((*RETRY_DELAYS, None), start=1):
+            if self.stalled and not probe:
+                raise _not_answering(what)
             try:
                 result = await fn()
                 self.stalled = False
                 return result
             except TIMEOUTS as exc:
-                if not self.stalled:
-                    log.warning("Redis stopped answering (%s: %s); failing fast", what, exc)
-                    self._next_probe = time.monotonic() + STALL_PROBE_SECONDS
-                self.stalled = True
+                self._stall(what, exc)
                 COUNTERS.inc("signoff_redis_errors_total")
                 raise Unavailable(f"Redis {what}: no answer ({exc})", command=what) from exc
             except RETRYABLE as exc:

@@ -146,7 +146,7 @@ class ClusterClient(Client):
         self._stale = False  # the slot table may be wrong: reload before the next try
         self._refreshed_at = 0.0
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]], *, blocks: float = 0.0) -> T:
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]], *, blocking: bool = False) -> T:
         """Run one call; retry drops, timeouts and transient cluster answers (reloading the
         topology first) for ~6 s, then raise Unavailable (a cluster rides a failover this
         way; one server's client fails fast once it stalls instead, ``Client.call``)."""

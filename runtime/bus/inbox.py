@@ -93,7 +93,7 @@ class Inbox:
                 lambda: self._client.xreadgroup(inbox, group, consumer, TAKE_COUNT, block_ms),
                 None,
             ),
-            blocks=(block_ms or 0) / 1000,
+            blocking=bool(block_ms),
         )
         if not reply:
             return []

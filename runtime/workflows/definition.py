@@ -270,6 +270,17 @@ class Workflow:
                 return i
         raise KeyError(name)
 
+    def lookback_seconds(self, event: str) -> float:
+        """The longest lookback of the gates that take ``event`` (0: none keeps it)."""
+        return max(
+            (
+                s.lookback
+                for s in self._steps
+                if isinstance(s, EventGate) and s.event == event and s.lookback is not None
+            ),
+            default=0.0,
+        )
+
     def lookback_steps(self, event: str) -> list[int]:
         """Indexes of the event gates named ``event`` that keep early deliveries."""
         return [

@@ -338,6 +338,10 @@ class WorkflowEngine:
                     self.wake(run_id)
         return settled
 
+    def reopen(self) -> None:
+        """Take wakes again (the worker was started again after a stop)."""
+        self._stopping = False
+
     def stop(self) -> None:
         """Take no more wakes (the worker drains the steps in flight, then releases its
         runs: ``release_workflow_runs``)."""

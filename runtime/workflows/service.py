@@ -272,6 +272,7 @@ class WorkflowService:
                 by=by,
                 n_steps=n_steps,
                 kept_limit=self.events_kept,
+                kept_window=workflow.lookback_seconds(name),
             )
         await self._hint(passed, at_ns)
         return passed

@@ -105,6 +105,56 @@ async def test_a_stalled_redis_costs_one_timeout_then_calls_fail_at_once(
         await client.close()
 
 
+@pytest.mark.no_store
+async def test_calls_in_flight_when_redis_stalls_fail_together_not_in_waves(
+    stall: tuple[EmbeddedServer, list[bool]],
+) -> None:
+    """The reviewer's repro: 16 XADDs through a pool of 4 connections when Redis stalls.
+    Each connection's call timed out on its own, then the next 4 got the connections and
+    waited out their own timeout: failures in waves (1, 2, 3, 4 s). Now the first timeout
+    cuts every call in flight short."""
+    server, stopped = stall
+    url = server.url + "?socket_timeout=1"
+    client = Client(redis_from_url(url, max_connections=4, pool_timeout=5))
+    try:
+        await client.xadd("s", b"f", b"v")
+        pause(server, stopped, True)
+        t0 = time.monotonic()
+        done: list[float] = []
+
+        async def one() -> None:
+            with pytest.raises(Unavailable):
+                await client.xadd("s", b"f", b"v")
+            done.append(time.monotonic() - t0)
+
+        await asyncio.gather(*(one() for _ in range(16)))
+        assert max(done) < 1.8, sorted(done)  # one timeout (1 s) for all, not four waves
+        # a blocking read is never the probe: it fails at once while stalled
+        await asyncio.sleep(STALL_PROBE_SECONDS + 0.1)
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable):
+            await client.call("XREADGROUP", lambda: asyncio.sleep(30), blocking=True)
+        assert time.monotonic() - t0 < 0.2
+        pause(server, stopped, False)
+        await asyncio.sleep(STALL_PROBE_SECONDS + 0.1)
+        await client.xadd("s", b"f", b"v")  # the probe: answered, the stall is over
+        assert not client.stalled
+    finally:
+        await client.close()
+
+
+@pytest.mark.no_store
+async def test_a_name_that_does_not_resolve_is_unavailable() -> None:
+    """A DNS failure is an OSError, not a ConnectionError: it escaped the pipelined path
+    raw (a 500 for a caller that expects Unavailable)."""
+    client = Client(redis_from_url("redis://redis-gone.invalid:6379/0?socket_timeout=1"))
+    try:
+        with pytest.raises(Unavailable):
+            await client.publish("c", b"m")
+    finally:
+        await client.close()
+
+
 async def test_decisions_are_answered_soon_while_redis_stalls_and_applied_once(
     database_url: str,
     stall: tuple[EmbeddedServer, list[bool]],

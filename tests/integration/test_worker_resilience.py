@@ -249,3 +249,21 @@ async def test_a_tick_past_the_grace_is_cancelled_so_stop_ends() -> None:
     await ticks.stop(0.2)
     assert asyncio.get_running_loop().time() - started < 2
     assert seen == [1] and all(t.cancelled() for t in tasks)
+
+
+async def test_a_stopping_worker_adopts_nothing(
+    own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reviewer's case: a lease tick still running in the stop's grace period adopted
+    lapsed runs for a worker about to cancel whatever it started."""
+    async with harness(own_database, model=Scripted(pix()), worker_id="gone-a") as a:
+        card = await one_card(a)
+        await a.worker.stop(release=False)
+        await a.store.db.execute(
+            "UPDATE workers SET lease_until = now() - interval '1 second' WHERE id = 'gone-a'"
+        )
+        async with harness(own_database, model=Scripted(), start_worker=False) as b:
+            b.worker._draining = True  # what stop() sets first
+            assert await b.worker.adopt() == []
+            b.worker._draining = False
+            assert card.run_id in await b.worker.adopt()  # without the stop, it is adopted

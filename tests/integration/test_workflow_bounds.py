@@ -99,3 +99,35 @@ async def test_a_run_keeps_at_most_its_bound_of_events(h: Harness) -> None:
 async def done_run(h: Harness, run_id: str):  # type: ignore[no-untyped-def]
     run = await h.store.workflows.get_workflow_run(run_id)
     return run if str(run.status) == "completed" else None
+
+
+async def test_events_past_every_lookback_do_not_count_against_the_bound(
+    database_url: str,
+) -> None:
+    """Events no gate can take any more (older than the longest lookback) filled the bound
+    for the rest of the run's life: every later event was refused."""
+    settings = Settings(poll_seconds=0.3, sweep_seconds=0.2, workflow_events_kept=2)
+    async with Harness(
+        wf_app.build(lookback=0.5),
+        database_url=database_url,
+        model=CommandModel(),
+        settings=settings,
+    ) as h:
+        run = await h.workflows.start("order", tenant=h.tenant, owner=OWNER)
+        await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+        for amount in (1, 2):
+            await h.workflows.deliver_event(
+                run.id, "payment.confirmed", {"amount": amount}, tenant=h.tenant, by=OWNER
+            )
+        with pytest.raises(EventsFull):
+            await h.workflows.deliver_event(
+                run.id, "payment.confirmed", {"amount": 3}, tenant=h.tenant, by=OWNER
+            )
+        await asyncio.sleep(0.7)  # both are past the gate's lookback now
+        passed = await h.workflows.deliver_event(
+            run.id, "payment.confirmed", {"amount": 4}, tenant=h.tenant, by=OWNER
+        )
+        assert passed.buffered
+        release(run.id)
+        done = await until(lambda: done_run(h, run.id), what="the fresh event consumed")
+        assert done.state["amount"] == 4
