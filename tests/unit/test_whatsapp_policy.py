@@ -147,3 +147,24 @@ def test_a_summary_over_the_body_limit_gets_no_buttons() -> None:
     fits = outbound.interactive_card("5511999990000", {**card, "summary": "y" * 1024})
     assert fits["type"] == "interactive"
     assert fits["interactive"]["body"]["text"] == "y" * 1024
+
+
+def test_a_card_shows_its_labelled_values_beside_the_summary() -> None:
+    """The hostile prober's case: an e-mail change whose new address lives in the card's
+    labelled fields went out as "Alterar e-mail · Cliente: João Silva" with a Confirm
+    button. The values that will run are in the body; if they do not fit, no button."""
+    from signoff.gateway.channels.whatsapp import outbound
+
+    card = {
+        "id": "00000000-0000-0000-0000-000000000001",
+        "summary": "Alterar e-mail · Cliente: João Silva",
+        "impact": {"fields": [{"label": "Novo e-mail", "value": "attacker@evil.example"}]},
+    }
+    message = outbound.interactive_card("5511999990000", card)
+    assert message["interactive"]["body"]["text"] == (
+        "Alterar e-mail · Cliente: João Silva\nNovo e-mail: attacker@evil.example"
+    )
+    long_value = {"label": "Descrição", "value": "d" * 1000}
+    over = {**card, "impact": {"fields": [long_value]}}
+    assert outbound.interactive_card("5511999990000", over)["text"]["body"] == outbound.TOO_LONG
+    assert outbound.card_text(card, " · ").endswith("· Novo e-mail: attacker@evil.example")

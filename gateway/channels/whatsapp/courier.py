@@ -94,7 +94,7 @@ class Courier:
                 item.wa_id,
                 s.whatsapp_template_name,
                 s.whatsapp_template_language,
-                str(body.get("summary", "")),
+                outbound.card_text(body, " · "),  # a template parameter has no newlines
             )
         if item.kind == "card_update":
             said = outbound.notice(body)

@@ -23,12 +23,27 @@ TOO_LONG = (
 )
 
 
+def card_text(card: dict[str, Any], sep: str = "\n") -> str:
+    """What a person reads of a card: its summary, then each labelled value the tool
+    keeps apart from it (``impact.fields``: a new e-mail address, a description), one per
+    line. The values are what will run: a button under the summary alone approved an
+    e-mail change whose new address the person never saw."""
+    lines = [str(card.get("summary", ""))]
+    impact = card.get("impact")
+    fields = impact.get("fields") if isinstance(impact, dict) else None
+    for field in fields if isinstance(fields, list) else ():
+        if isinstance(field, dict):
+            lines.append(f"{field.get('label', '')}: {field.get('value', '')}")
+    return sep.join(lines)
+
+
 def interactive_card(to: str, card: dict[str, Any]) -> dict[str, Any]:
-    """The card with Confirm / Cancel buttons, its body the stored summary, whole. A summary
-    over the interactive body's limit is never cut (a button must not approve what the
-    person could not read): a fixed notice without buttons says to decide on the web."""
-    summary = str(card["summary"])
-    if len(summary) > MAX_BODY:
+    """The card with Confirm / Cancel buttons, its body the summary and labelled values,
+    whole (:func:`card_text`). A body over the interactive limit is never cut (a button
+    must not approve what the person could not read): a fixed notice without buttons says
+    to decide on the web."""
+    body = card_text(card)
+    if len(body) > MAX_BODY:
         return text(to, TOO_LONG)
     buttons = [
         {
@@ -44,7 +59,7 @@ def interactive_card(to: str, card: dict[str, Any]) -> dict[str, Any]:
         "type": "interactive",
         "interactive": {
             "type": "button",
-            "body": {"text": summary},
+            "body": {"text": body},
             "action": {"buttons": buttons},
         },
     }
