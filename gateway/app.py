@@ -45,6 +45,10 @@ READY_TIMEOUT = 2.0  # /readyz: how long Redis may take to answer a PING
 SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
+    # No answer may be shown inside another site's frame: the page is also served as
+    # /static/index.html, where its Confirm buttons were clickable in a frame.
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
 )
 
 
@@ -70,7 +74,10 @@ class Total:
                 started = True
                 # Every answer, the page, its assets and the API alike: no content sniffing
                 # (a JSON body is never run as a script) and no Referer leaving the page.
-                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS]
+                headers = list(message.get("headers", ()))
+                have = {name.lower() for name, _ in headers}
+                headers += [(k, v) for k, v in SECURITY_HEADERS if k not in have]
+                message["headers"] = headers
             await send(message)
 
         try:

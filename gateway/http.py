@@ -91,7 +91,7 @@ class HttpApi:
             self._admit(request)
             return b""
         size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+        if size is not None and size.isascii() and size.isdigit() and int(size) > MAX_BODY:
             raise InvalidInput(f"body larger than {MAX_BODY} bytes")
         data = bytearray()
         try:
@@ -116,7 +116,7 @@ class HttpApi:
 
     async def list_threads(self, request: Request, who: Principal) -> Response:
         raw = request.query_params.get("limit", "50")
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):  # "²" is a digit to isdigit, not to int
             raise InvalidInput("limit must be an integer")
         return json_response({"threads": await self.service.list_threads(who, int(raw[:4]))})
 

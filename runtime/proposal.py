@@ -24,6 +24,23 @@ def card_fields(fields: dict[str, str]) -> list[dict[str, str]]:
     ]
 
 
+def shown_impact(impact: dict[str, Any]) -> dict[str, Any]:
+    """The impact with the values the page shows as text (``target``, ``amount``, each of
+    ``side_effects``) made one inert line, as the summary is: they may hold a provider's
+    data (a customer's name with a bidi override rendered "Pedro Valor: R$ 1,00" beside
+    the cleaned summary). Other keys are kept as the tool gave them."""
+    out = dict(impact)
+    for key in ("target", "amount"):
+        if isinstance(out.get(key), str):
+            out[key] = one_line(out[key], VALUE_LIMIT)
+    effects = out.get("side_effects")
+    if isinstance(effects, list | tuple):
+        out["side_effects"] = [
+            one_line(e, VALUE_LIMIT) if isinstance(e, str) else e for e in effects[:20]
+        ]
+    return out
+
+
 def new_card(
     tool: Tool,
     prepared: Prepared,
@@ -46,7 +63,7 @@ def new_card(
     ``ttl``: how long the card waits for a decision (the policy's, see
     ``Outcome.card_ttl``); by default the tool's own."""
     summary = one_line(prepared.summary, SUMMARY_LIMIT)
-    impact = {"risk": str(tool.risk), **prepared.impact}
+    impact = {"risk": str(tool.risk), **shown_impact(prepared.impact)}
     if prepared.fields:
         impact["fields"] = card_fields(prepared.fields)
     return NewCard(

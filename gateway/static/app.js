@@ -142,7 +142,9 @@
       var current = stored(TOKEN_KEY);
       if (current && expired(current)) current = null; // an expired session is none
       if (current && current !== token && principalOf(current) !== principalOf(token)) {
-        state.linkRefused = { now: userOf(current), link: userOf(token) };
+        // The link's user is not named: its token is unverified here, and its text would
+        // be the attacker's words in the page's own alert.
+        state.linkRefused = { now: userOf(current) };
       } else {
         // The same user's token (a renewal) is taken, the session kept to fall back on:
         // what a token claims is unverified here, and a forged one must not sign out.
@@ -966,6 +968,7 @@
     form.noValidate = true;
     box.appendChild(form);
     entry.form = kind;
+    renderPending();
     return form;
   }
 
@@ -978,6 +981,7 @@
     cancel.addEventListener('click', function () {
       entry.form = null;
       renderCard(entry);
+      renderPending();
       var back = entry.el.querySelector('[data-action=' + (kind === 'reject-form' ? 'reject' : 'edit') + ']');
       if (back && !back.hidden) back.focus();
     });
@@ -1083,17 +1087,23 @@
     el.pending.hidden = n === 0;
     el.pendingText.textContent = n === 1 ? t('pending.one') : t('pending.many', { n: n });
     var busy = pending.some(function (e) { return e.busy; });
+    // A card with its edit form open is not confirmed as it stands, one by one or all
+    // together: "Confirm all" waits too, as the card's own Confirm does.
+    var editing = pending.some(function (e) { return e.form === 'edit-form'; });
     var batch = n > 1;
     el.confirmAll.hidden = !batch;
     el.rejectAll.hidden = !batch;
-    el.confirmAll.disabled = busy || !state.ready;
+    el.confirmAll.disabled = busy || editing || !state.ready;
     el.rejectAll.disabled = busy || !state.ready;
     el.confirmAll.textContent = t('pending.confirmAll', { n: n });
     el.rejectAll.textContent = t('pending.rejectAll', { n: n });
   }
 
   function batch(decision) {
-    var pending = pendingCards().filter(function (e) { return !e.busy; });
+    var all = pendingCards();
+    var editing = all.some(function (e) { return e.form === 'edit-form'; });
+    if (decision === 'approve' && editing) return;
+    var pending = all.filter(function (e) { return !e.busy; });
     if (!pending.length) return;
     var byRun = new Map();
     pending.forEach(function (e) {
@@ -1281,6 +1291,11 @@
     });
     window.addEventListener('online', function () {
       if (!state.ws && state.token) { state.attempt = 0; connect(); }
+    });
+    // A sign-in link opened in this loaded tab changes only the fragment: take it the way
+    // a page load does (and so out of the address bar and the history).
+    window.addEventListener('hashchange', function () {
+      if (/(^|[#&])token=/.test(location.hash)) location.reload();
     });
 
     readLocation();

@@ -92,7 +92,7 @@ def cluster_from_url(url: str, *, max_connections: int = 2**31) -> RedisCluster:
     seeds: list[ClusterNode] = []
     for host_port in filter(None, hosts.split(",")):
         host, _, port = host_port.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not (port.isascii() and port.isdigit()):
             raise ConfigError(f"a Redis Cluster seed must be host:port, not {host_port!r}")
         seeds.append(ClusterNode(host.strip("[]"), int(port)))
     if not seeds:

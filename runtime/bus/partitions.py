@@ -137,6 +137,10 @@ class PartitionedInbox:
 
     def _split(self, delivery_id: str) -> tuple[int, str]:
         index, sep, entry = delivery_id.partition("/")
-        if not sep or not index.isdigit() or int(index) >= len(self.partitions):
+        if (
+            not sep
+            or not (index.isascii() and index.isdigit())
+            or int(index) >= len(self.partitions)
+        ):
             raise InvalidInput(f"not a delivery of this inbox: {delivery_id!r}")
         return int(index), entry

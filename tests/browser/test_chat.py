@@ -312,7 +312,15 @@ async def test_several_cards_pending_and_batch_confirm(chat: Chat) -> None:
     assert {c.tool for c in cards} == {"create_pix_charge", "refund_sale"}
     await expect(page.locator("#pending-text")).to_have_text("2 confirmations pending")
     await chat.shot("1-two-pending")
-    await page.get_by_role("button", name="Confirm all 2").click()
+    confirm_all = page.get_by_role("button", name="Confirm all 2")
+    # with one card's edit form open, Confirm all waits as the card's own Confirm does
+    # (it approved both at their old values)
+    charge = next(c for c in cards if c.tool == "create_pix_charge")
+    await chat.card(charge.id).get_by_role("button", name="Edit").click()
+    await expect(confirm_all).to_be_disabled()
+    await chat.card(charge.id).get_by_role("button", name="Cancel").click()
+    await expect(confirm_all).to_be_enabled()
+    await confirm_all.click()
     for c in cards:
         await expect(chat.card(c.id)).to_have_attribute("data-status", "executed")
     await expect(page.locator("#pending")).to_be_hidden()

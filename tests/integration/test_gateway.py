@@ -315,10 +315,15 @@ async def test_chat_page_cannot_be_framed_and_static_serves_no_python(h: Harness
         assert (await c.get("/static/__init__.py")).status_code == 404
         # Every answer, the page, its assets, the API and its refusals: no sniffing, no
         # Referer.
-        for path in ("/", "/static/app.js", "/v1/threads", "/nowhere", "/healthz"):
+        # The page is also /static/index.html (and /static//index.html): it was framable
+        # there, its Confirm clickable inside another site's frame. No answer is now.
+        paths = ("/", "/static/index.html", "/static//index.html", "/static/app.js")
+        for path in (*paths, "/v1/threads", "/nowhere", "/healthz"):
             r = await c.get(path)
             assert r.headers["x-content-type-options"] == "nosniff", path
             assert r.headers["referrer-policy"] == "no-referrer", path
+            assert r.headers.get_list("x-frame-options") == ["DENY"], path
+            assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
 
 
 async def test_card_carries_the_models_input_for_edit_forms(h: Harness) -> None:

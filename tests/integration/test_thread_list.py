@@ -56,7 +56,14 @@ async def test_http_lists_only_my_threads_most_recent_first_with_pending(h: Harn
     assert threads[0]["updated_at"] >= threads[1]["updated_at"]
     assert bobs not in [t["id"] for t in threads]
     assert [t["id"] for t in (await listed(h, "alice", "?limit=1")).json()["threads"]] == [mine]
-    for bad in ("?limit=0", "?limit=201", "?limit=abc", "?limit=-1"):
+    for bad in (
+        "?limit=0",
+        "?limit=201",
+        "?limit=abc",
+        "?limit=-1",
+        "?limit=%C2%B2",
+        "?limit=%D9%A3",
+    ):
         r = await listed(h, "alice", bad)
         assert r.status_code == 422 and r.json()["error"] == "invalid_input", bad
     async with httpx.AsyncClient() as c:

@@ -121,3 +121,35 @@ async def test_card_without_fields_has_no_fields_key() -> None:
         raw_input={},
     )
     assert card.impact == {"risk": "critical", "target": "x"}
+
+
+@pytest.mark.anyio
+async def test_impact_values_the_page_shows_are_cleaned_before_the_hash() -> None:
+    """The hostile prober's case: a provider's customer named with a bidi override. The
+    summary was cleaned, but the card's Target row rendered "Pedro Valor: R$ 1,00"; a side
+    effect carried newlines and 3,000 characters."""
+    named = "Pedro \u202e00,1 $R :rolaV \u202c"
+    prepared = Prepared(
+        args={},
+        summary=f"Pix para {named}",
+        impact={
+            "target": named,
+            "amount": "R$ 9.000,00\n",
+            "side_effects": ["linha 1\nlinha 2", "x" * 3000],
+            "reversible": False,
+        },
+    )
+    card = new_card(
+        Forge(),
+        prepared,
+        thread_id="th",
+        run_id="r",
+        tenant="t",
+        owner="u",
+        tool_use_id="tu",
+        raw_input={},
+    )
+    for value in (card.impact["target"], card.impact["amount"], *card.impact["side_effects"]):
+        assert "\n" not in value and not BIDI & set(value) and len(value) <= 500
+    assert card.impact["reversible"] is False
+    assert card.snapshot_hash == snapshot_hash("forge", {}, card.summary, card.impact)

@@ -81,7 +81,8 @@ class GraphSender:
                 return resp.status, resp.read().decode(errors="replace"), None
         except urllib.error.HTTPError as exc:
             retry = exc.headers.get("Retry-After") if exc.headers else None
-            wait = float(retry) if retry and retry.replace(".", "", 1).isdigit() else None
+            number = retry.replace(".", "", 1) if retry else ""
+            wait = float(retry) if retry and number.isascii() and number.isdigit() else None
             return exc.code, exc.read().decode(errors="replace"), wait
         except (OSError, urllib.error.URLError) as exc:
             return 0, f"network error: {exc}", None

@@ -112,7 +112,7 @@ class WhatsAppChannel:
 
     async def receive(self, request: Request) -> Response:
         size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+        if size is not None and size.isascii() and size.isdigit() and int(size) > MAX_BODY:
             return error_response(InvalidInput("body too large"))
         # Read with a running cap: a chunked body has no Content-Length, and the signature
         # can only be checked once the body is in, so anyone could make this gateway hold
