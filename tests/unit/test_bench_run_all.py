@@ -20,6 +20,13 @@ def texts() -> list[str]:
     return [p.read_text() for p in READMES]
 
 
+@pytest.fixture(autouse=True)
+def _extras_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test run installs `.[test]` only: the bench's extras are taken as present
+    (the test of their absence sets its own)."""
+    monkeypatch.setattr(run_all, "BENCH_MODULES", ())
+
+
 @pytest.mark.parametrize("extra", [["--quick"], []])
 def test_a_run_into_another_folder_leaves_the_readmes(extra: list[str], tmp_path: Path) -> None:
     before = texts()
