@@ -131,3 +131,26 @@ async def test_events_past_every_lookback_do_not_count_against_the_bound(
         release(run.id)
         done = await until(lambda: done_run(h, run.id), what="the fresh event consumed")
         assert done.state["amount"] == 4
+
+
+async def test_racing_events_at_the_bound_keep_exactly_the_bound(h: Harness) -> None:
+    """Ten deliveries at once to a run that may keep two: the count and the insert happen
+    under the run's lock, so exactly two are kept and eight refused."""
+    run = await h.workflows.start("order", tenant=h.tenant, owner="dora")  # lookback 30 s
+    await until(lambda: asyncio.sleep(0, calls(run.id, "held")))
+    results = await asyncio.gather(
+        *(
+            h.workflows.deliver_event(
+                run.id, "payment.confirmed", {"amount": i}, tenant=h.tenant, by="dora"
+            )
+            for i in range(10)
+        ),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(r, EventsFull) for r in results) == 8
+    assert sum(not isinstance(r, BaseException) and r.buffered for r in results) == 2
+    kept = await h.store.db.fetchval(
+        "SELECT count(*) FROM workflow_events WHERE run_id = $1", uuid.UUID(run.id)
+    )
+    assert kept == 2
+    release(run.id)
