@@ -16,7 +16,14 @@ from signoff.gateway.views import Views
 from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Decision
 from signoff.runtime.decisions import Decisions, Outcome, Resolution
-from signoff.runtime.errors import Forbidden, InvalidInput, NotOwner, SignoffError
+from signoff.runtime.errors import (
+    CardNotFound,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    NotOwner,
+    SignoffError,
+)
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import quietly
 from signoff.runtime.records import Entry, Thread
@@ -161,7 +168,9 @@ class GatewayService:
 
     async def own_thread(self, thread_id: str, who: Principal) -> Thread:
         thread = await self.store.get_thread(thread_id)
-        if thread.owner != who.user or thread.tenant != who.tenant:
+        if thread.tenant != who.tenant:  # another tenant's thread does not exist for us
+            raise NotFound(f"thread {thread_id} not found", thread_id=thread_id)
+        if thread.owner != who.user:
             raise Forbidden("not your thread", thread_id=thread_id)
         return thread
 
@@ -224,7 +233,9 @@ class GatewayService:
 
     async def get_card(self, card_id: str, who: Principal) -> dict[str, Any]:
         card = await self.store.get_card(card_id)
-        if card.owner != who.user or card.tenant != who.tenant:
+        if card.tenant != who.tenant:  # another tenant's card does not exist for us
+            raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+        if card.owner != who.user:
             raise NotOwner("not your card", card_id=card_id)
         return card.public()
 

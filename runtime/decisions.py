@@ -18,8 +18,10 @@ from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.errors import (
     AlreadyDecided,
+    CardNotFound,
     Forbidden,
     InvalidInput,
+    NotFound,
     NotOwner,
     SignoffError,
     ToolValidationError,
@@ -186,7 +188,9 @@ class Decisions:
         if not edits:
             raise InvalidInput("an edit needs at least one field in 'edits'")
         card = await self.store.get_card(card_id)
-        if card.owner != principal or (tenant is not None and card.tenant != tenant):
+        if tenant is not None and card.tenant != tenant:
+            raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+        if card.owner != principal:
             raise NotOwner("only the card's owner can decide it", card_id=card_id)
         if card.status is not Status.PENDING:
             raise AlreadyDecided(
@@ -270,7 +274,9 @@ class Decisions:
     ) -> list[dict[str, Any]]:
         """Several decisions for one run's cards; each succeeds or fails on its own."""
         run = await self.store.get_run(run_id)
-        if run.owner != principal or (tenant is not None and run.tenant != tenant):
+        if tenant is not None and run.tenant != tenant:
+            raise NotFound(f"run {run_id} not found", run_id=run_id)
+        if run.owner != principal:
             raise NotOwner("only the run's owner can decide its cards", run_id=run_id)
         out: list[dict[str, Any]] = []
         for card_id, res in items:

@@ -320,7 +320,9 @@ def _why_not_decided(
     if row is None:
         return CardNotFound(f"card {card_id} not found", card_id=card_id)
     card = rows.card(row)
-    if card.owner != principal or (tenant is not None and card.tenant != tenant):
+    if tenant is not None and card.tenant != tenant:  # another tenant's: not there for us
+        return CardNotFound(f"card {card_id} not found", card_id=card_id)
+    if card.owner != principal:
         return NotOwner("only the card's owner can decide it", card_id=card_id)
     if card.status is Status.EXPIRED:
         # 410 whether or not the sweeper has tidied it yet

@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -450,7 +451,7 @@ def _peak_rss(pid: int) -> int:
 def test_missing_expired_forged_tokens_and_other_owners(t: Target) -> None:
     """I3 + I9: no token, a malformed header, `alg: none`, another secret, the wrong
     issuer, an expired token, no user, a signed user or tenant no name can be: 401. Another user of the tenant, and the same user
-    name in another tenant: 403. Nothing changes."""
+    name in another tenant: 404, as for an id that does not exist. Nothing changes."""
     now = int(time.time())
     claims = {"iss": "signoff", "sub": "alice", "tenant": t.c.tenant, "iat": now, "exp": now + 600}
     bad_tokens = {
@@ -495,15 +496,25 @@ def test_missing_expired_forged_tokens_and_other_owners(t: Target) -> None:
                 r = http.request(method, path, json=payload, headers=hdrs)
                 typed(r, (name, path))
                 assert r.status_code == 401, (name, path, r.status_code, r.text)
+        # Another user of the tenant is refused (403); to another tenant the card, the
+        # thread and the run are not there at all (404, as a workflow run is): a tenant
+        # cannot learn which ids exist in another.
         others = {
-            "mallory": t.auth("mallory"),
-            "alice of another tenant": t.auth("alice", "other-tenant"),
+            "mallory": (t.auth("mallory"), 403),
+            "alice of another tenant": (t.auth("alice", "other-tenant"), 404),
         }
-        for name, hdrs in others.items():
+        for name, (hdrs, status) in others.items():
             for method, path, payload in requests:
                 r = http.request(method, path, json=payload, headers=hdrs)
                 typed(r, (name, path))
-                assert r.status_code == 403, (name, path, r.status_code, r.text)
+                assert r.status_code == status, (name, path, r.status_code, r.text)
+                if status == 404:
+                    missing = path.replace(card, str(uuid.uuid4())).replace(
+                        thread, str(uuid.uuid4())
+                    )
+                    missing = missing.replace(run_id, str(uuid.uuid4()))
+                    gone = http.request(method, missing, json=payload, headers=hdrs)
+                    assert gone.json()["error"] == r.json()["error"], (path, gone.text, r.text)
 
 
 # -- clients that leave ------------------------------------------------------------------------

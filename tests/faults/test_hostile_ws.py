@@ -201,8 +201,9 @@ async def test_missing_expired_forged_tokens_and_expiry_mid_session(w: WsTarget)
 
 
 async def test_not_owner_and_other_tenant_over_ws(w: WsTarget) -> None:
-    """I3: another user of the tenant, and the owner's user name in another tenant,
-    get 403 for the card; it stays pending with only its creation audited."""
+    """I3: another user of the tenant gets 403 for the card, the owner's user name in
+    another tenant 404 (no card of another tenant exists for it); the card stays pending
+    with only its creation audited."""
     card = await a_card(w, "owner1")
     frame = {
         "type": "resolve",
@@ -210,11 +211,11 @@ async def test_not_owner_and_other_tenant_over_ws(w: WsTarget) -> None:
         "decision": "approve",
         "snapshot_hash": card["snapshot_hash"],
     }
-    for user, tenant in (("mallory", w.c.tenant), ("owner1", "another-tenant")):
+    for user, tenant, status in (("mallory", w.c.tenant, 403), ("owner1", "another-tenant", 404)):
         ws = await w.connect(user, token=w.c.tokens.issue(user, tenant))
         await ws.send(json.dumps({**frame, "id": "x"}))
         err = await reply(ws, "x")
-        assert err["type"] == "error" and err["status"] == 403, (user, tenant, err)
+        assert err["type"] == "error" and err["status"] == status, (user, tenant, err)
         await ws.close()
     assert await status_of(w, card["id"]) == ("pending", 1)
 
