@@ -198,7 +198,7 @@ class GatewayService:
 
     async def post_message(self, thread_id: str, text: str, who: Principal, channel: str) -> str:
         text = message_text(text)
-        await self.own_thread(thread_id, who)
+        thread_id = (await self.own_thread(thread_id, who)).id  # the id as Postgres spells it
         message_id = str(uuid.uuid4())
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
             return await self.bus.enqueue(
@@ -215,8 +215,8 @@ class GatewayService:
 
     async def thread_state(self, thread_id: str, who: Principal) -> dict[str, Any]:
         thread = await self.own_thread(thread_id, who)
-        pending = await self.store.pending_cards(thread_id)
-        run = await self.store.active_run(thread_id)
+        pending = await self.store.pending_cards(thread.id)
+        run = await self.store.active_run(thread.id)
         return {
             "thread": msgspec.to_builtins(thread),
             "last_seq": thread.last_seq,

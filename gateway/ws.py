@@ -286,8 +286,10 @@ class Connection:
             raise InvalidInput("a message needs text")
         message_text(frame.text)  # refused before a thread is made for it
         if frame.thread_id is not None:
-            thread_id = frame.thread_id
-            thread = await self.service.own_thread(thread_id, who)
+            thread = await self.service.own_thread(frame.thread_id, who)
+            # Followed, and answered, under the id as Postgres spells it: hints travel on
+            # a channel named by it ("A1B2..." or "{a1b2...}" would follow no channel).
+            thread_id = thread.id
             if thread_id not in self._listeners:
                 await self.follow(thread_id, thread.last_seq)
             delivery = await self.service.post_message(thread_id, frame.text, who, "ws")
@@ -310,8 +312,9 @@ class Connection:
         if frame.thread_id is None:
             raise InvalidInput("resume needs thread_id")
         state = await self.service.thread_state(frame.thread_id, who)
-        ack = {"type": "ack", "id": frame.id, "thread_id": frame.thread_id, "state": state}
-        await self.follow(frame.thread_id, max(frame.after_seq or 0, 0), ack=ack)
+        thread_id = state["thread"]["id"]  # as Postgres spells it (see on_message)
+        ack = {"type": "ack", "id": frame.id, "thread_id": thread_id, "state": state}
+        await self.follow(thread_id, max(frame.after_seq or 0, 0), ack=ack)
 
     async def on_resolve(self, frame: Frame, who: Principal) -> None:
         if frame.card_id is None:

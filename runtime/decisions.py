@@ -282,8 +282,10 @@ class Decisions:
         for card_id, res in items:
             try:
                 card = await self.store.get_card(card_id)
-                if card.run_id != run_id:
-                    raise InvalidInput(f"card {card_id} does not belong to run {run_id}")
+                if card.run_id != run.id:
+                    # Not this run's card: as if there were no such card. Whose it is,
+                    # and whether it exists, is not this request's to learn.
+                    raise CardNotFound(f"card {card_id} not found in run {run.id}", card_id=card_id)
                 outcome = await self.resolve(
                     card_id, res, principal=principal, channel=channel, tenant=tenant
                 )

@@ -339,6 +339,67 @@ async def outbound_row(db: asyncpg.Connection, card: asyncpg.Record, status: str
     raise AssertionError(f"no {status} outbound row for card {card['id']}")
 
 
+async def test_a_button_naming_another_tenants_card_is_ignored_and_the_rest_is_handled(
+    wa: Cluster, database_url: str
+) -> None:
+    """A button naming a card of another tenant is treated as naming no card: 200, the card
+    untouched, no refusal recorded on it; and the text message after it in the same
+    delivery is handled (the button was a 500 that failed the delivery for good, so Meta's
+    redeliveries never handled the message either)."""
+    me = "5511900000031"
+    async with httpx.AsyncClient(base_url=wa.gateways[1].url, timeout=30) as http:
+        auth = {"Authorization": f"Bearer {wa.token(me)}"}
+        thread = (await http.post("/v1/threads", headers=auth)).json()["thread"]["id"]
+        r = await http.post(
+            f"/v1/threads/{thread}/messages",
+            json={"text": "cobra R$ 12,00 da Maria por pix"},
+            headers=auth,
+        )
+        assert r.status_code in (200, 202), r.text
+    db = await asyncpg.connect(database_url)
+    try:
+        theirs = await pending_card(db, me)
+        # The same user name's card, in another tenant (the demo's customers are one
+        # tenant's: the card is made there, then its thread moved).
+        for table in ("threads", "runs", "cards"):
+            key = "id" if table == "threads" else "thread_id"
+            await db.execute(
+                f"UPDATE {table} SET tenant = 'another-tenant' WHERE {key} = $1",
+                theirs["thread_id"],
+            )
+        theirs = await db.fetchrow("SELECT * FROM cards WHERE id = $1", theirs["id"])
+        assert theirs["tenant"] == "another-tenant"
+        body = delivery(
+            button_message(me, f"pa:approve:{theirs['id']}"),
+            text_message(me, "cobra R$ 7,00 da Maria por pix"),
+        )
+        for gw in (0, 1):  # and as Meta redelivers it: nothing twice
+            assert post(wa, body, signed(body, SECRET), gw=gw).status_code == 200
+        mine = await db.fetchrow(
+            "SELECT * FROM cards WHERE owner = $1 AND tenant = $2", me, wa.tenant
+        )
+        deadline = time.monotonic() + 30
+        while mine is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            mine = await db.fetchrow(
+                "SELECT * FROM cards WHERE owner = $1 AND tenant = $2", me, wa.tenant
+            )
+        assert mine is not None and mine["summary"] != theirs["summary"]
+        assert (
+            await db.fetchval("SELECT status FROM cards WHERE id = $1", theirs["id"]) == "pending"
+        )
+        assert (
+            await db.fetchval("SELECT count(*) FROM card_refusals WHERE card_id = $1", theirs["id"])
+            == 0
+        )
+        assert (
+            await db.fetchval("SELECT count(*) FROM card_events WHERE card_id = $1", theirs["id"])
+            == 1
+        )
+    finally:
+        await db.close()
+
+
 async def test_policy_off_sim_is_a_normal_message(wa: Cluster, database_url: str) -> None:
     me = "5511900000010"
     await say(wa, me, "cancela a consulta A001")

@@ -255,6 +255,47 @@ async def test_batch_decisions(database_url: str) -> None:
             await h.decisions.resolve_batch(run.id, [], principal="mallory", channel="test")
 
 
+async def test_a_batch_naming_a_card_of_another_run_learns_nothing(database_url: str) -> None:
+    """A batch on one's own run naming someone else's card (another tenant's, another
+    user's, or one's own of another run) is answered as for an id that does not exist:
+    `card_not_found` (it was `invalid_input` "does not belong to run" for a real card,
+    which told any token which card ids exist). Nothing changes; a run id spelled in
+    capitals still matches its own cards."""
+    import uuid
+
+    from signoff.runtime.decisions import Resolution
+
+    async with harness(database_url, model=Scripted(pix("10"))) as h:
+        victim = await h.thread("alice")
+        await h.say(victim, "cobre", "alice")
+        (theirs,) = await h.store.pending_cards(victim)
+        mine = await h.thread("mallory")
+        run = await h.say(mine, "cobre", "mallory")
+        assert run is not None
+        (own,) = await h.store.pending_cards(mine)
+        before = await h.store.card_events(theirs.id)
+
+        def approve(card_id: str, hash_: str = "0" * 64) -> tuple[str, Resolution]:
+            return card_id, Resolution(decision=Decision.APPROVE, snapshot_hash=hash_)
+
+        answers = await h.decisions.resolve_batch(
+            run.id,
+            [approve(theirs.id, theirs.snapshot_hash), approve(str(uuid.uuid4()))],
+            principal="mallory",
+            channel="test",
+        )
+        assert [a["error"] for a in answers] == ["card_not_found", "card_not_found"], answers
+        assert (await h.store.get_card(theirs.id)).status is Status.PENDING
+        assert await h.store.card_events(theirs.id) == before
+        (ok,) = await h.decisions.resolve_batch(
+            run.id.upper(),
+            [approve(own.id, own.snapshot_hash)],
+            principal="mallory",
+            channel="test",
+        )
+        assert ok["ok"], ok
+
+
 async def test_stuck_execution_is_flagged_never_retried(database_url: str) -> None:
     async with harness(database_url, model=Scripted(pix("5"))) as h:
         card = await one_card(h)

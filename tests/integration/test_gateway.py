@@ -282,6 +282,33 @@ async def test_ws_chat_receives_events_and_resumes(h: Harness) -> None:
     await ws2.close()
 
 
+async def test_ws_thread_ids_in_another_spelling_follow_the_thread(h: Harness) -> None:
+    """A thread id in capitals (or braces) is the same thread: a `message` or `resume`
+    naming it that way is answered with the id as Postgres spells it and gets the
+    thread's live events up to the model's answer (it was acknowledged, then followed a
+    channel no hint uses)."""
+    ws = await ws_connect(h, "alice")
+    first = await ws_call(ws, {"type": "message", "text": "oi", "id": "m0"})
+    thread = first["thread_id"]
+    await ws.close()
+    for n, spelled in enumerate((thread.upper(), "{" + thread + "}")):
+        ws = await ws_connect(h, "alice")
+        ack = await ws_call(ws, {"type": "resume", "thread_id": spelled, "id": f"r{n}"})
+        assert ack["thread_id"] == thread, ack
+        ack = await ws_call(
+            ws, {"type": "message", "thread_id": spelled, "text": "cobre", "id": f"m{n}"}
+        )
+        assert ack["thread_id"] == thread, ack
+        kinds: list[str] = []
+        while not {"card", "run"} & set(kinds):  # the model's card, or its answer
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            if msg["type"] == "event":
+                assert msg["thread_id"] == thread, msg
+                kinds.append(msg["kind"])
+        assert "user" in kinds and "assistant" in kinds, kinds
+        await ws.close()
+
+
 async def test_200_concurrent_http_approvals(h: Harness) -> None:
     import asyncio
 

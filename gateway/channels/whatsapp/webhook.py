@@ -19,6 +19,7 @@ from signoff.gateway.auth import Principal
 from signoff.gateway.channels.whatsapp import inbound, outbound, policy, signature
 from signoff.gateway.channels.whatsapp.courier import Courier, OutboundRows
 from signoff.gateway.channels.whatsapp.graph import GraphSender
+from signoff.gateway.errors import Internal
 from signoff.gateway.http import error_response, json_response
 from signoff.gateway.quotas import MemoryLedger, Quotas
 from signoff.gateway.service import LONE_SURROGATE, announce_thread
@@ -36,6 +37,7 @@ from signoff.runtime.errors import (
     SignoffError,
     StaleCard,
     Unavailable,
+    UnknownTool,
 )
 from signoff.runtime.keys import Keys
 from signoff.runtime.store import Store
@@ -143,25 +145,31 @@ class WhatsAppChannel:
         except SignoffError as exc:
             return error_response(exc)
         refused: SignoffError | None = None
+        failed = False
         for item in items:
             if not await self.rows.record_delivery(CHANNEL, item.message_id):
                 continue  # seen before: by this gateway, another one, or days ago
             try:
                 await self.handle(item)
-            except (RateLimited, Unavailable) as exc:
-                # Over the sender's turn quota, or the inbox unreachable: not queued, not
-                # counted as seen. Meta redelivers a delivery answered non-200 (for days),
-                # so nothing the person wrote is lost and no model turn is paid for now;
-                # the other messages of this delivery are handled (and deduplicated).
+            except (RateLimited, Unavailable, UnknownTool) as exc:
+                # Over the sender's turn quota, the inbox unreachable, or a card of a tool
+                # this version does not serve (a rolling deploy): not taken, not counted as
+                # seen. Meta redelivers a delivery answered non-200 (for days), so nothing
+                # the person did is lost and no model turn is paid for now.
                 await self.rows.forget_delivery(CHANNEL, item.message_id)
                 log.info(
                     "WhatsApp message %s from %s not taken: %s", item.message_id, item.wa_id, exc
                 )
                 refused = exc
             except Exception:
-                # Not handled: forget it, so Meta's redelivery gets another chance.
+                # Not handled: forgotten, so Meta's redelivery gets another chance. The
+                # other messages of the delivery are still handled: one that fails every
+                # time must not take the ones after it down with it.
                 await self.rows.forget_delivery(CHANNEL, item.message_id)
-                raise
+                log.exception("WhatsApp message %s from %s failed", item.message_id, item.wa_id)
+                failed = True
+        if failed:
+            return error_response(Internal("a message of this delivery could not be handled"))
         if refused is not None:
             return error_response(refused)
         return json_response({"ok": True})
@@ -233,6 +241,8 @@ class WhatsAppChannel:
         try:
             card = await self.store.get_card(card_id)
         except (CardNotFound, InvalidInput):
+            card = None
+        if card is None or card.tenant != self.tenant:  # another tenant's: not there for us
             log.info("WhatsApp button for unknown card %s ignored", card_id)
             return
         if await self.rows.contact_thread(self.tenant, item.wa_id) is not None:
@@ -257,6 +267,8 @@ class WhatsAppChannel:
                 "not_owner",
                 {"decision": str(decision), "message_id": item.message_id},
             )
+        except CardNotFound:  # gone since it was read (retention): as an unknown card
+            log.info("WhatsApp button for unknown card %s ignored", card.id)
         except (AlreadyDecided, Expired, StaleCard):
             if card.owner != item.wa_id:  # another number: refused, and told nothing
                 await self.rows.refuse(
