@@ -210,8 +210,8 @@ class Agent:
                 # their cards, read only then, so the model is told the truth about them.
                 messages, open_calls = messages_and_open_calls(shown)
                 if open_calls:
-                    outcomes = await self.store.tool_use_outcomes(run.thread_id, open_calls)
-                    messages = build_messages(shown, outcomes)
+                    told = await self.store.tool_use_outcomes(run.thread_id, open_calls)
+                    messages = build_messages(shown, told)
 
                 async def on_text(delta: str, _run: Run = run, _pos: int = position) -> None:
                     await self.notify.delta(_run.thread_id, _pos, delta, _run.id)
@@ -257,11 +257,11 @@ class Agent:
                 proposed: dict[str, Card] = {}
                 for use in uses:
                     outcome = await self._handle_tool_use(run, use, tools)
-                    if isinstance(outcome, Card):
+                    if isinstance(outcome, Card) and outcome.id not in proposed:
                         waiting[use["id"]] = outcome.id
                         proposed[outcome.id] = outcome
                     else:
-                        results[use["id"]] = outcome
+                        results[use["id"]] = outcomes.of_call(outcome, use["id"], waiting)
                 order = [u["id"] for u in uses]
                 if waiting:
                     state = {"order": order, "results": results, "waiting": waiting}
@@ -451,10 +451,10 @@ class Agent:
                 waiting: dict[str, str] = {}
                 for use in uses:
                     outcome = await self._handle_tool_use(run, use)
-                    if isinstance(outcome, Card):
+                    if isinstance(outcome, Card) and outcome.id not in waiting.values():
                         waiting[use["id"]] = outcome.id
                     else:
-                        results[use["id"]] = outcome
+                        results[use["id"]] = outcomes.of_call(outcome, use["id"], waiting)
                 state = {"order": [u["id"] for u in uses], "results": results, "waiting": waiting}
                 run = await self.store.set_run(
                     run.id, RunStatus.WAITING, state, holder=self.worker_id

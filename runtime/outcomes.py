@@ -94,3 +94,26 @@ def refused_again(tool_use_id: str, card: Card) -> dict[str, Any]:
         f"{reason}. Nothing was executed.",
         error=True,
     )
+
+
+def repeated_call(tool_use_id: str, first_use_id: str) -> dict[str, Any]:
+    """A write call repeating an earlier call of the same turn (same tool, same arguments):
+    one card covers both, and its outcome is reported on the first call alone (the model
+    was told twice that a single charge had been made)."""
+    return tool_result(
+        tool_use_id,
+        f"Not proposed: this call repeats {first_use_id} of this turn (same tool, same "
+        f"arguments), and one confirmation card covers both; its outcome is reported on "
+        f"{first_use_id}. Nothing was or will be executed for this call. If the user wants "
+        "the action done twice, say so and propose it again in a later turn.",
+        error=True,
+    )
+
+
+def of_call(outcome: Card | dict[str, Any], use_id: str, waiting: dict[str, str]) -> dict[str, Any]:
+    """A call's tool_result: as it came, or, for a card another call of the turn already
+    waits on (the same tool and arguments: one card), a note naming that call."""
+    if not isinstance(outcome, Card):
+        return outcome
+    first = next(u for u, card_id in waiting.items() if card_id == outcome.id)
+    return repeated_call(use_id, first)

@@ -199,6 +199,32 @@ async def test_revalidation_failure_invalidates_and_executes_nothing(database_ur
         assert "NOT executed" in told["content"] and "R$ 1,00" in told["content"]
 
 
+async def test_two_identical_calls_in_one_turn_are_one_card_reported_once(
+    database_url: str,
+) -> None:
+    """The model asks for the same write twice in one reply ("charge João 10, then charge
+    João 10"): one card covers both (same tool, same arguments), and only the first call
+    is told its outcome; the second is told it was not proposed and nothing ran for it
+    (both were told "executed" with the same charge id, and the person read of two
+    charges where one was made)."""
+    model = Scripted(pix("10"), pix("10"))
+    async with harness(database_url, model=model) as h:
+        thread = await h.thread("alice")
+        run = await h.say(thread, "cobre 10 do João e depois cobre 10 do João", "alice")
+        assert run is not None
+        (card,) = await h.store.pending_cards(thread)
+        assert run.state["waiting"] == {"toolu_1_0": card.id}, run.state
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTED
+        assert await h.charges() == 1
+        first, second = model.seen[-1][-1]["content"]
+        assert first["tool_use_id"] == "toolu_1_0" and "executed" in first["content"]
+        assert not first.get("is_error")
+        assert second["tool_use_id"] == "toolu_1_1" and second["is_error"]
+        assert second["content"].startswith("Not proposed: this call repeats toolu_1_0")
+
+
 async def test_one_sale_is_never_refunded_twice(database_url: str) -> None:
     """The integrity prober's repro: two refund cards of one sale in two threads, both
     approved. Each ran once (I4), but both refunded the whole sale: the demo's revalidation
