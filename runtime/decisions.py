@@ -244,6 +244,10 @@ class Decisions:
                 raw_input=raw_input,
                 ttl=verdict.card_ttl(tool),
             )
+            # An edit's card is keyed by the card it replaces: the request key stands for
+            # what the model asked (its repeats find that card), and an edit back to
+            # those values would otherwise collide with the card it left (a 409).
+            new = msgspec.structs.replace(new, request_key=f"{new.request_key}:edit:{card.id}")
         except ToolValidationError as exc:
             raise InvalidInput(exc.message) from exc
         except (SignoffError, OSError):

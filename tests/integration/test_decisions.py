@@ -178,6 +178,26 @@ async def test_edit_outside_whitelist_refused_allowed_edit_links_new_card(
         assert await h.charges() == 1
 
 
+async def test_an_edit_back_to_the_proposed_values_is_a_new_card(database_url: str) -> None:
+    """150 -> 200 -> 150: the person changes their mind back. The third card carries the
+    model's original values and is decidable (it was a 409 "an identical card already
+    exists": the edit collided with the card it replaced, leaving only R$ 200 or no)."""
+    async with harness(database_url, model=Scripted(pix("150"))) as h:
+        card = await one_card(h)
+        up = await h.decide(card, Decision.EDIT, edits={"amount": "200"})
+        assert up.new_card is not None
+        second = await h.store.get_card(up.new_card["id"])
+        back = await h.decide(second, Decision.EDIT, edits={"amount": "150"})
+        assert back.new_card is not None
+        third = await h.store.get_card(back.new_card["id"])
+        assert third.args_snapshot == card.args_snapshot and third.id != card.id
+        assert (await h.store.get_card(second.id)).superseded_by == third.id
+        await h.decide(third, Decision.APPROVE)
+        await h.settle()
+        assert (await h.store.get_card(third.id)).status is Status.EXECUTED
+        assert await h.charges() == 1
+
+
 async def test_revalidation_failure_invalidates_and_executes_nothing(database_url: str) -> None:
     model = Scripted({"name": "refund_sale", "input": {"sale_id": "V001"}})
     async with harness(database_url, model=model) as h:
