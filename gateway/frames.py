@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from signoff.gateway.service import LONE_SURROGATE
+from signoff.gateway.service import LONE_SURROGATE, one_value_per_name
 from signoff.runtime.errors import InvalidInput
 
 # A thread position is a Postgres bigint (the HTTP API checks the same range).
@@ -63,6 +63,7 @@ def decode_frame(raw: bytes | str) -> Frame:
         frame = _frame.decode(raw)
         if frame.type == "resolve":
             _resolve_frame.decode(raw)
+        one_value_per_name(raw)
     except BAD_FRAME as exc:
         if isinstance(exc, msgspec.DecodeError) and LONE_SURROGATE.search(_bytes(raw)):
             # (msgspec says "Input data was truncated" for these)

@@ -319,6 +319,10 @@ def test_huge_deep_wrongly_typed_and_nul_payloads(t: Target) -> None:
             + b"}}",
         ),
         ("deep body", deep),
+        (
+            "decision twice",  # a proxy reading the first value sees a rejection
+            b'{"decision":"reject","decision":"approve","snapshot_hash":"' + real.encode() + b'"}',
+        ),
         ("deep object", b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
         (
             "nul reason",

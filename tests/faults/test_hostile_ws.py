@@ -363,6 +363,15 @@ async def test_the_owners_odd_frames_are_refused_whole(w: WsTarget) -> None:
     refused = await reply(ws, "sur")
     assert (refused["type"], refused["status"]) == ("error", 422), refused
     assert "lone surrogate" in refused["message"], refused
+    # A member named twice: the decoder would keep the last value ("approve"), a proxy or
+    # a log in front of the gateway may read the first ("reject").
+    twice = json.dumps({**resolve, "id": "two"})
+    await ws.send(
+        twice.replace('"decision": "approve"', '"decision": "reject", "decision": "approve"')
+    )
+    refused = await reply(ws, "two")
+    assert (refused["type"], refused["status"]) == ("error", 422), refused
+    assert "'decision' appears twice" in refused["message"], refused
     assert await status_of(w, card["id"]) == ("pending", 1)
     # The socket still follows nothing odd: a resume from 0 is acknowledged, and the
     # owner's approval goes through.
