@@ -28,10 +28,7 @@ def parse_amount(value: str | int | float) -> int:
         text = value.strip().replace("R$", "").replace(" ", "")
         if not re.fullmatch(r"[0-9.,]+", text or "x"):
             raise ToolValidationError(f"amount {_shown(value)} is not a number of reais")
-        if "," in text:
-            text = text.replace(".", "").replace(",", ".")
-        elif text.count(".") > 1:
-            text = text.replace(".", "")
+        text = _decimal_point(text)
         try:
             reais = Decimal(text)
         except InvalidOperation as exc:
@@ -45,6 +42,29 @@ def parse_amount(value: str | int | float) -> int:
     if cents <= 0:
         raise ToolValidationError("amount must be positive")
     return cents
+
+
+def _decimal_point(text: str) -> str:
+    """Digits with their separators -> a plain decimal ("1.234,56" and "1,234.56" ->
+    "1234.56"). With both marks, the last one is the decimal point; one mark used twice
+    groups thousands; one mark once followed by exactly three digits groups thousands
+    too ("1.000" and "1,000" are a thousand reais: money has no third decimal), unless
+    nothing but a zero precedes it ("0,015")."""
+    if "," in text and "." in text:
+        point = "," if text.rindex(",") > text.rindex(".") else "."
+        return text.replace("." if point == "," else ",", "").replace(",", ".")
+    for mark in (",", "."):
+        if text.count(mark) > 1:
+            whole, *groups = text.split(mark)
+            if not 1 <= len(whole) <= 3 or any(len(g) != 3 for g in groups):
+                return "x"  # "1,2,3": not a grouping of thousands, not a number
+            return text.replace(mark, "")
+        if mark in text:
+            whole, _, part = text.partition(mark)
+            if len(part) == 3 and whole.lstrip("0") and len(whole) <= 3:
+                return whole + part
+            return text.replace(mark, ".")
+    return text
 
 
 def _shown(value: str) -> str:

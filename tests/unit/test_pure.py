@@ -116,6 +116,16 @@ def test_tool_specs_are_self_contained_schemas() -> None:
         (1_000_000, 100000000),
         (0.1, 10),
         ("0,015", 2),
+        # one mark followed by three digits groups thousands: money has no third decimal
+        ("1.000", 100000),
+        ("2.500", 250000),
+        ("1,000", 100000),
+        ("1,000.50", 100050),
+        ("1.000,50", 100050),
+        ("12.345", 1234500),
+        ("1.5", 150),
+        ("1,50", 150),
+        ("1234.567", 123457),
     ],
 )
 def test_parse_amount(raw: Any, cents: int) -> None:
