@@ -180,6 +180,15 @@ class ConfigError(SignoffError):
     code = "config"
 
 
+class ModelRefused(SignoffError):
+    """The model's API refused a request for a reason waiting does not change: a wrong or
+    revoked API key (401), no access (403), a model name that does not exist (404), a
+    request it will not take (400, 413, 422). The run fails with this error, which the
+    chat shows, instead of being tried again for ever behind "working…"."""
+
+    code = "model_refused"
+
+
 class AppLoadError(ConfigError):
     """``--app`` / ``SIGNOFF_APP`` names no usable application (module not found,
     attribute missing, not an App)."""

@@ -14,10 +14,15 @@ from typing import Any, cast
 import anthropic
 from anthropic.types import ContentBlock, MessageParam, ToolUnionParam
 
-from signoff.runtime.errors import ConfigError, Unavailable
+from signoff.runtime.errors import ConfigError, ModelRefused, Unavailable
 from signoff.runtime.models.base import Block, Message, ModelReply, TextSink, ToolSpec
 
 __all__ = ["AnthropicModel", "blocks_to_dicts"]
+
+# Statuses a later try would get again (a wrong key, no access, no such model, a request
+# the API will not take): the run fails on them. 408, 409, 429 and 5xx (529: overloaded)
+# pass, and the step is tried again.
+REFUSED = frozenset({400, 401, 403, 404, 413, 422})
 
 
 def _block_to_dict(block: Any) -> Block:
@@ -93,7 +98,10 @@ class AnthropicModel:
 
         Streaming: every ``text_delta`` goes to ``on_text`` as it arrives.
         Non-streaming: each text block goes to ``on_text`` once, whole.
-        SDK connection and HTTP status errors become :class:`Unavailable`.
+        SDK connection errors and HTTP statuses a later try may not see again (408, 409,
+        429, 5xx) become :class:`Unavailable` (the step is tried again); the others, a
+        wrong key or a request the API will not take, :class:`ModelRefused` (the run
+        fails, and says why).
         """
         params = cast("list[MessageParam]", messages)
         tool_params = cast("list[ToolUnionParam]", tools) if tools else anthropic.omit
@@ -132,7 +140,8 @@ class AnthropicModel:
                         if block["type"] == "text" and block["text"]:
                             await on_text(block["text"])
         except anthropic.APIStatusError as exc:
-            raise Unavailable(
+            refused = exc.status_code in REFUSED
+            raise (ModelRefused if refused else Unavailable)(
                 f"Anthropic API answered {exc.status_code}: {exc.api_message or exc.message}",
                 status=exc.status_code,
                 error_type=exc.type,

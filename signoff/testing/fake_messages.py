@@ -37,7 +37,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -142,8 +142,12 @@ class FakeMessagesServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        api_keys: Collection[str] | None = None,
     ) -> None:
+        """``api_keys``: the keys it accepts (401 ``authentication_error`` for any other,
+        as the API answers a wrong or revoked key); None accepts any key."""
         self._script: list[ScriptedReply] = []
+        self.api_keys = None if api_keys is None else frozenset(api_keys)
         self._lock = threading.Lock()
         self.responder = responder
         self.requests: list[dict[str, Any]] = []
@@ -201,6 +205,8 @@ class FakeMessagesServer:
             return _error(
                 401, "authentication_error", "x-api-key or Authorization: Bearer header required"
             )
+        if self.api_keys is not None and (api_key or bearer) not in self.api_keys:
+            return _error(401, "authentication_error", "invalid x-api-key")
         if not request.headers.get("anthropic-version"):
             return _error(400, "invalid_request_error", "anthropic-version: header is required")
 

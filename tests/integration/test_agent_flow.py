@@ -198,3 +198,19 @@ async def test_a_call_superseded_while_executing_is_not_reported_as_not_run(
         await h.say(thread, "ok", "erin")
         gone = result_for(fake.requests[3], charge["id"])
         assert gone["is_error"] is True and "Nothing was executed" in gone["content"]
+
+
+async def test_a_wrong_api_key_fails_the_run_and_says_so(database_url: str) -> None:
+    """The Messages API refuses the key (401): the run fails at once with a `run` entry
+    naming the refusal, for the chat to show, instead of being retried for ever behind
+    "working…" (the worker backed off to 30 s between tries, and the person saw nothing)."""
+    with FakeMessagesServer([ScriptedReply([text("oi")], "end_turn")], api_keys={"other"}) as f:
+        async with harness(database_url, fake=f) as h:
+            thread = await h.thread("erin")
+            run = await h.say(thread, "oi", "erin")
+            assert run is not None and run.status == "failed", run
+            entries = await h.store.entries_after(thread, 0, 100)
+            (last,) = [e for e in entries if e.kind == "run"][-1:]
+            assert last.body["status"] == "failed"
+            assert last.body["error"].startswith("model_refused: Anthropic API answered 401")
+            assert f.remaining == 1

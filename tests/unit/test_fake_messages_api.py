@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from signoff.runtime.errors import ConfigError, Unavailable
+from signoff.runtime.errors import ConfigError, ModelRefused, Unavailable
 from signoff.runtime.models.anthropic_model import AnthropicModel
 from signoff.runtime.models.base import ModelReply
 from signoff.testing import FakeMessagesServer, ScriptedReply, text, tool_use
@@ -294,7 +294,7 @@ def test_missing_tool_result_is_rejected_like_the_api(server: FakeMessagesServer
         {"role": "assistant", "content": [call]},
         {"role": "user", "content": "never mind"},
     ]
-    with pytest.raises(Unavailable) as info:
+    with pytest.raises(ModelRefused) as info:  # a 400: trying it again would not help
         respond(server, stream=True, messages=bad)
     cause = info.value.__cause__
     assert isinstance(cause, anthropic.BadRequestError)
@@ -402,3 +402,16 @@ def test_from_settings_without_credentials_is_a_config_error(
         monkeypatch.setenv("ANTHROPIC_CONFIG_DIR", str(tmp_path / "anthropic"))
     with pytest.raises(ConfigError):
         AnthropicModel.from_settings(None, "http://127.0.0.1:9", MODEL)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_wrong_api_key_is_refused_not_unavailable(stream: bool) -> None:
+    """A 401 is not something a later try gets past: ModelRefused (the run fails and the
+    chat says why), where a 5xx is Unavailable (the step is tried again)."""
+    with FakeMessagesServer([ScriptedReply([text("hi")])], api_keys={"the-right-key"}) as srv:
+        with pytest.raises(ModelRefused) as info:
+            respond(srv, stream=stream)
+        assert info.value.detail["status"] == 401
+        assert "invalid x-api-key" in info.value.message
+        assert not isinstance(info.value, Unavailable)
+        assert srv.remaining == 1  # nothing was answered
