@@ -336,6 +336,9 @@ def popen_with_parent(
             cwd=cwd,
             env=env,
             close_fds=True,
+            # Its own session: a Ctrl-C at the terminal goes to this process, which stops
+            # its children in order (they died first and the tests using them failed).
+            start_new_session=True,
             preexec_fn=_parent_death_hook(),
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import secrets
+import signal
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -21,6 +22,19 @@ from signoff.store import pool
 from signoff.store.postgres import PostgresStore
 from tests import pgbouncer, services
 from tests.rediscluster import LocalCluster, local_cluster
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C stops the run (pytest's interrupt summary, every fixture torn down). With
+    Python's own handler in place, each asyncio runner of an async test swaps in its own,
+    which cancels the test's task instead: the test failed and the suite went on, at
+    every Ctrl-C. An equivalent handler that is not Python's is left alone by them."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 @pytest.fixture(scope="session")
