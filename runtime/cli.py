@@ -129,6 +129,7 @@ async def _dev(args: argparse.Namespace) -> int:
     from signoff.embedded import redacted
     from signoff.gateway.auth import Tokens
     from signoff.runtime.node import (
+        dev_database,
         dev_secret,
         embedded_urls,
         running,
@@ -139,7 +140,7 @@ async def _dev(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     settings = _settings(args)
     app = _app(settings, "dev")
-    settings, closers = embedded_urls(settings)
+    settings, closers = embedded_urls(settings, dev_database(app.name))
     settings = settings.with_(secret=dev_secret(settings))
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
     try:

@@ -213,6 +213,33 @@ def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_two_apps_on_one_data_folder_keep_their_own_database(dev: Dev) -> None:
+    """The README's first commands, one after the other: `signoff dev` (the demo), then
+    `signoff dev --app examples.helpdesk:app` on the same `.signoff/`. Each app has its
+    own database in the embedded cluster: the helpdesk lists none of the demo's threads
+    (it adopted the demo's runs, listed its cards as waiting and answered "an update is
+    rolling out" to them), and the operator commands follow the app that runs."""
+    dev.start()
+    assert re.search(r"database: \S+/signoff\n", dev.output), dev.output
+    with dev.client() as c:
+        thread = c.post("/v1/threads").json()["thread"]["id"]
+        c.post(f"/v1/threads/{thread}/messages", json={"text": "cobre 12 do João"})
+        demo_card = wait_for(lambda: c.get(f"/v1/threads/{thread}").json()["pending_cards"])[0]
+    dev.kill(signal.SIGTERM)
+    dev.start(args=("--app", "examples.helpdesk:app"))
+    assert re.search(r"database: \S+/signoff_helpdesk", dev.output), dev.output
+    assert "adopted" not in dev.output
+    with dev.client() as c:
+        assert c.get("/v1/threads").json()["threads"] == []
+        assert c.get(f"/v1/cards/{demo_card['id']}").status_code == 404
+    listed = _cli(dev.data_dir, "cards", "list", "--status", "pending")
+    assert listed.returncode == 0 and demo_card["id"][:8] not in listed.stdout, listed.stdout
+    dev.kill(signal.SIGTERM)
+    dev.start()  # and back: the demo's thread and card are where they were
+    with dev.client() as c:
+        assert c.get(f"/v1/cards/{demo_card['id']}").json()["card"]["status"] == "pending"
+
+
 def test_dev_servers_refuse_other_local_users_and_the_cli_uses_the_data_dir(dev: Dev) -> None:
     dev.start()
     embedded = dev.data_dir / "embedded"

@@ -367,8 +367,9 @@ async def test_a_button_naming_another_tenants_card_is_ignored_and_the_rest_is_h
                 f"UPDATE {table} SET tenant = 'another-tenant' WHERE {key} = $1",
                 theirs["thread_id"],
             )
-        theirs = await db.fetchrow("SELECT * FROM cards WHERE id = $1", theirs["id"])
-        assert theirs["tenant"] == "another-tenant"
+        moved = await db.fetchrow("SELECT * FROM cards WHERE id = $1", theirs["id"])
+        assert moved is not None and moved["tenant"] == "another-tenant"
+        theirs = moved
         body = delivery(
             button_message(me, f"pa:approve:{theirs['id']}"),
             text_message(me, "cobra R$ 7,00 da Maria por pix"),
