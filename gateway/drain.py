@@ -87,12 +87,17 @@ class DrainingServer(uvicorn.Server):
     def drain(self) -> None:
         """Fail /readyz now, stop after the drain delay (callable from a signal handler)."""
         self.state.draining = True
-        log.warning(
-            "stopping: /readyz fails now; no new connections in %.1fs, then WebSockets "
-            "closed with %d (reconnect elsewhere) and requests in flight finished",
-            self.drain_seconds,
-            CLOSE_RECONNECT,
-        )
+        if self.drain_seconds > 0:
+            log.warning(
+                "stopping: /readyz fails now; no new connections in %.1fs, then WebSockets "
+                "closed with %d (reconnect elsewhere) and requests in flight finished",
+                self.drain_seconds,
+                CLOSE_RECONNECT,
+            )
+        else:
+            log.info(
+                "stopping: WebSockets closed with %d, requests in flight finished", CLOSE_RECONNECT
+            )
         assert self._loop is not None
         self._loop.call_soon_threadsafe(
             self._loop.call_later, max(self.drain_seconds, 0.0), self._exit

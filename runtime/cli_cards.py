@@ -32,8 +32,10 @@ def add_parser(
     common(cd)
     cd.add_argument(
         "action",
+        nargs="?",
+        default="list",
         choices=["list", "show", "reconcile"],
-        help="list cards; show one with its audit; reconcile one stuck in executing",
+        help="list cards (the default); show one with its audit; reconcile one stuck in executing",
     )
     cd.add_argument(
         "card_id", nargs="?", help="show/reconcile: a card id or a unique prefix of one"
@@ -87,7 +89,9 @@ def _table(cards: list[Card]) -> str:
                 _when(card.decided_at),
                 card.owner,
                 card.tool,
-                card.summary.replace("\n", " ")[:60] + flag,
+                # Whole (a summary is one line of at most SUMMARY_LIMIT characters): cut at
+                # 60, every demo card lost its amount.
+                card.summary.replace("\n", " ") + flag,
             )
         )
     widths = [max(len(row[i]) for row in lines) for i in range(len(head) - 1)]

@@ -34,7 +34,11 @@ def add_parser(
     )
     common(rp)
     rp.add_argument(
-        "action", choices=["list", "show"], help="list runs, or show one run (with run_id)"
+        "action",
+        nargs="?",
+        default="list",
+        choices=["list", "show"],
+        help="list runs (the default), or show one run (with run_id)",
     )
     rp.add_argument("run_id", nargs="?", help="the run to show (show only)")
     rp.add_argument("--kind", choices=KINDS, help="only workflow runs or only agent runs")

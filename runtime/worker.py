@@ -456,7 +456,11 @@ class Worker:
             self.spawn(self._adopted(run.id))
         COUNTERS.inc("signoff_runs_adopted_total", len(adopted))
         if adopted:
-            log.info("adopted %d run(s) whose worker stopped renewing its lease", len(adopted))
+            log.info(
+                "took over %d run(s) no live worker holds (let go by a worker that stopped, "
+                "or held by one whose lease lapsed)",
+                len(adopted),
+            )
         return adopted
 
     async def _adopted(self, run_id: str) -> None:

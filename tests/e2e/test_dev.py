@@ -240,6 +240,18 @@ def test_two_apps_on_one_data_folder_keep_their_own_database(dev: Dev) -> None:
         assert c.get(f"/v1/cards/{demo_card['id']}").json()["card"]["status"] == "pending"
 
 
+def test_ctrl_c_stops_dev_without_the_pools_drain(dev: Dev) -> None:
+    """No load balancer steers clients away from a dev process: Ctrl-C stops it without
+    the gateway pools' drain delay (it waited 2 s and warned about /readyz), exit 0."""
+    dev.start()
+    assert dev.proc is not None and dev.proc.stdout is not None
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.proc.wait(30) == 0
+    rest = dev.proc.stdout.read()
+    assert "no new connections in" not in rest, rest
+    assert "Traceback" not in rest, rest
+
+
 def test_dev_servers_refuse_other_local_users_and_the_cli_uses_the_data_dir(dev: Dev) -> None:
     dev.start()
     embedded = dev.data_dir / "embedded"
@@ -267,6 +279,31 @@ def test_dev_servers_refuse_other_local_users_and_the_cli_uses_the_data_dir(dev:
     listed = _cli(dev.data_dir, "cards", "list", "--status", "pending")
     assert listed.returncode == 0, listed.stderr
     assert card["id"][:8] in listed.stdout  # ids are shown short (any unique prefix is accepted)
+    for command in ("cards", "runs"):  # the action defaults to list
+        bare = _cli(dev.data_dir, command)
+        assert bare.returncode == 0 and card["run_id"][:8] in _cli(dev.data_dir, "runs").stdout
+    # A reader that goes away (`| head`): no traceback, the shell's SIGPIPE status.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
+    gone = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "signoff",
+            "cards",
+            "show",
+            card["id"],
+            "--data-dir",
+            str(dev.data_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert gone.stdout is not None and gone.stderr is not None
+    gone.stdout.close()
+    assert gone.wait(60) == 141
+    with gone.stderr:
+        assert b"Traceback" not in gone.stderr.read()
     token = _cli(dev.data_dir, "token", "--user", "demo")
     assert token.returncode == 0, token.stderr
     with httpx.Client(base_url=dev.url, timeout=10) as http:
