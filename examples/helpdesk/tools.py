@@ -120,7 +120,12 @@ class RefundOrder(Tool):
                 f"Refund {money(cents)} for order {order['id']} ({order['item']}) "
                 "to the original payment method"
             ),
-            impact={"amount_cents": cents, "target": order["id"], "reversible": False},
+            impact={
+                "amount_cents": cents,
+                "currency": "USD",  # the page shows reais unless told
+                "target": order["id"],
+                "reversible": False,
+            },
             fields={"Reason": data.reason},
         )
 

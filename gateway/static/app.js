@@ -28,9 +28,20 @@
     return text === 'status.' + status ? status : text;
   }
 
-  function fieldLabel(field) {
+  function fieldLabel(field, card) {
     var text = t('field.' + field);
-    return text === 'field.' + field ? field : text;
+    if (text === 'field.' + field) return field;
+    // An amount says its currency: the card's own (impact.currency), else reais.
+    if (field === 'amount') return text + ' (' + currencySymbol((card && card.impact || {}).currency || 'BRL') + ')';
+    return text;
+  }
+
+  function currencySymbol(currency) {
+    try {
+      var parts = new Intl.NumberFormat(I.locale(), { style: 'currency', currency: currency }).formatToParts(0);
+      for (var i = 0; i < parts.length; i++) if (parts[i].type === 'currency') return parts[i].value;
+    } catch (e) { /* an unknown code: shown as it is */ }
+    return String(currency);
   }
 
   var el = {};
@@ -1025,7 +1036,11 @@
     }
     var cents = args[field + '_cents'];
     if (cents === undefined && field === 'amount') cents = impact.amount_cents;
-    if (typeof cents === 'number') return (cents / 100).toFixed(2).replace('.', ',');
+    // Written as the page's language writes it ("150,00" / "150.00"): an English page
+    // prefilled "149,00", which a dollar tool read as 14900.
+    if (typeof cents === 'number') {
+      return new Intl.NumberFormat(I.locale(), { minimumFractionDigits: 2, maximumFractionDigits: 2, useGrouping: false }).format(cents / 100);
+    }
     return '';
   }
 
@@ -1036,7 +1051,7 @@
     var inputs = {};
     (card.editable || []).forEach(function (field) {
       var fid = 'edit-' + field + '-' + card.id;
-      var label = make('label', '', fieldLabel(field));
+      var label = make('label', '', fieldLabel(field, card));
       label.htmlFor = fid;
       var input = make('input');
       input.id = fid;

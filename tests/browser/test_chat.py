@@ -110,7 +110,7 @@ async def test_edit_amount_proposes_new_linked_card(chat: Chat) -> None:
     assert card.editable == ["amount", "description"]
     await ui.locator(".actions").get_by_role("button", name="Edit").click()
     amount = ui.get_by_label("Amount (R$)")
-    await expect(amount).to_have_value("150,00")
+    await expect(amount).to_have_value("150.00")  # as an English page writes it
     await expect(ui.get_by_label("Description")).to_be_visible()
     await amount.fill("200")
     await chat.shot("1-editing")

@@ -99,6 +99,8 @@ async def test_a_refund_is_confirmed_on_a_card_then_executed_once() -> None:
             "Refund $25.00 for order A100 (Wireless mouse) to the original payment method"
         )
         assert card.impact["fields"] == [{"label": "Reason", "value": "it arrived broken"}]
+        # dollars, said so: the chat page showed "R$25.00" under "Refund $25.00"
+        assert (card.impact["amount_cents"], card.impact["currency"]) == (2500, "USD")
         # critical cards wait five minutes at most (the helpdesk's policy)
         assert (card.expires_at - card.created_at).total_seconds() == pytest.approx(300, abs=2)
         assert (await order(h, "ana", "A100"))["refunded_cents"] == 0
