@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -113,12 +113,15 @@ def build_app(
     tokens: Tokens,
     extra_routes: list[Any] | None = None,
     workflows: WorkflowService | None = None,
+    hint: str | Mapping[str, str] | None = None,
 ) -> Starlette:
+    """``hint``: the app's example request, sent to every chat page in its ``ready`` frame."""
     quotas = Quotas.from_settings(settings, store, bus)
     admission = Admission(settings.max_in_flight)
     service = GatewayService(
         store=store, bus=bus, decisions=decisions, quotas=quotas, admission=admission
     )
+    service.hint = hint
     feeds = Feeds(bus, Keys(settings.key_prefix))
     api = HttpApi(service, tokens, body_timeout=settings.body_timeout_seconds)
     slots = SocketSlots(settings.quota_sockets)  # open WebSockets per user, this process

@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -182,6 +183,7 @@ class GatewayService:
         self.store = store
         self.bus = bus
         self.decisions = decisions
+        self.hint: str | Mapping[str, str] | None = None  # the app's example request
         # Writes in flight on this gateway (gateway/overload.py); none given: no limit.
         self.admission = admission or Admission(0)
         # No quotas given: none enforced (tests that drive the service directly).

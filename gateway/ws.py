@@ -181,7 +181,7 @@ class Connection:
             await self.refuse_auth(exc)
             return
         try:
-            await self.send({"type": "ready", "user": who.user, "tenant": who.tenant})
+            await self.send(self.ready(who))
             while True:
                 raw = await self.receive()
                 if self.limit.take():
@@ -271,15 +271,15 @@ class Connection:
                 log.info("re-auth as %s dropped thread %s: %s", who.user, thread_id, exc.code)
                 continue
             kept.append(thread_id)
-        await self.send(
-            {
-                "type": "ready",
-                "id": frame.id,
-                "user": who.user,
-                "tenant": who.tenant,
-                "threads": kept,
-            }
-        )
+        await self.send({**self.ready(who), "id": frame.id, "threads": kept})
+
+    def ready(self, who: Principal) -> dict[str, Any]:
+        """The ``ready`` frame: who is signed in, and the app's example request if it has
+        one (the chat page's empty thread shows it)."""
+        frame: dict[str, Any] = {"type": "ready", "user": who.user, "tenant": who.tenant}
+        if self.service.hint is not None:
+            frame["hint"] = self.service.hint
+        return frame
 
     async def on_message(self, frame: Frame, who: Principal) -> None:
         if frame.text is None:

@@ -11,7 +11,7 @@ import hashlib
 import importlib
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,9 @@ class App:
     generic offline model offers ``/tool key=value`` commands.
     ``workflows``: the app's durable workflows (:class:`~signoff.Workflow`), started with
     ``POST /v1/workflows/{name}/runs``; names must be unique.
+    ``hint``: what to ask, for the chat page's empty thread ("e.g. …"): one text, or one
+    per language tag (``{"en": '"charge João 150"', "pt-BR": '"cobre 150 do João"'}``);
+    without one the page shows no example (the demo's are not every app's).
     """
 
     name: str
@@ -52,6 +55,7 @@ class App:
     teardown: Callable[[], Awaitable[None]] | None = None
     offline_model: Model | None = None
     workflows: Sequence[Workflow] = ()
+    hint: str | Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workflows]

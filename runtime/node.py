@@ -271,6 +271,7 @@ async def serve_gateway(
         decisions=node.decisions,
         tokens=tokens,
         workflows=node.workflows,
+        hint=node.app.hint,
     )
     if metrics is not None:
         metrics.add(app.state.gauges)

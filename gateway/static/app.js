@@ -59,6 +59,7 @@
     requests: new Map(), // frame id -> {kind, cardId?}
     awaitingThread: false, // a first message was sent; its thread is not known yet
     seenThreads: new Set(), // threads this socket follows besides the current one
+    hint: null, // the app's example request (its ready frame's hint)
     // The view model, rebuilt from events only.
     lastSeq: 0,
     liveFrom: Infinity, // events with a larger seq arrived live (announce them)
@@ -357,6 +358,8 @@
     state.ready = true;
     state.attempt = 0;
     state.user = f.user || state.user;
+    state.hint = f.hint || null;
+    renderEmpty();
     el.who.textContent = state.user ? t('who', { user: state.user }) : '';
     state.seenThreads.clear();
     setConn('online', 'conn.online');
@@ -373,6 +376,15 @@
     } else {
       resetView();
     }
+  }
+
+  // The empty thread's line: the app's own example request (its ready frame's hint, one
+  // text or one per language), or none: the demo's examples are not every app's.
+  function renderEmpty() {
+    var hint = state.hint;
+    var example = typeof hint === 'string' ? hint
+      : (hint && (hint[I.lang] || hint[I.lang.split('-')[0]] || hint.en || hint[Object.keys(hint)[0]])) || '';
+    el.empty.textContent = example ? t('empty.example', { example: example }) : t('empty');
   }
 
   function onAck(f) {
@@ -1211,6 +1223,7 @@
     // Everything the page wrote is rebuilt in the new language: the static labels
     // (I.apply), the connection line, and the view, replayed from the server's log.
     setConn(state.conn.kind, state.conn.key, state.conn.vars);
+    renderEmpty();
     if (state.user) el.who.textContent = t('who', { user: state.user });
     T.render();
     if (state.threadId && state.ready) {

@@ -53,6 +53,7 @@ def build(tenants: tuple[str, ...] = ("demo",), card_ttl: timedelta | None = Non
         policy=demo_policy(card_ttl),
         system=SYSTEM,
         offline_model=OfflineDemoModel(),
+        hint={"en": "“charge João 150” or “balance”", "pt-BR": "“cobre 150 do João” ou “saldo”"},
     )
 
     async def setup(database_url: str) -> Provider:

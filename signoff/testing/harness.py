@@ -212,7 +212,6 @@ class Harness:
         from signoff.gateway.timeouts import http_protocol
         from signoff.runtime.metrics_server import QuietServer
 
-        port = servers.free_port()
         asgi = build_app(
             settings=self.settings,
             store=self.store,
@@ -220,13 +219,14 @@ class Harness:
             decisions=self.decisions,
             tokens=self.tokens,
             workflows=self.workflows,
+            hint=self.app.hint,
         )
         self.asgi = asgi
         server = QuietServer(  # a Ctrl-C of the test run reaches pytest, not this server
             uvicorn.Config(
                 asgi,
                 host="127.0.0.1",
-                port=port,
+                port=(port := servers.free_port()),
                 ws=self.settings.ws_protocol,
                 http=http_protocol(self.settings),
                 lifespan="off",

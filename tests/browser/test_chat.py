@@ -36,6 +36,8 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     page = chat.page
     # The token left the URL (it was only in the fragment); the thread is not known yet.
     assert "token=" not in page.url
+    # The empty thread suggests the app's own example (the demo's, from its ready frame).
+    await expect(page.locator("#empty")).to_contain_text("e.g. “charge João 150” or “balance”")
     card = await propose_charge(chat)
     ui = chat.card(card.id)
     # The summary exactly as stored, the impact lines, the risk badge.

@@ -309,6 +309,22 @@ async def test_ws_thread_ids_in_another_spelling_follow_the_thread(h: Harness) -
         await ws.close()
 
 
+async def test_ready_carries_the_apps_example_request(h: Harness) -> None:
+    """The chat page's empty thread shows the app's own example (the demo's "charge João
+    150" was shown for every app); an app without one sends none."""
+    ws_url = h.base_url.replace("http", "ws") + "/v1/ws"
+    async with websockets.connect(ws_url) as ws:
+        await ws.send(json.dumps({"type": "auth", "token": h.token("alice")}))
+        ready = json.loads(await ws.recv())
+    assert ready["type"] == "ready" and "charge João 150" in ready["hint"]["en"], ready
+    assert "cobre 150 do João" in ready["hint"]["pt-BR"]
+    from signoff.demo.desk import build
+    from signoff.runtime.app import load_app
+
+    assert build().hint == ready["hint"]
+    assert load_app("examples.helpdesk:app").hint is None  # its page: the generic line
+
+
 async def test_200_concurrent_http_approvals(h: Harness) -> None:
     import asyncio
 
