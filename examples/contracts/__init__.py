@@ -101,4 +101,7 @@ def app() -> App:
         services=Register(),
         workflows=[review],
         offline_model=ContractModel(),
+        # Not a chat app: a review starts from the API, and its gates show up here.
+        hint="a review started with POST /v1/workflows/contract_review/runs; its clauses "
+        "and sign-off come here as forms",
     )

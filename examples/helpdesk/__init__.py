@@ -57,6 +57,7 @@ def app() -> App:
         policy=helpdesk_policy(),
         system=SYSTEM,
         offline_model=HelpdeskModel(),
+        hint="“where is order A101?” or “refund order A100, it arrived broken”",
     )
 
     async def setup(database_url: str) -> Shop:
