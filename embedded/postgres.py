@@ -30,6 +30,7 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import logging
 import os
 import re
 import shutil
@@ -90,6 +91,13 @@ def start_postgres(
         check_reachable(bin_dir, run_as)
     with open_log(log_path) as log:
         if version is None:
+            if not new_password:  # this data folder had a cluster: someone removed it
+                logging.getLogger("signoff.embedded").warning(
+                    "the embedded Postgres cluster of %s (%s) is gone; starting an empty "
+                    "one: the threads and cards kept there are not in it",
+                    data_dir,
+                    pgdata,
+                )
             _initdb(bin_dir, home, pgdata, log, log_path, run_as)
         elif run_as is not None and pgdata.stat().st_uid != run_as.uid:
             raise ConfigError(

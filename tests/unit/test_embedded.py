@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -198,6 +200,24 @@ def test_server_started_from_a_finished_thread_keeps_running(data_dir: Path) -> 
         assert _redis_replies(server.port, f"AUTH {server.password}", "PING") == ["+OK", "+PONG"]
     finally:
         server.stop()
+
+
+def test_a_cluster_removed_behind_the_data_folder_is_said_on_start(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cluster folder removed (as `rm -rf /var/tmp/signoff-pg-*` did to every checkout
+    on a machine): the next start makes an empty cluster, and now says so (it started
+    empty in silence: every thread gone, no word why)."""
+    embedded.start_postgres(data_dir).stop()
+    home = Path((data_dir / "pg.location").read_text().strip()) if os.geteuid() == 0 else data_dir
+    shutil.rmtree(home / "pg")
+    with caplog.at_level(logging.WARNING, logger="signoff.embedded"):
+        embedded.start_postgres(data_dir).stop()
+    assert any("is gone; starting an empty one" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="signoff.embedded"):
+        embedded.start_postgres(data_dir).stop()  # an ordinary warm start: nothing said
+    assert not caplog.records
 
 
 def test_a_taken_port_is_a_clear_config_error(data_dir: Path) -> None:
