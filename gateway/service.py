@@ -128,10 +128,12 @@ def parse(data: bytes | dict[str, Any], typ: type[Any]) -> Any:
 
 def _no_repeated_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
-    if len(out) != len(pairs):
-        names = [name for name, _ in pairs]
-        twice = next(name for name in names if names.count(name) > 1)
-        raise InvalidInput(f"invalid payload: {twice!r} appears twice in one object")
+    if len(out) != len(pairs):  # linear: a 64 KiB object of keys must not stall the loop
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise InvalidInput(f"invalid payload: {name!r} appears twice in one object")
+            seen.add(name)
     return out
 
 

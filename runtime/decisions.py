@@ -289,7 +289,7 @@ class Decisions:
                 if card.run_id != run.id:
                     # Not this run's card: as if there were no such card. Whose it is,
                     # and whether it exists, is not this request's to learn.
-                    raise CardNotFound(f"card {card_id} not found in run {run.id}", card_id=card_id)
+                    raise CardNotFound(f"card {card_id} not found", card_id=card_id)
                 outcome = await self.resolve(
                     card_id, res, principal=principal, channel=channel, tenant=tenant
                 )

@@ -331,6 +331,11 @@ async def test_a_batch_naming_a_card_of_another_run_learns_nothing(database_url:
             channel="test",
         )
         assert [a["error"] for a in answers] == ["card_not_found", "card_not_found"], answers
+        # and in the same words, but for the id each names
+        assert [a["message"].replace(a["card_id"], "X") for a in answers] == [
+            "card X not found",
+            "card X not found",
+        ], answers
         assert (await h.store.get_card(theirs.id)).status is Status.PENDING
         assert await h.store.card_events(theirs.id) == before
         (ok,) = await h.decisions.resolve_batch(

@@ -1,0 +1,37 @@
+"""A payload naming an object member twice is refused (I9), whatever its size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from signoff.gateway.frames import decode_frame
+from signoff.gateway.service import ResolveIn, one_value_per_name, parse
+from signoff.runtime.errors import InvalidInput
+
+
+def test_a_repeated_name_is_refused_and_named() -> None:
+    with pytest.raises(InvalidInput, match="'decision' appears twice"):
+        parse(b'{"decision": "reject", "decision": "approve", "snapshot_hash": "x"}', ResolveIn)
+    # an escape spells the same name: still the same member
+    with pytest.raises(InvalidInput, match="appears twice"):
+        one_value_per_name(b'{"a": 1, "\\u0061": 2}')
+    # the same name in two objects, or nested, is no repeat
+    one_value_per_name(b'[{"a": 1}, {"a": 2}, {"b": {"a": 3}}]')
+
+
+@pytest.mark.timeout(10)
+def test_a_huge_object_with_one_repeat_is_refused_in_linear_time() -> None:
+    """An unauthenticated first frame (64 KiB) or a 256 KiB body of distinct keys with one
+    repeat at the end: the check was quadratic (0.44 s of a blocked event loop per 64 KiB
+    frame, ~7 s per 256 KiB body). 40,000 keys would take minutes that way; the test's
+    timeout stops it long before."""
+    names = {f"k{i}": 0 for i in range(40_000)}
+    body = json.dumps({"decision": "approve", "snapshot_hash": "x", "edits": names})
+    repeated = body[:-2] + ', "k39999": 1}}'
+    with pytest.raises(InvalidInput, match="'k39999' appears twice"):
+        parse(repeated.encode(), ResolveIn)
+    frame = json.dumps({"type": "auth", "token": "t", "edits": names})[:-2] + ', "k0": 1}}'
+    with pytest.raises(InvalidInput, match="'k0' appears twice"):
+        decode_frame(frame)
