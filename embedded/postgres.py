@@ -69,6 +69,7 @@ from signoff.runtime.secret_file import read_secret
 
 PG_SUPERUSER = "signoff"
 PG_PASSWORD_FILE = "pg.password"
+MADE_FILE = "pg.made"  # a cluster was made for this data folder (its removal is said)
 _SCRAM_ITERATIONS = 4096
 
 
@@ -91,7 +92,8 @@ def start_postgres(
         check_reachable(bin_dir, run_as)
     with open_log(log_path) as log:
         if version is None:
-            if not new_password:  # this data folder had a cluster: someone removed it
+            made = data_dir / MADE_FILE  # written once a cluster was made for this folder
+            if made.exists():  # it had one: someone removed it
                 logging.getLogger("signoff.embedded").warning(
                     "the embedded Postgres cluster of %s (%s) is gone; starting an empty "
                     "one: the threads and cards kept there are not in it",
@@ -99,6 +101,7 @@ def start_postgres(
                     pgdata,
                 )
             _initdb(bin_dir, home, pgdata, log, log_path, run_as)
+            made.touch()
         elif run_as is not None and pgdata.stat().st_uid != run_as.uid:
             raise ConfigError(
                 f"Postgres data directory {pgdata} is owned by uid {pgdata.stat().st_uid}, "

@@ -119,9 +119,8 @@ def build_app(
     quotas = Quotas.from_settings(settings, store, bus)
     admission = Admission(settings.max_in_flight)
     service = GatewayService(
-        store=store, bus=bus, decisions=decisions, quotas=quotas, admission=admission
+        store=store, bus=bus, decisions=decisions, quotas=quotas, admission=admission, hint=hint
     )
-    service.hint = hint
     feeds = Feeds(bus, Keys(settings.key_prefix))
     api = HttpApi(service, tokens, body_timeout=settings.body_timeout_seconds)
     slots = SocketSlots(settings.quota_sockets)  # open WebSockets per user, this process

@@ -26,6 +26,9 @@ STATUS: list[tuple[type[e.SignoffError], int]] = [
     (e.RateLimited, 429),
     (e.RequestTimeout, 408),
     (e.Unavailable, 503),
+    # The model's API refused a request for good (a wrong key, a request it will not
+    # take): a bad answer from upstream, not this server's bug.
+    (e.ModelRefused, 502),
     (e.ConfigError, 500),
     (Internal, 500),
 ]

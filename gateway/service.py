@@ -181,11 +181,12 @@ class GatewayService:
         decisions: Decisions,
         quotas: Quotas | None = None,
         admission: Admission | None = None,
+        hint: str | Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
         self.decisions = decisions
-        self.hint: str | Mapping[str, str] | None = None  # the app's example request
+        self.hint = hint  # the app's example request, for the ready frame
         # Writes in flight on this gateway (gateway/overload.py); none given: no limit.
         self.admission = admission or Admission(0)
         # No quotas given: none enforced (tests that drive the service directly).

@@ -61,6 +61,13 @@ class App:
         names = [w.name for w in self.workflows]
         if len(set(names)) != len(names):
             raise ConfigError(f"app {self.name!r}: two workflows share a name ({names})")
+        if self.hint is not None and not isinstance(self.hint, str):
+            # A plain dict of texts: it goes out in every chat page's ready frame, and a
+            # Mapping the encoder does not know would fail every socket's first answer.
+            hint = dict(self.hint)
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in hint.items()):
+                raise ConfigError(f"app {self.name!r}: hint must be a text or texts by language")
+            self.hint = hint
 
     def workflow_map(self) -> dict[str, Workflow]:
         return {w.name: w for w in self.workflows}

@@ -19,6 +19,7 @@ from typing import Any
 from signoff.runtime import cli_cards, cli_ops, cli_prune, cli_runs, loops
 from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
+from signoff.runtime.dev import DEMO_APP
 from signoff.runtime.errors import ConfigError, SignoffError
 
 
@@ -37,7 +38,6 @@ def _env_help() -> str:
 
 
 ENV_HELP = _env_help()
-DEMO_APP = "signoff.demo:app"
 DEMO_HELP = (
     "also read: SIGNOFF_PG_USER (the account the embedded Postgres runs as when signoff "
     "runs as root), SIGNOFF_DISABLE (speed levers off, for bench A/B runs); the built-in "
@@ -128,24 +128,13 @@ def _settings(args: argparse.Namespace) -> cfg.Settings:
 async def _dev(args: argparse.Namespace) -> int:
     from signoff.embedded import redacted
     from signoff.gateway.auth import Tokens
-    from signoff.runtime.node import (
-        dev_database,
-        dev_secret,
-        embedded_urls,
-        running,
-        serve_gateway,
-        start_metrics,
-    )
+    from signoff.runtime.dev import dev_settings
+    from signoff.runtime.node import running, serve_gateway, start_metrics
 
     t0 = time.monotonic()
     settings = _settings(args)
     app = _app(settings, "dev")
-    settings, closers = embedded_urls(settings, dev_database(app.name))
-    settings = settings.with_(secret=dev_secret(settings))
-    if "SIGNOFF_DRAIN_SECONDS" not in os.environ:
-        # No load balancer in front of a dev process to steer clients away first: Ctrl-C
-        # stops it at once (the pools' 2 s drain took 2.4-3.8 s to stop here).
-        settings = settings.with_(drain_seconds=0.0)
+    settings, closers = dev_settings(settings, app.name)
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
     try:
         async with running(settings, app) as node:

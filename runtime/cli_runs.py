@@ -75,10 +75,13 @@ def _error(message: str) -> int:
 
 
 async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
-    from signoff.runtime.node import database_url
+    from signoff.runtime.cli_ops import NoDatabase, operator_settings
     from signoff.store.postgres import PostgresStore
 
-    url = database_url(settings)
+    try:  # the running signoff dev's database (as it recorded it), as signoff cards does
+        url = operator_settings(settings).database_url
+    except NoDatabase:
+        url = None
     if url is None:
         return _error(NO_DATABASE)
     if args.action == "show" and not args.run_id:

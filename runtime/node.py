@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,7 +32,6 @@ from signoff.store.postgres import PostgresStore
 
 log = logging.getLogger("signoff")
 
-DEMO_APP_NAME = "payments"  # the built-in demo's App.name (signoff/demo/desk.py)
 EMBEDDED_DIR = "embedded"  # under the data folder: the embedded servers' data and passwords
 
 
@@ -76,16 +74,6 @@ def pick_model(settings: Settings, app: App) -> Model:
     )
 
 
-def dev_database(app_name: str) -> str:
-    """The embedded cluster's database for an app: ``signoff`` for the built-in demo
-    (``payments``), ``signoff_<name>`` for any other. One database serves one app: two
-    apps in one would list each other's threads and cards, and refuse to decide them."""
-    if app_name == DEMO_APP_NAME:
-        return "signoff"
-    slug = re.sub(r"[^a-z0-9_]+", "_", app_name.lower()).strip("_")[:40]
-    return f"signoff_{slug or 'app'}"
-
-
 def embedded_urls(settings: Settings, database: str = "signoff") -> tuple[Settings, list[Any]]:
     """Start embedded Postgres and Valkey under the data folder for what is not configured
     (``database``: the Postgres database to use in it, made on first use).
@@ -107,21 +95,6 @@ def embedded_urls(settings: Settings, database: str = "signoff") -> tuple[Settin
         closers.append(valkey)
         settings = settings.with_(redis_url=valkey.url)
     return settings, closers
-
-
-def database_url(settings: Settings) -> str | None:
-    """The configured Postgres URL, else that of a running ``signoff dev`` on this data folder
-    (the database it serves its app from, as it recorded it)."""
-    if settings.database_url is not None:
-        return settings.database_url
-    from signoff.embedded import running_postgres_url
-    from signoff.runtime.cli_ops import read_record
-
-    record = read_record(settings)
-    if record is not None:
-        return record.database_url
-
-    return running_postgres_url(data_path(settings) / EMBEDDED_DIR)
 
 
 def make_bus(settings: Settings) -> Bus:

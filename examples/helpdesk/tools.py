@@ -43,7 +43,9 @@ async def _order(ctx: ToolContext, order_id: str) -> dict[str, Any]:
 
 
 def parse_dollars(text: str) -> int:
-    """``"12.5"``, ``"$12.50"``, ``"1,200"`` -> cents."""
+    """``"12.5"``, ``"$12.50"``, ``"1,200"`` -> cents; ``"20,00"`` (one comma and two
+    digits, as a Portuguese page writes it) is twenty dollars, not two thousand."""
+    text = re.sub(r"^([^,.]*),(\d{2})$", r"\1.\2", text.strip())
     cleaned = re.sub(r"[$,\s]", "", text)
     try:
         value = Decimal(cleaned)

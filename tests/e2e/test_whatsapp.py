@@ -401,6 +401,56 @@ async def test_a_button_naming_another_tenants_card_is_ignored_and_the_rest_is_h
         await db.close()
 
 
+async def test_a_button_that_cannot_be_taken_now_is_redelivered_and_the_rest_is_handled(
+    wa: Cluster, database_url: str
+) -> None:
+    """A button on a card of a tool this version does not serve (a rolling deploy) is not
+    taken now: forgotten (Meta's redelivery tries it again) and answered 409; the text
+    message after it in the same delivery is handled, and once, redelivery or not (the
+    button failed the delivery with a 500 and stopped it there)."""
+    me = "5511900000032"
+    await say(wa, me, "cobra R$ 9,00 da Maria por pix")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        await db.execute("UPDATE cards SET tool = 'a_retired_tool' WHERE id = $1", card["id"])
+        body = delivery(
+            button_message(me, f"pa:approve:{card['id']}"),
+            text_message(me, "cobra R$ 3,00 da Maria por pix"),
+        )
+        r = post(wa, body, signed(body, SECRET))
+        assert r.status_code == 409 and r.json()["error"] == "unknown_tool", r.text
+        deadline = time.monotonic() + 30  # the text after it was taken: its run supersedes
+        while await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) != (
+            "superseded"
+        ):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        # Meta's redelivery, to the other gateway: the button is tried again (the card is
+        # superseded now: answered with the notice, 200); the text is not handled twice.
+        assert post(wa, body, signed(body, SECRET), gw=1).status_code == 200
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            users = await db.fetchval(
+                "SELECT count(*) FROM messages m JOIN threads t ON t.id = m.thread_id "
+                "WHERE t.owner = $1 AND m.kind = 'user' AND m.body::text LIKE '%3,00%'",
+                me,
+            )
+            if users:
+                break
+            await asyncio.sleep(0.1)
+        assert users == 1  # handled, and once
+        assert (
+            await db.fetchval(
+                "SELECT count(*) FROM card_events WHERE card_id = $1 AND to_status = 'approved'",
+                card["id"],
+            )
+            == 0
+        )
+    finally:
+        await db.close()
+
+
 async def test_policy_off_sim_is_a_normal_message(wa: Cluster, database_url: str) -> None:
     me = "5511900000010"
     await say(wa, me, "cancela a consulta A001")

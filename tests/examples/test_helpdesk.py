@@ -76,6 +76,8 @@ def test_the_offline_model_understands_the_four_requests() -> None:
 
 def test_amounts_and_the_refund_limit() -> None:
     assert parse_dollars("$1,200.50") == 120_050 and parse_dollars("12.5") == 1250
+    # as a Portuguese page prefills it: twenty dollars (it read 2,000); "1,200" stays 1,200
+    assert parse_dollars("20,00") == 2000 and parse_dollars("1,200") == 120_000
     for bad in ("0", "-1", "ten", "1.234", "nan"):
         with pytest.raises(ToolValidationError):
             parse_dollars(bad)

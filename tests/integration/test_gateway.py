@@ -324,6 +324,17 @@ async def test_ready_carries_the_apps_example_request(h: Harness) -> None:
     assert build().hint == ready["hint"]
     assert "refund order A100" in str(load_app("examples.helpdesk:app").hint)
     assert load_app("examples.orders:app").hint is None  # its page: the generic line
+    # any Mapping is kept as a plain dict (the frame encoder knows no other kind)
+    from types import MappingProxyType
+
+    from signoff.runtime.app import App
+    from signoff.runtime.errors import ConfigError
+    from signoff.runtime.tools import Registry
+
+    kept = App(name="x", tools=Registry([]), hint=MappingProxyType({"en": "“hi”"}))
+    assert type(kept.hint) is dict and kept.hint == {"en": "“hi”"}
+    with pytest.raises(ConfigError):
+        App(name="x", tools=Registry([]), hint={"en": 1})  # type: ignore[dict-item]
 
 
 async def test_200_concurrent_http_approvals(h: Harness) -> None:
