@@ -1,7 +1,9 @@
 """Named fault points: inert unless armed through settings (``SIGNOFF_FAULTS``).
 
 A test arms points by name (comma-separated) to SIGKILL the process at a precise
-step. The points, and where they are hit:
+step, or, as ``name=stop``, to freeze it there (SIGSTOP: a process paused by its host,
+its lease left to lapse; a test's SIGCONT lets it go on from that very step). The
+points, and where they are hit:
 
 * ``inbox.before_ack`` (worker, ``Worker._handle``): the message's step is stored
   (e.g. its card created), the inbox entry not yet acknowledged.
@@ -38,15 +40,23 @@ POINTS = frozenset(
 
 class Faults:
     def __init__(self, armed: tuple[str, ...] = ()) -> None:
-        unknown = set(armed) - POINTS
+        stops = {a.removesuffix("=stop") for a in armed if a.endswith("=stop")}
+        kills = {a for a in armed if not a.endswith("=stop")}
+        unknown = (kills | stops) - POINTS
         if unknown:
             from signoff.runtime.errors import ConfigError
 
             raise ConfigError(f"unknown fault points: {', '.join(sorted(unknown))}")
-        self.armed = frozenset(armed)
+        self.armed = frozenset(kills)
+        self.stops = set(stops)  # each freezes the process once
 
     def hit(self, point: str) -> None:
-        """Die here, at once and uncleanly, if this point is armed."""
+        """Die here, at once and uncleanly, if this point is armed (or freeze here, once,
+        if it is armed ``=stop``)."""
         if point in self.armed:
             log.error("fault point %s armed: SIGKILL", point)
             os.kill(os.getpid(), signal.SIGKILL)
+        if point in self.stops:
+            self.stops.discard(point)
+            log.error("fault point %s armed: SIGSTOP", point)
+            os.kill(os.getpid(), signal.SIGSTOP)

@@ -38,6 +38,86 @@ from tests.faults.helpers import (
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
 
+async def test_worker_frozen_after_provider_accepted_then_thawed(
+    database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """I4: the worker is frozen (SIGSTOP: its host paused it) right after the provider
+    accepted the charge, before `executed` was recorded; its lease lapses and another
+    worker adopts the run, which finds the card `executing` and goes on without it (the
+    model is told the outcome is unknown). Then the frozen worker is let go (SIGCONT): it
+    records the outcome it knows (`executed`), its own continuation of the run is refused
+    (the run is another's), and nothing is charged twice."""
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=0,
+        SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_SWEEP_SECONDS="0.5",
+    ) as c:
+        invariants.watch_cluster(c)
+        frozen = c.add_worker("frozen", SIGNOFF_FAULTS="execute.after_provider=stop")
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, gw.url, ["fz0"])
+            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
+            c.add_worker("survivor")
+            assert await approve(c, gw.url, [card]) == [200]
+
+            async def charged() -> bool:
+                return (
+                    await count(db, "SELECT count(*) FROM demo_charges WHERE tenant = $1", c.tenant)
+                    == 1
+                )
+
+            await wait_until(charged, what="the charge (then the freeze)")
+            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the survivor's step")
+            told = await db.fetchval(
+                "SELECT body::text FROM messages m JOIN runs r ON r.id = m.run_id "
+                "WHERE r.tenant = $1 AND m.kind = 'tool_results'",
+                c.tenant,
+            )
+            assert "outcome is unknown" in told
+            assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == (
+                "executing"
+            )
+            frozen.signal(signal.SIGCONT)
+
+            async def recorded() -> bool:
+                status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
+                return status == "executed"
+
+            await wait_until(recorded, what="the thawed worker's outcome")
+            await asyncio.sleep(1.0)  # its continuation, refused, has had time to try
+            assert (
+                await count(
+                    db,
+                    "SELECT count(*) FROM messages m JOIN runs r ON r.id = m.run_id "
+                    "WHERE r.tenant = $1 AND m.kind = 'tool_results'",
+                    c.tenant,
+                )
+                == 1
+            )
+            charges = await db.fetch(
+                "SELECT idempotency_key FROM demo_charges WHERE tenant = $1", c.tenant
+            )
+            assert [r["idempotency_key"] for r in charges] == [card["operation_id"]]
+            moves = await db.fetch(
+                "SELECT to_status FROM card_events WHERE card_id = $1 ORDER BY id", card["id"]
+            )
+            assert [m["to_status"] for m in moves] == [
+                "pending",
+                "approved",
+                "executing",
+                "executed",
+            ]
+            await invariants.check()
+        finally:
+            await db.close()
+
+
 async def test_worker_killed_after_provider_accepted_before_recording(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:
