@@ -87,7 +87,7 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
 
             async def recorded() -> bool:
                 status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
-                return status == "executed"
+                return bool(status == "executed")
 
             await wait_until(recorded, what="the thawed worker's outcome")
             await asyncio.sleep(1.0)  # its continuation, refused, has had time to try
