@@ -38,6 +38,22 @@ from tests.faults.helpers import (
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
 
+async def tool_results(db: asyncpg.Connection, tenant: str) -> list[str]:
+    """The tenant's `tool_results` log entries, as text."""
+    rows = await db.fetch(
+        "SELECT m.body::text AS body FROM messages m JOIN runs r ON r.id = m.run_id "
+        "WHERE r.tenant = $1 AND m.kind = 'tool_results'",
+        tenant,
+    )
+    return [r["body"] for r in rows]
+
+
+async def charge_keys(db: asyncpg.Connection, tenant: str) -> list[str]:
+    """The idempotency key of each of the tenant's demo charges."""
+    rows = await db.fetch("SELECT idempotency_key FROM demo_charges WHERE tenant = $1", tenant)
+    return [r["idempotency_key"] for r in rows]
+
+
 async def test_worker_frozen_after_provider_accepted_then_thawed(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:
@@ -74,11 +90,7 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
 
             await wait_until(charged, what="the charge (then the freeze)")
             await wait_until(lambda: runs_done(db, c.tenant, 1), what="the survivor's step")
-            told = await db.fetchval(
-                "SELECT body::text FROM messages m JOIN runs r ON r.id = m.run_id "
-                "WHERE r.tenant = $1 AND m.kind = 'tool_results'",
-                c.tenant,
-            )
+            (told,) = await tool_results(db, c.tenant)
             assert "outcome is unknown" in told
             assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == (
                 "executing"
@@ -91,19 +103,8 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
 
             await wait_until(recorded, what="the thawed worker's outcome")
             await asyncio.sleep(1.0)  # its continuation, refused, has had time to try
-            assert (
-                await count(
-                    db,
-                    "SELECT count(*) FROM messages m JOIN runs r ON r.id = m.run_id "
-                    "WHERE r.tenant = $1 AND m.kind = 'tool_results'",
-                    c.tenant,
-                )
-                == 1
-            )
-            charges = await db.fetch(
-                "SELECT idempotency_key FROM demo_charges WHERE tenant = $1", c.tenant
-            )
-            assert [r["idempotency_key"] for r in charges] == [card["operation_id"]]
+            assert len(await tool_results(db, c.tenant)) == 1
+            assert await charge_keys(db, c.tenant) == [card["operation_id"]]
             moves = await db.fetch(
                 "SELECT to_status FROM card_events WHERE card_id = $1 ORDER BY id", card["id"]
             )
@@ -157,16 +158,9 @@ async def test_worker_killed_after_provider_accepted_before_recording(
             row = await wait_until(flagged, what="the stuck card flagged")
             assert row is not None and row["status"] == "executing"
             await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run continued")
-            told = await db.fetchval(
-                "SELECT body::text FROM messages m JOIN runs r ON r.id = m.run_id "
-                "WHERE r.tenant = $1 AND m.kind = 'tool_results'",
-                c.tenant,
-            )
+            (told,) = await tool_results(db, c.tenant)
             assert "outcome is unknown" in told
-            charges = await db.fetch(
-                "SELECT idempotency_key FROM demo_charges WHERE tenant = $1", c.tenant
-            )
-            assert [r["idempotency_key"] for r in charges] == [card["operation_id"]]
+            assert await charge_keys(db, c.tenant) == [card["operation_id"]]
             op = await db.fetchval(
                 "SELECT status FROM operations WHERE operation_id = $1::uuid", card["operation_id"]
             )

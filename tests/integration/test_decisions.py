@@ -198,6 +198,56 @@ async def test_an_edit_back_to_the_proposed_values_is_a_new_card(database_url: s
         assert await h.charges() == 1
 
 
+async def test_edits_racing_on_one_card_make_one_card(database_url: str) -> None:
+    """Twelve edits of one card at once, half of them back to the proposed amount (whose
+    edited card is keyed by the card it replaces, not by its values): one wins, with its
+    one new card; the others are refused, typed, and make none."""
+    from signoff.runtime.errors import SignoffError
+
+    async with harness(database_url, model=Scripted(pix("150"))) as h:
+        card = await one_card(h)
+        results = await asyncio.gather(
+            *(
+                h.decide(card, Decision.EDIT, edits={"amount": "150" if i % 2 else str(200 + i)})
+                for i in range(12)
+            ),
+            return_exceptions=True,
+        )
+        won = [r for r in results if not isinstance(r, BaseException)]
+        assert len(won) == 1, results
+        assert all(isinstance(r, SignoffError) for r in results if r not in won), results
+        cards = await h.store.cards_of_run(card.run_id)
+        assert len(cards) == 2  # the first and the one edit that won
+        new = won[0].new_card
+        assert new is not None and (await h.store.get_card(card.id)).superseded_by == new["id"]
+
+
+async def test_a_run_recovered_with_a_repeated_call_still_proposes_one_card(
+    database_url: str,
+) -> None:
+    """The worker died after the model's reply (two identical calls) was written, before
+    the run parked: recovery proposes both again (idempotent), one card, the repeat told
+    it was not proposed, and the approval executes once."""
+    model = Scripted(pix("10"), pix("10"))
+    async with harness(database_url, model=model) as h:
+        thread = await h.thread("alice")
+        run = await h.say(thread, "cobre 10 do João duas vezes", "alice")
+        assert run is not None
+        (card,) = await h.store.pending_cards(thread)
+        # As a crash between the reply and the park leaves it: running, no state.
+        await h.store.pool.execute(
+            "UPDATE runs SET status = 'running', state = '{}' WHERE id = $1", run.id
+        )
+        recovered = await h.worker.agent.continue_run(run.id)
+        assert recovered is not None and recovered.status == "waiting"
+        assert recovered.state["waiting"] == {"toolu_1_0": card.id}
+        assert recovered.state["results"]["toolu_1_1"]["content"].startswith("Not proposed")
+        assert [c.id for c in await h.store.pending_cards(thread)] == [card.id]
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert await h.charges() == 1
+
+
 async def test_revalidation_failure_invalidates_and_executes_nothing(database_url: str) -> None:
     model = Scripted({"name": "refund_sale", "input": {"sale_id": "V001"}})
     async with harness(database_url, model=model) as h:
