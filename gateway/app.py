@@ -27,7 +27,7 @@ from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import Quotas, SocketGate, SocketSlots
 from signoff.gateway.service import GatewayService
 from signoff.gateway.workflows import WorkflowRoutes
-from signoff.gateway.ws import websocket_endpoint
+from signoff.gateway.ws import deny, websocket_endpoint
 from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions
@@ -80,6 +80,9 @@ class Total:
                 message["headers"] = headers
             await send(message)
 
+        if scope["type"] == "http" and framed_twice(scope):
+            await ambiguous_length()(scope, receive, sending)
+            return
         try:
             await self.app(scope, receive, sending)
         except ClientDisconnect:
@@ -91,6 +94,32 @@ class Total:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:
                 await error_response(Internal("internal error"))(scope, receive, sending)
+
+
+def framed_twice(scope: Scope) -> bool:
+    """Both ``Transfer-Encoding`` and ``Content-Length``: two answers to where the body
+    ends, the shape of request smuggling behind a proxy that reads the other one."""
+    names = {name.lower() for name, _ in scope.get("headers", ())}
+    return b"transfer-encoding" in names and b"content-length" in names
+
+
+def ambiguous_length() -> Response:
+    """Refused before any handler runs, and the connection closed (RFC 9112 6.3)."""
+    response = json_response(
+        {
+            "error": "bad_request",
+            "message": "a request may not carry both Transfer-Encoding and Content-Length",
+        },
+        400,
+    )
+    response.headers["Connection"] = "close"
+    return response
+
+
+async def no_websocket_here(websocket: WebSocket) -> None:
+    """An upgrade on a path with no WebSocket: a typed 404 (Starlette's router closes the
+    handshake, which the client sees as a bare 403 with no body)."""
+    await deny(websocket, 404, "not_found", f"no WebSocket at {websocket.url.path}")
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -137,18 +166,20 @@ def build_app(
         checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [("postgres", store.ping)]
         if ping_bus is not None:
             checks.append(("redis", lambda: asyncio.wait_for(ping_bus(), READY_TIMEOUT)))
+        # The answer names the dependency, never its error: the probe is unauthenticated
+        # and a driver's message carries hosts and ports; the log has the whole error.
         for name, check in checks:
             try:
                 await check()
-            except SignoffError as exc:  # typed by the store or the bus, and counted there
-                return json_response({"ok": False, "error": str(exc)}, 503)
             except Exception as exc:  # a probe that cannot prove ready: not ready
                 # A ping past READY_TIMEOUT (TimeoutError) or whatever a driver raises
                 # that nothing below typed: not ready, never a 500 the balancer misreads,
-                # and counted as that dependency's error like any other failed call.
-                COUNTERS.inc(f"signoff_{name}_errors_total")
+                # and counted as that dependency's error like any other failed call
+                # (typed errors were counted where they were typed).
+                if not isinstance(exc, SignoffError):
+                    COUNTERS.inc(f"signoff_{name}_errors_total")
                 log.warning("/readyz: %s: %s: %s", name, type(exc).__name__, exc)
-                return json_response({"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 503)
+                return json_response({"ok": False, "error": f"{name} unavailable"}, 503)
         return json_response({"ok": True})
 
     async def openapi_json(request: Request) -> Response:
@@ -205,12 +236,14 @@ def build_app(
         Route("/openapi.json", openapi_json),
         # The first frame takes one of the user's socket slots (a 429 frame and 4429 over it).
         WebSocketRoute("/v1/ws", SocketGate(slots, tokens, ws)),
-        # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
-        Mount("/static", StaticFiles(packages=[("signoff.gateway", "static")]), name="static"),
         *api.routes(),
         *(whatsapp.routes() if whatsapp is not None else []),
         *(WorkflowRoutes(api, workflows).routes() if workflows is not None else []),
         *(extra_routes or []),
+        # Any other upgrade: a typed 404 (before the Mount, which would take /static's).
+        WebSocketRoute("/{path:path}", no_websocket_here),
+        # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
+        Mount("/static", StaticFiles(packages=[("signoff.gateway", "static")]), name="static"),
     ]
     app = Starlette(
         routes=routes,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from signoff.runtime import errors as e
+
+log = logging.getLogger("signoff.gateway")
 
 
 class Internal(e.SignoffError):
@@ -48,8 +51,9 @@ def typed(exc: Exception) -> e.SignoffError:
         return exc
     if isinstance(exc, TimeoutError):
         return e.Unavailable("timed out; try again")
-    if isinstance(exc, OSError):
-        return e.Unavailable(f"backing service unavailable: {exc}")
+    if isinstance(exc, OSError):  # its text names hosts and ports: the log has it, not the client
+        log.warning("backing service unavailable: %s: %s", type(exc).__name__, exc)
+        return e.Unavailable("backing service unavailable; try again")
     return Internal("internal error")
 
 

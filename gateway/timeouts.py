@@ -14,6 +14,12 @@ as long as it likes. :func:`http_protocol` gives uvicorn's own protocol two dead
   :data:`BODY_GRACE` so that a handler reading it (``gateway/http.py`` ``HttpApi.body``,
   bound by the same setting) answers its typed 408 first; this cut catches bodies no
   handler reads. A WebSocket upgrade leaves both timers behind.
+
+It also answers what h11 cannot parse (a malformed chunk, two ``Content-Length``s, a
+header block over h11's limit, a NUL in a header) with a typed JSON ``400``
+(``{error: bad_request}``; uvicorn's is text/plain) and closes the connection; a
+request whose handler was already running is told its client is gone, so the handler
+ends quietly instead of logging a traceback for a response it can no longer send.
 """
 
 from __future__ import annotations
@@ -36,6 +42,15 @@ RESPONSE_408 = (
     b"content-type: application/json\r\n"
     b"connection: close\r\n"
     b"content-length: " + str(len(_BODY_408)).encode() + b"\r\n\r\n" + _BODY_408
+)
+
+
+_BODY_400 = b'{"error":"bad_request","message":"not a valid HTTP/1.1 request"}'
+RESPONSE_400 = (
+    b"HTTP/1.1 400 Bad Request\r\n"
+    b"content-type: application/json\r\n"
+    b"connection: close\r\n"
+    b"content-length: " + str(len(_BODY_400)).encode() + b"\r\n\r\n" + _BODY_400
 )
 
 
@@ -77,6 +92,17 @@ class TimedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 could not parse the client's bytes: a typed 400 unless an answer was
+        already begun, and the connection closed; a handler in flight sees a client gone."""
+        self._disarm()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # its send() is a no-op, its receive() a disconnect
+            self.cycle.message_event.set()
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no answer begun
+            self.transport.write(RESPONSE_400)
+        self.transport.close()
 
     # -- the deadlines ----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import msgspec
+from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from signoff.gateway.auth import Principal, Tokens
@@ -440,6 +441,20 @@ class Connection:
                     return
 
 
+async def deny(ws: WebSocket, status: int, code: str, message: str) -> None:
+    """Turn a WebSocket handshake away with a typed JSON answer (``{error, message}``),
+    where the server speaks the ASGI denial-response extension; else a bare close (the
+    client sees a 403)."""
+    with contextlib.suppress(Exception):
+        if "websocket.http.response" in ws.scope.get("extensions", {}):
+            body = msgspec.json.encode({"error": code, "message": message})
+            await ws.send_denial_response(
+                Response(body, status_code=status, media_type="application/json")
+            )
+        else:
+            await ws.close(code=1008, reason=code)
+
+
 async def websocket_endpoint(
     ws: WebSocket,
     *,
@@ -455,8 +470,7 @@ async def websocket_endpoint(
     origin = ws.headers.get("origin")
     if not origin_allowed(origin, ws.headers.get("host"), allowed_origins):
         log.info("rejected WebSocket from origin %r", origin)
-        with contextlib.suppress(Exception):
-            await ws.close(code=1008, reason=OriginRejected.code)
+        await deny(ws, 403, OriginRejected.code, "this page's origin may not open a WebSocket")
         return
     await ws.accept()
     await Connection(ws, service, feeds, tokens, max_bytes, RateLimit(rate, burst)).run()

@@ -234,7 +234,7 @@ async def serve_gateway(
 
     from signoff.gateway.app import build_app
     from signoff.gateway.drain import DrainingServer
-    from signoff.gateway.timeouts import http_protocol
+    from signoff.gateway.upgrades import protocols
 
     assert node.decisions is not None
     app = build_app(
@@ -252,9 +252,7 @@ async def serve_gateway(
         app,
         host=host,
         port=port,
-        ws=node.settings.ws_protocol,
-        # h11 with header and body deadlines (slowloris): uvicorn has neither.
-        http=http_protocol(node.settings),
+        **protocols(node.settings),  # h11 with deadlines (slowloris); the WebSocket protocol
         lifespan="off",
         log_level="warning",
         log_config=None,  # uvicorn's lines go through signoff's handler (runtime/logs.py)

@@ -43,6 +43,7 @@ _AFTER = re.compile(
 AMOUNT = re.compile(
     r"(?:R\$\s*)?((?:(?<![\w-])[-\u2212])?(?:\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?))"
 )
+_UNIT = re.compile(r"(?:reais|real|brl)\b", re.IGNORECASE)  # "150reais" is 150
 _IDS = re.compile(r"\b[VvAa]\d{3}\b|\(CPF[^)]*\)")
 EMAIL = re.compile(r"(?<![^@\s])[^@\s]+@[^@\s]+\.\w+")
 _SPLIT = re.compile(
@@ -65,11 +66,20 @@ def customer_name(part: str) -> str | None:
 
 
 def amount_of(part: str) -> str | None:
-    """The amount in reais: the one after "R$" if there is one, else the first number."""
+    """The amount in reais: the one after "R$" if there is one, else the first number.
+
+    A number run into letters other than a currency word ("1e309", "150k", "2x") is
+    passed on whole, so the tool refuses it and the person is told, rather than read as
+    its leading digits (R$ 1,00, R$ 150,00)."""
     text = _IDS.sub(" ", EMAIL.sub(" ", part))
     marked = re.search(r"R\$\s*", text)
     found = AMOUNT.search(text, marked.end() if marked else 0) or AMOUNT.search(text)
-    return found.group(1) if found else None
+    if found is None:
+        return None
+    rest = text[found.end(1) :]
+    if rest[:1].isalnum() and not _UNIT.match(rest):
+        return text[found.start(1) :].split(None, 1)[0]
+    return found.group(1)
 
 
 def _use(name: str, data: dict[str, Any]) -> dict[str, Any]:

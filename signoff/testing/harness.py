@@ -209,7 +209,7 @@ class Harness:
         import uvicorn
 
         from signoff.gateway.app import build_app
-        from signoff.gateway.timeouts import http_protocol
+        from signoff.gateway.upgrades import protocols
         from signoff.runtime.metrics_server import QuietServer
 
         asgi = build_app(
@@ -227,8 +227,7 @@ class Harness:
                 asgi,
                 host="127.0.0.1",
                 port=(port := servers.free_port()),
-                ws=self.settings.ws_protocol,
-                http=http_protocol(self.settings),
+                **protocols(self.settings),
                 lifespan="off",
                 log_level="warning",
             )

@@ -546,3 +546,106 @@ def test_client_gone_mid_body_ends_quietly(t: Target) -> None:
     typed(httpx.get(f"{t.url}/v1/threads/{t.thread_id}", headers=t.auth(), timeout=10))
     time.sleep(0.5)
     assert gw.output().count("Traceback") == before, gw.output()[-3000:]
+
+
+# -- bytes h11 cannot parse, and ambiguous framing ---------------------------------------
+
+
+def _raw(port: int, request: bytes, settle: float = 0.3) -> bytes:
+    """Send raw bytes, read until the gateway closes (or ``settle`` of silence)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        conn.settimeout(settle + 2)
+        got = b""
+        while True:
+            try:
+                part = conn.recv(65536)
+            except TimeoutError:
+                return got + b"<open>"
+            if not part:
+                return got
+            got += part
+
+
+def _answer(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body.removesuffix(b"<open>"))
+
+
+def test_unparseable_bytes_get_a_typed_400_and_end_quietly(t: Target) -> None:
+    """A malformed chunk after a request's headers (its handler already running), two
+    Content-Lengths, a NUL in a header: a JSON 400 ``bad_request`` (uvicorn's was
+    text/plain), the connection closed, nothing created, and no ERROR or traceback in
+    the gateway's log (an unauthenticated client could make it log one per request: the
+    handler's answer met a connection h11 had already failed)."""
+    gw = t.c.gateways[0]
+    before = gw.output()
+    auth = t.auth()["Authorization"].encode()
+    cases = {
+        "bad chunk, authenticated": b"POST /v1/threads HTTP/1.1\r\nHost: gw\r\nAuthorization: "
+        + auth
+        + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n",
+        "bad chunk, no token": b"POST /v1/threads HTTP/1.1\r\nHost: gw\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "bad chunk, a card": f"POST /v1/cards/{t.card['id']}/resolve HTTP/1.1\r\n".encode()
+        + b"Host: gw\r\nAuthorization: "
+        + auth
+        + b"\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+        "two lengths": b"POST /v1/threads HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n"
+        b"Content-Length: 3\r\n\r\n{}",
+        "NUL in a header": b"GET /v1/threads HTTP/1.1\r\nHost: gw\r\nX-A: a\x00b\r\n\r\n",
+    }
+    for name, request in cases.items():
+        for _ in range(3):
+            raw = _raw(gw.port, request)
+            assert not raw.endswith(b"<open>"), (name, raw)  # closed
+            status, headers, body = _answer(raw)
+            assert status == 400, (name, raw)
+            assert headers["content-type"] == "application/json", (name, raw)
+            assert body["error"] == "bad_request" and body["message"], (name, body)
+    typed(httpx.get(f"{t.url}/v1/threads/{t.thread_id}", headers=t.auth(), timeout=10))
+    time.sleep(0.5)  # a handler's failed answer would be logged by now
+    new = gw.output()[len(before) :]
+    assert "Traceback" not in new and "ERROR" not in new, new[-3000:]
+
+
+def test_both_framings_are_refused_and_the_connection_closed(t: Target) -> None:
+    """Transfer-Encoding and Content-Length together (request smuggling's shape behind a
+    proxy that reads the other one): a typed 400 before any handler runs, the connection
+    closed, nothing created (it was answered 201 and kept alive)."""
+    gw = t.c.gateways[0]
+    auth = t.auth()["Authorization"].encode()
+    request = (
+        b"POST /v1/threads HTTP/1.1\r\nHost: gw\r\nAuthorization: " + auth + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        b"GET /v1/threads HTTP/1.1\r\nHost: gw\r\nAuthorization: " + auth + b"\r\n\r\n"
+    )
+    raw = _raw(gw.port, request)
+    assert not raw.endswith(b"<open>"), raw
+    assert raw.count(b"HTTP/1.1 ") == 1, raw  # the second request was never read
+    status, headers, body = _answer(raw)
+    assert (status, headers["connection"], body["error"]) == (400, "close", "bad_request")
+
+
+def test_a_websocket_upgrade_on_another_path_is_a_typed_404(t: Target) -> None:
+    """It was a bare 403 with an empty body (and on /static an ERROR in the gateway's log:
+    the static files' handler met a WebSocket); the real path still upgrades."""
+    gw = t.c.gateways[0]
+    before = gw.output()
+    for path in ("/v1/threads", "/nowhere", "/v1/ws/extra", "/static/app.js"):
+        upgrade = (
+            f"GET {path} HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+        status, headers, body = _answer(_raw(gw.port, upgrade))
+        assert status == 404, (path, status, body)
+        assert headers["content-type"] == "application/json", (path, headers)
+        assert body["error"] == "not_found", (path, body)
+    ok = _raw(gw.port, upgrade.replace(b"GET /static/app.js ", b"GET /v1/ws "))
+    assert ok.startswith(b"HTTP/1.1 101 "), ok[:200]
+    time.sleep(0.3)
+    new = gw.output()[len(before) :]
+    assert "ERROR" not in new and "Traceback" not in new, new[-3000:]

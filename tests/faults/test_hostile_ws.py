@@ -143,6 +143,8 @@ async def test_cross_site_origins_are_refused_before_accept(w: WsTarget) -> None
         with pytest.raises(InvalidStatus) as info:
             await websockets.connect(w.ws_url, additional_headers={"Origin": origin})
         assert info.value.response.status_code == 403, origin
+        refusal = json.loads(info.value.response.body)  # typed, not a bare 403
+        assert refusal["error"] == "origin_rejected" and refusal["message"], refusal
     for origin in (ALLOWED, w.own_origin):
         ws = await w.connect(origin=origin)
         await ws.close()

@@ -225,6 +225,24 @@ def test_a_minus_sign_is_kept_so_the_tool_refuses_it(text: str) -> None:
         parse_amount(use["input"]["amount"])
 
 
+@pytest.mark.parametrize(
+    "text", ["cobre 1e309 do João", "charge João 150k", "cobre 2x3 do João", "charge João 1E2"]
+)
+def test_a_number_run_into_letters_is_passed_whole_so_the_tool_refuses_it(text: str) -> None:
+    """ "cobre 1e309 do João" proposed a card of R$ 1,00 (its leading digit), "150k" one of
+    R$ 150,00."""
+    (use,) = ask([user(text)]).tool_uses()
+    assert use["name"] == "create_pix_charge"
+    assert use["input"]["amount"] in ("1e309", "150k", "2x3", "1E2")
+    with pytest.raises(ToolValidationError):
+        parse_amount(use["input"]["amount"])
+
+
+def test_a_currency_word_run_into_the_number_is_still_the_amount() -> None:
+    (use,) = ask([user("charge João 150reais")]).tool_uses()
+    assert parse_amount(use["input"]["amount"]) == 15000
+
+
 def test_parsing_a_long_message_grows_linearly() -> None:
     """The hostile prober's repro: the e-mail pattern tried every start inside a long
     word, so parsing took quadratic time (8,000 characters: ~1 s of CPU per message, the
