@@ -36,21 +36,22 @@ from signoff.runtime.config import Settings
 log = logging.getLogger("signoff.timeouts")
 
 BODY_GRACE = 1.0
-_BODY_408 = b'{"error":"request_timeout","message":"request headers not received in time"}'
-RESPONSE_408 = (
-    b"HTTP/1.1 408 Request Timeout\r\n"
-    b"content-type: application/json\r\n"
-    b"connection: close\r\n"
-    b"content-length: " + str(len(_BODY_408)).encode() + b"\r\n\r\n" + _BODY_408
+
+
+def _closing(status: bytes, body: bytes) -> bytes:
+    """A whole JSON answer written straight to the socket, the connection then closed."""
+    return (
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
+RESPONSE_408 = _closing(
+    b"408 Request Timeout",
+    b'{"error":"request_timeout","message":"request headers not received in time"}',
 )
-
-
-_BODY_400 = b'{"error":"bad_request","message":"not a valid HTTP/1.1 request"}'
-RESPONSE_400 = (
-    b"HTTP/1.1 400 Bad Request\r\n"
-    b"content-type: application/json\r\n"
-    b"connection: close\r\n"
-    b"content-length: " + str(len(_BODY_400)).encode() + b"\r\n\r\n" + _BODY_400
+RESPONSE_400 = _closing(
+    b"400 Bad Request", b'{"error":"bad_request","message":"not a valid HTTP/1.1 request"}'
 )
 
 
