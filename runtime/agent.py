@@ -38,7 +38,7 @@ from signoff.runtime.models.base import Model
 from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
-from signoff.runtime.records import Entry, Run, RunStatus
+from signoff.runtime.records import ACTIVE_RUN, Entry, Run, RunStatus
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
 from signoff.runtime.tools import Registry, ToolContext
@@ -135,9 +135,9 @@ class Agent:
     ) -> Run:
         """Run a user message: supersede what was pending in the thread, then step.
 
-        A message seen before (same ``message_id``) is not run twice: its run is
-        left to whoever holds its lease, and adoption continues it from the store.
-        """
+        A message seen before (same ``message_id``) is not run twice: its run is left to
+        whoever holds its lease, and is continued from the store if that is us (an
+        earlier attempt stopped mid-step; no lease lapses to hand it on)."""
         run_id = self.run_id_for(message_id) if message_id else None
         async with self.lock(thread_id):
             logged: list[Entry] = []
@@ -153,17 +153,19 @@ class Agent:
                 run_id=run_id,
                 logged=logged,
             )
-            if not created:
-                log.info("message %s was delivered again; run %s exists", message_id, run.id)
+            if created:
+                for old in old_runs:
+                    if self._unpark is not None:
+                        self._unpark(old.id)
+                for card in superseded:
+                    # The holder of a superseded run may be another worker: it lets go.
+                    await self.notify.card(card)
+                await self.notify.thread(thread_id, logged)  # none after a supersede
+                return await self._step(run)
+            log.info("message %s was delivered again; run %s exists", message_id, run.id)
+            if run.holder != self.worker_id or run.status not in ACTIVE_RUN:
                 return run
-            for old in old_runs:
-                if self._unpark is not None:
-                    self._unpark(old.id)
-            for card in superseded:
-                # The holder of the superseded run may be another worker: tell it to let go.
-                await self.notify.card(card)
-            await self.notify.thread(thread_id, logged)  # none after a supersede: a re-read
-            return await self._step(run)
+        return await self.continue_run(run.id) or run  # under the run's lock, from the store
 
     # -- the loop ----------------------------------------------------------------
 

@@ -64,14 +64,19 @@ class Sweeper:
         stale = await w.store.approved_stale(every)
         invalidated: list[Card] = []
         now, signalled = time.monotonic(), self.signalled_again
-        for card, run_active in stale:
+        for card, run_active, holder in stale:
             if run_active:
                 if now - signalled.get(card.id, -every) < every:
                     continue
                 signalled[card.id] = now
                 COUNTERS.inc("signoff_approved_stale_total")
                 log.warning("card %s approved but not started; signalling its run again", card.id)
-                if not w.waits.resolve(card.id, str(card.status), "sweep"):
+                if w.waits.resolve(card.id, str(card.status), "sweep"):
+                    continue
+                if holder == w.worker_id:  # ours and parked nowhere here: nothing else wakes it
+                    log.warning("run %s is ours but not parked here: continuing it", card.run_id)
+                    w.spawn(w.continue_held(card.run_id))
+                else:
                     await w.notify.card(card)
                 continue
             COUNTERS.inc("signoff_approved_stale_total")
@@ -87,6 +92,6 @@ class Sweeper:
                 log.error("card %s was approved after its run ended: invalidated", card.id)
                 invalidated.append(moved.card)
                 await w.notify.thread(card.thread_id, [moved.entry])
-        for gone in signalled.keys() - {c.id for c, _ in stale}:
+        for gone in signalled.keys() - {c.id for c, _, _ in stale}:
             del signalled[gone]
         return invalidated

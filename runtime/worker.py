@@ -332,6 +332,10 @@ class Worker:
         trace = self._traces.pop(run_id, "") if self._traces else ""
         self.spawn(self._wake(run_id), telemetry.context_of(trace))
 
+    async def continue_held(self, run_id: str) -> None:
+        """Continue a run this worker holds that is parked nowhere here (the sweeper's)."""
+        await self._wake(run_id)
+
     async def _wake(self, run_id: str, attempt: int = 0) -> None:
         try:
             # Bounded: past the pool's size, continuations would only queue for a pooled

@@ -948,14 +948,14 @@ ORDER BY expires_at LIMIT $1;
 
 -- name: cards_approved_stale
 -- Approved cards not started for $1 seconds, with whether their run is still active
--- (partial index cards_approved: approved cards are few and short-lived). A card whose
+-- and who holds it (partial index cards_approved: approved cards are few and short-lived). A card whose
 -- run still waits on another, pending card is not stale: it waits for that one.
 SELECT c.id::text, c.thread_id::text, c.run_id::text, c.tenant, c.owner, c.tool,
     c.tool_use_id, c.risk, c.input, c.args_snapshot, c.summary, c.impact, c.snapshot_hash,
     c.request_key, c.operation_id::text, c.editable, c.status, c.expires_at, c.decided_at,
     c.decided_by, c.channel, c.reason, c.superseded_by::text, c.result,
     c.needs_reconciliation, c.created_at,
-    r.status IN ('running', 'waiting') AS run_active
+    r.status IN ('running', 'waiting') AS run_active, r.worker_id AS holder
 FROM cards c JOIN runs r ON r.id = c.run_id
 WHERE c.status = 'approved' AND c.decided_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM cards p WHERE p.run_id = c.run_id AND p.status = 'pending')

@@ -20,11 +20,11 @@ class Sweeps:
 
     async def approved_stale(
         self, older_than_seconds: float, limit: int = 500
-    ) -> list[tuple[Card, bool]]:
+    ) -> list[tuple[Card, bool, str | None]]:
         """Approved cards not started for ``older_than_seconds``, each with whether its run
-        is still active."""
+        is still active and the worker holding it."""
         found = await self._db.fetch(SQL.cards_approved_stale, older_than_seconds, limit)
-        return [(rows.card(r), bool(r["run_active"])) for r in found]
+        return [(rows.card(r), bool(r["run_active"]), r["holder"]) for r in found]
 
     async def flag_stuck(self, threshold_seconds: float) -> list[Card]:
         """Flag cards in ``executing`` for longer than ``threshold_seconds`` for

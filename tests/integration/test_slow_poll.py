@@ -106,7 +106,7 @@ async def test_a_run_still_waiting_on_another_card_is_not_woken_at_every_tick(
         assert await h.store.approved_held(h.worker.worker_id) == {}
         # Nor is it stale for the sweeper (which warned and signalled it again every
         # approved_stale_seconds until the other card was decided).
-        assert first.id not in [c.id for c, _ in await h.store.approved_stale(0.0)]
+        assert first.id not in [c.id for c, _, _ in await h.store.approved_stale(0.0)]
         mark = h.worker.waits.woken.spans.count
         for tick in range(1, 4):
             await h.worker.poll(tick)
@@ -115,7 +115,7 @@ async def test_a_run_still_waiting_on_another_card_is_not_woken_at_every_tick(
         # Once the other card is decided too, the next tick wakes the run.
         await lost(h, second.id, Decision.REJECT, second.snapshot_hash)
         assert await h.store.approved_held(h.worker.worker_id) == {first.id: first.run_id}
-        assert first.id in [c.id for c, _ in await h.store.approved_stale(0.0)]
+        assert first.id in [c.id for c, _, _ in await h.store.approved_stale(0.0)]
         await h.worker.poll(tick=1)
         await executed(h, first.id)
         assert (await h.store.get_card(second.id)).status is Status.REJECTED

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import asyncpg
 import pytest
 
+from signoff.runtime.bus.protocol import Delivery, Job
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Resolution
 from signoff.runtime.errors import Unavailable
+from signoff.runtime.records import RunStatus
 from signoff.runtime.worker import Worker
 from tests.conftest import migrated_database
 from tests.harness import harness
@@ -267,3 +270,62 @@ async def test_a_stopping_worker_adopts_nothing(
             assert await b.worker.adopt() == []
             b.worker._draining = False
             assert card.run_id in await b.worker.adopt()  # without the stop, it is adopted
+
+
+async def test_a_message_whose_step_failed_after_its_run_began_is_continued(
+    own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator probe's repro (Postgres refusing connections at a burst's start): the
+    run was committed, its first step failed, and reading it back failed too; the
+    message's retry found the run and stopped there. The run stayed `running` on the
+    live worker (no lease lapsed for anyone to adopt it), no card was ever proposed, and
+    a card it had proposed was approved and never run. Now the retry continues it."""
+    async with harness(own_database, model=Scripted(pix()), settings=Settings()) as h:
+        w = h.worker
+        thread = await h.thread("alice")
+        away = {"conversation": 1, "get_run": 1}
+        conversation, get_run = h.store.conversation, h.store.get_run
+
+        def refusing(name: str, real: Any) -> Any:
+            async def call(*a: Any, **k: Any) -> Any:
+                if away[name] > 0:
+                    away[name] -= 1
+                    raise Unavailable("Postgres refused: sorry, too many clients already")
+                return await real(*a, **k)
+
+            return call
+
+        monkeypatch.setattr(h.store, "conversation", refusing("conversation", conversation))
+        monkeypatch.setattr(h.store, "get_run", refusing("get_run", get_run))
+        job = Job(thread_id=thread, text="cobre", user="alice", tenant=h.tenant, message_id="m1")
+        await w._handle(Delivery("1-0", job))
+        assert away == {"conversation": 0, "get_run": 0}  # both refusals were met
+        (card,) = await h.store.pending_cards(thread)
+        run = await h.store.get_run(card.run_id)
+        assert run.status is RunStatus.WAITING and w.waits.is_parked(card.id)
+        await h.approve(card)
+        await executed(h, card.id)
+
+
+async def test_the_sweep_continues_an_approved_run_we_hold_but_do_not_park(
+    own_database: str,
+) -> None:
+    """Whatever left a run of ours waiting but not parked in this process (a step that
+    failed between `waiting` and its park), its approved card was signalled again every
+    sweep, to this very worker, which had nothing parked on it: the card stayed approved
+    while the worker lived. The sweep now continues such a run itself."""
+    settings = Settings(approved_stale_seconds=0.05)
+    async with harness(own_database, model=Scripted(pix()), settings=settings) as h:
+        w = h.worker
+        card = await one_card(h)
+        w.waits.drop_run(card.run_id)  # parked nowhere here, as after the failed step
+        await elsewhere(h).resolve(  # a signal that reaches nobody
+            card.id,
+            Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+            principal="alice",
+            channel="test",
+        )
+        await asyncio.sleep(0.1)
+        assert (await h.store.get_card(card.id)).status is Status.APPROVED
+        await w.sweep_approved()
+        await executed(h, card.id)
