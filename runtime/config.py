@@ -50,6 +50,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     poll_seconds: Positive = 5.0
     sweep_seconds: Positive = 2.0
     stuck_after_seconds: Positive = 300.0
+    # A tool's revalidate or execute that takes longer is given up (runtime/execution.py).
+    tool_timeout_seconds: Positive = 30.0
     # An approved card not started after this long is looked at by the sweeper.
     approved_stale_seconds: Positive = 5.0
     wait_grace_ms: int = 30_000
@@ -172,6 +174,7 @@ _ENV: dict[str, str] = {
     "poll_seconds": "SIGNOFF_POLL_SECONDS",
     "sweep_seconds": "SIGNOFF_SWEEP_SECONDS",
     "stuck_after_seconds": "SIGNOFF_STUCK_AFTER_SECONDS",
+    "tool_timeout_seconds": "SIGNOFF_TOOL_TIMEOUT_SECONDS",
     "approved_stale_seconds": "SIGNOFF_APPROVED_STALE_SECONDS",
     "wait_grace_ms": "SIGNOFF_WAIT_GRACE_MS",
     "key_prefix": "SIGNOFF_KEY_PREFIX",

@@ -19,6 +19,7 @@ from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.errors import (
     AlreadyDecided,
     CardNotFound,
+    Expired,
     Forbidden,
     InvalidInput,
     NotFound,
@@ -192,6 +193,8 @@ class Decisions:
             raise CardNotFound(f"card {card_id} not found", card_id=card_id)
         if card.owner != principal:
             raise NotOwner("only the card's owner can decide it", card_id=card_id)
+        if card.status is Status.EXPIRED:  # 410 whether or not the sweeper tidied it yet
+            raise Expired("the card expired before the decision", card_id=card_id)
         if card.status is not Status.PENDING:
             raise AlreadyDecided(
                 f"card already {card.status}",

@@ -5,13 +5,23 @@ same card one starts it (I4); the tool receives ``args_snapshot`` as read back f
 Postgres and the card's ``operation_id`` as the provider's idempotency key (I2). An
 execution that got no answer is asked again with the same key; one whose outcome
 stays unknown is left ``executing`` for the sweeper to flag, never recorded as a
-failure that may be false.
+failure that may be false. A known outcome is recorded however long the store takes
+to answer again.
+
+The provider is called only while this worker's lease surely holds (:class:`LeaseClock`):
+a process frozen past it (SIGSTOP, a paused VM) may have had its run adopted and the
+card reconciled by an operator meanwhile. Each tool call has a deadline
+(``SIGNOFF_TOOL_TIMEOUT_SECONDS``): a revalidation that does not answer, or that meets an
+unavailable service, leaves the card approved and its run is continued again later; an
+execution that does not answer is an unknown outcome, as above.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import time
 
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import Unavailable, UnknownTool
@@ -25,10 +35,37 @@ log = logging.getLogger("signoff.agent")
 
 # An execution that got no answer (timeout, dropped connection) is asked again with the
 # same operation_id after these waits; the provider deduplicates by that key (I4).
-UNKNOWN_OUTCOME = (TimeoutError, ConnectionError)
+UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, Unavailable)
 UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
-# Waits between attempts to record a known outcome when the store does not answer.
-RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0)
+# Waits between attempts to record a known outcome when the store does not answer; the
+# last one repeats until it is recorded (or the process ends: then it is left executing).
+RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0, 5.0)
+# A revalidation that meets these is tried again later (the card stays approved).
+TRANSIENT = (TimeoutError, ConnectionError, Unavailable)
+NOT_SENT = (
+    "not sent to the provider: this worker was held up (paused, or cut off from Postgres) "
+    "past its lease after starting the execution; nothing ran, ask again"
+)
+
+
+class LeaseClock:
+    """Until when this worker's lease surely holds, by its own monotonic clock: when the
+    last renewal that succeeded was sent, plus the lease, less a fifth for safety (the
+    database's expiry is later still: it counts from when it ran the renewal)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.until = 0.0
+
+    def renewed(self, sent_at: float) -> None:
+        self.until = max(self.until, sent_at + self.seconds * 0.8)
+
+    def holds(self, since: float | None = None) -> bool:
+        """The lease holds now and, given ``since`` (when the execution began), the time
+        since then is short of most of a lease: no other worker can have adopted the run
+        (and told its model the outcome is unknown, or an operator reconciled it)."""
+        now = time.monotonic()
+        return now < self.until and (since is None or now - since < self.seconds * 0.8)
 
 
 class Executor:
@@ -48,6 +85,8 @@ class Executor:
         self.notify = notify
         self.actor = actor
         self.faults = faults
+        self.lease: LeaseClock | None = None  # None: no lease to keep (a worker sets one)
+        self.tool_timeout: float | None = None  # seconds a tool call may take
 
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
@@ -72,7 +111,10 @@ class Executor:
                 run_id=card.run_id,
             )
         try:
-            check = await tool.revalidate(card.args_snapshot, ctx)
+            async with asyncio.timeout(self.tool_timeout):
+                check = await tool.revalidate(card.args_snapshot, ctx)
+        except TRANSIENT as exc:  # not a verdict on the card: the run is continued later
+            raise Unavailable(f"revalidating card {card.id}: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # a tool's own failure must not wedge the run
             log.exception("revalidate failed for card %s", card.id)
             check_ok, reason, changes = False, f"revalidation error: {exc}", []
@@ -88,13 +130,23 @@ class Executor:
                 detail={"reason": reason, "changes": changes},
             )
             return await self.notify.moved(moved) or await self.store.get_card(card.id)
+        began = time.monotonic()  # before the statement: a pause after it counts too
         started = await self.notify.moved(await self.store.begin_execution(card.id, actor))
         if started is None:
             return await self.store.get_card(card.id)
-        for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
+        self.faults.hit("execute.after_start")
+        for attempt, wait in enumerate((*UNKNOWN_OUTCOME_RETRIES, None)):
+            if self.lease is not None and not self.lease.holds(began if attempt == 0 else None):
+                if attempt == 0:  # certain: nothing was sent
+                    log.error("card %s: %s; recorded failed", card.id, NOT_SENT)
+                    result, ok = {"error": NOT_SENT}, False
+                    break
+                log.error("card %s: lease lapsed between attempts; left executing", card.id)
+                return await self.store.get_card(card.id)
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
-                result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
+                async with asyncio.timeout(self.tool_timeout):
+                    result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
                 ok = True
                 self.faults.hit("execute.after_provider")
             except UNKNOWN_OUTCOME as exc:
@@ -113,14 +165,16 @@ class Executor:
             break
         # The outcome is known now: recording it must not be lost to a passing store
         # timeout (the move is conditional, so a repeat is harmless).
-        for wait in (*RECORD_RETRIES, None):
+        for attempt in itertools.count():
             try:
                 finished = await self.store.finish_execution(
                     card.id, ok=ok, result=result, actor=actor
                 )
                 break
-            except Unavailable:
-                if wait is None:
-                    raise
+            except Unavailable as exc:
+                wait = RECORD_RETRIES[min(attempt, len(RECORD_RETRIES) - 1)]
+                log.warning(
+                    "card %s: outcome not recorded yet (%s); again in %gs", card.id, exc, wait
+                )
                 await asyncio.sleep(wait)
         return await self.notify.moved(finished) or await self.store.get_card(card.id)

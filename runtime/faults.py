@@ -7,6 +7,8 @@ points, and where they are hit:
 
 * ``inbox.before_ack`` (worker, ``Worker._handle``): the message's step is stored
   (e.g. its card created), the inbox entry not yet acknowledged.
+* ``execute.after_start`` (worker, ``Executor.execute``): ``executing`` is recorded,
+  the provider not yet called.
 * ``execute.after_provider`` (worker, ``Executor.execute``): the provider accepted
   the call, ``executed`` not yet recorded.
 * ``decide.before_publish`` (gateway, ``Decisions._notify``): the decision is
@@ -30,6 +32,7 @@ log = logging.getLogger("signoff.faults")
 POINTS = frozenset(
     {
         "inbox.before_ack",
+        "execute.after_start",
         "execute.after_provider",
         "decide.before_publish",
         "prune.after_batch",

@@ -75,7 +75,7 @@ class Sweeper:
                     continue
                 if holder == w.worker_id:  # ours and parked nowhere here: nothing else wakes it
                     log.warning("run %s is ours but not parked here: continuing it", card.run_id)
-                    w.spawn(w.continue_held(card.run_id))
+                    w.spawn(w.wake(card.run_id))
                 else:
                     await w.notify.card(card)
                 continue

@@ -31,6 +31,7 @@ from signoff.runtime.errors import (
     UnknownTool,
     error_text,
 )
+from signoff.runtime.execution import LeaseClock
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
@@ -105,6 +106,8 @@ class Worker:
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
         self._lease_every = min(max(settings.lease_seconds / 3, 0.2), 2.0)
+        self.lease = LeaseClock(settings.lease_seconds)  # the provider is called while it holds
+        self.agent.executor.tool_timeout = settings.tool_timeout_seconds
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -115,6 +118,9 @@ class Worker:
         self.workflows.reopen()
         self._loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
         await asyncio.wait_for(self._subscribed.wait(), 10)
+        with contextlib.suppress(SignoffError):  # else the lease tick renews it
+            await self._renew()
+        self.agent.executor.lease = self.lease
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         s = self.settings
         self._loops.append(asyncio.create_task(self._inbox_loop(), name="signoff-inbox"))
@@ -330,13 +336,9 @@ class Worker:
 
     def _on_ready(self, run_id: str) -> None:
         trace = self._traces.pop(run_id, "") if self._traces else ""
-        self.spawn(self._wake(run_id), telemetry.context_of(trace))
+        self.spawn(self.wake(run_id), telemetry.context_of(trace))
 
-    async def continue_held(self, run_id: str) -> None:
-        """Continue a run this worker holds that is parked nowhere here (the sweeper's)."""
-        await self._wake(run_id)
-
-    async def _wake(self, run_id: str, attempt: int = 0) -> None:
+    async def wake(self, run_id: str, attempt: int = 0) -> None:
         try:
             # Bounded: past the pool's size, continuations would only queue for a pooled
             # connection, and one that waits past the store timeout fails mid-step (after
@@ -402,10 +404,10 @@ class Worker:
         if self._draining:
             return
         if delay <= 0:
-            self.spawn(self._wake(run_id, attempt))
+            self.spawn(self.wake(run_id, attempt))
             return
         asyncio.get_running_loop().call_later(
-            delay, lambda: None if self._draining else self.spawn(self._wake(run_id, attempt))
+            delay, lambda: None if self._draining else self.spawn(self.wake(run_id, attempt))
         )
 
     async def _listen(self) -> None:
@@ -442,8 +444,7 @@ class Worker:
         """Take over active runs whose lease lapsed and continue them from the store.
 
         At most ``adopt_batch`` adopted runs wait to be continued here at a time: the
-        rest stay lapsed for the next tick, or for another worker with room.
-        """
+        rest stay lapsed for the next tick, or for another worker with room."""
         room = self.settings.adopt_batch - self._adopting
         if room <= 0 or self._draining:
             return []
@@ -472,12 +473,17 @@ class Worker:
         try:
             async with self._adopt_slots:
                 self.waits.woken.woke(run_id, "adoption")
-                await self._wake(run_id)
+                await self.wake(run_id)
         finally:
             self._adopting -= 1
 
-    async def _lease_tick(self) -> None:
+    async def _renew(self) -> None:
+        sent = time.monotonic()
         await self.store.renew_leases(self.worker_id, self.settings.lease_seconds)
+        self.lease.renewed(sent)
+
+    async def _lease_tick(self) -> None:
+        await self._renew()
         await self.adopt()
 
     async def _heartbeat(self) -> None:

@@ -138,7 +138,9 @@ UPDATE cards
         executing_since = CASE WHEN $3 = 'executing' THEN now() ELSE executing_since END,
         decided_at = CASE WHEN $2 = 'pending' THEN COALESCE(decided_at, now())
                           ELSE decided_at END,
-        decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END
+        decided_by = CASE WHEN $2 = 'pending' THEN COALESCE(decided_by, $5) ELSE decided_by END,
+        -- an outcome recorded: nothing is left to reconcile
+        needs_reconciliation = needs_reconciliation AND $2 <> 'executing'
     FROM lk
     WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2"""
 

@@ -119,6 +119,52 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
             await db.close()
 
 
+async def test_worker_frozen_after_starting_execution_calls_nothing_when_thawed(
+    database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """The integrity probe's F2: a worker frozen (SIGSTOP) after recording `executing` and
+    before calling the provider; its run is adopted (the model told the outcome is
+    unknown, so the person may ask again, or an operator finds no charge and reconciles
+    the card `failed`). Let go, it called the provider with the card's key: a charge for a
+    card everyone had given up on. It now calls nothing (it was held up past its lease)
+    and records `failed`, saying nothing was sent."""
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=0,
+        SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_SWEEP_SECONDS="0.5",
+    ) as c:
+        invariants.watch_cluster(c)
+        frozen = c.add_worker("frozen", SIGNOFF_FAULTS="execute.after_start=stop")
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, gw.url, ["fs0"])
+            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
+            c.add_worker("survivor")
+            assert await approve(c, gw.url, [card]) == [200]
+            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the survivor's step")
+            (told,) = await tool_results(db, c.tenant)
+            assert "outcome is unknown" in told
+            frozen.signal(signal.SIGCONT)
+
+            async def recorded() -> bool:
+                status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
+                return bool(status == "failed")
+
+            await wait_until(recorded, what="the thawed worker's outcome")
+            result = await db.fetchval("SELECT result FROM cards WHERE id = $1", card["id"])
+            assert "not sent to the provider" in str(result), result
+            await asyncio.sleep(1.0)  # a call would have been made by now
+            assert await charge_keys(db, c.tenant) == []
+            await invariants.check()
+        finally:
+            await db.close()
+
+
 async def test_worker_killed_after_provider_accepted_before_recording(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from signoff.runtime.cards import Card, Decision, Status
+from signoff.runtime.config import Settings
 from signoff.runtime.errors import (
     AlreadyDecided,
     CardNotFound,
@@ -134,12 +135,16 @@ async def test_refusals_are_typed_and_change_nothing(database_url: str) -> None:
         )
         with pytest.raises(Expired):
             await h.decide(card, Decision.APPROVE)
+        with pytest.raises(Expired):
+            await h.edit(card, {"amount": "12"})
         assert (await h.store.get_card(card.id)).status is Status.PENDING
         await h.worker.sweep()
         await h.settle()
         assert (await h.store.get_card(card.id)).status is Status.EXPIRED
         with pytest.raises(Expired):  # still 410 once the sweeper has tidied it
             await h.decide(card, Decision.APPROVE)
+        with pytest.raises(Expired):  # an edit too (it was a 409 "card already expired")
+            await h.edit(card, {"amount": "12"})
         assert await h.charges() == 0
 
 
@@ -458,6 +463,121 @@ async def test_known_outcome_is_recorded_despite_a_passing_store_timeout(
         assert failures == 0
         assert (await h.store.get_card(card.id)).status is Status.EXECUTED
         assert await h.charges() == 1
+
+
+async def test_a_known_outcome_is_recorded_however_long_the_store_stays_away(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The integrity probe's F1: past five failed attempts (~8 s of a Postgres outage or
+    a locked thread row) the known outcome was dropped; the card stayed `executing`, the
+    model was told the outcome is unknown, the charge id never reached the person. It
+    is tried until it is recorded."""
+    from signoff.runtime import execution
+    from signoff.runtime.errors import Unavailable
+
+    monkeypatch.setattr(execution, "RECORD_RETRIES", (0.01,))  # the waits, not the count
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        real = h.store.finish_execution
+        failures = 25
+
+        async def away(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise Unavailable("Postgres refused: the database system is shutting down")
+            return await real(*args, **kwargs)
+
+        h.store.finish_execution = away
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert failures == 0
+        done = await h.store.get_card(card.id)
+        assert done.status is Status.EXECUTED and done.result is not None
+        assert "outcome is unknown" not in (await h.tool_result(card)).content
+        assert await h.charges() == 1
+
+
+async def test_a_revalidation_that_hangs_leaves_the_card_approved_and_is_tried_again(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The integrity probe's F3: a revalidation stuck on a dead connection held the run
+    for ever (the card `approved`, the worker alive, so nobody adopted it). It is given
+    up at ``SIGNOFF_TOOL_TIMEOUT_SECONDS`` without a verdict on the card (not invalidated:
+    the service did not answer), and the run is continued again once it answers."""
+    settings = Settings(tool_timeout_seconds=0.2)
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real = tool.revalidate
+        hangs = {"left": 2}
+
+        async def hanging(snapshot, ctx):  # type: ignore[no-untyped-def]
+            if hangs["left"]:
+                hangs["left"] -= 1
+                await asyncio.sleep(3600)
+            return await real(snapshot, ctx)
+
+        monkeypatch.setattr(tool, "revalidate", hanging)  # the demo's tools are shared
+        await h.decide(card, Decision.APPROVE)
+        await asyncio.sleep(0.3)
+        assert (await h.store.get_card(card.id)).status is Status.APPROVED  # no verdict
+        deadline = asyncio.get_running_loop().time() + 15  # tried again 0.5 s, 1 s later
+        while (await h.store.get_card(card.id)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "not executed"
+            await asyncio.sleep(0.05)
+        assert hangs["left"] == 0 and await h.charges() == 1
+
+
+async def test_an_execution_that_hangs_is_an_unknown_outcome_asked_again_with_its_key(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider call that never answers is given up at the tool timeout and asked again
+    with the same operation_id (the provider deduplicates); one that keeps hanging leaves
+    the card `executing` for reconciliation, and the model is told the outcome is unknown."""
+    from signoff.runtime import execution
+
+    monkeypatch.setattr(execution, "UNKNOWN_OUTCOME_RETRIES", (0.01, 0.01))
+    settings = Settings(tool_timeout_seconds=0.2)
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        keys: list[str] = []
+
+        async def hanging(snapshot, operation_id, ctx):  # type: ignore[no-untyped-def]
+            keys.append(operation_id)
+            await asyncio.sleep(3600)
+
+        monkeypatch.setattr(tool, "execute", hanging)  # the demo's tools are shared
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert keys == [card.operation_id] * 3
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTING
+        assert "outcome is unknown" in (await h.tool_result(card)).content
+
+
+async def test_recording_the_outcome_of_a_flagged_card_clears_its_flag(
+    database_url: str,
+) -> None:
+    """The integrity probe's F7: a card flagged for reconciliation while its worker was
+    paused, whose worker then recorded `executed`, kept the flag: `signoff cards list`
+    showed it [RECONCILE] for ever, and reconcile refused it (not `executing`)."""
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        await h.store.db.execute(  # as if the worker had paused right after `executing`
+            "UPDATE cards SET status = 'executing', result = NULL WHERE id = $1", card.id
+        )
+        assert card.id in {c.id for c in await h.store.flag_stuck(0)}
+        done = await h.store.finish_execution(
+            card.id, ok=True, result={"charge_id": "c1"}, actor="worker:paused"
+        )
+        assert done is not None
+        assert done.card.status is Status.EXECUTED and not done.card.needs_reconciliation
+        assert not (await h.store.get_card(card.id)).needs_reconciliation
 
 
 def test_tool_specs_are_built_once() -> None:
