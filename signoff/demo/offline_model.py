@@ -30,7 +30,8 @@ _NOT_NAMES = frozenset(
     change mude muda mudar altere altera alterar troque find busque busca buscar procure
     search look cancel cancele cancela cancelar please por favor o a os as um uma the of to
     for from do da de dos das para em e and then depois i me my meu minha email e-mail new
-    novo nova what qual quanto how show mostre propose proponha again novamente valor""".split()
+    novo nova what qual quanto how show mostre propose proponha again novamente valor
+    oi olá ola bom boa dia tarde noite hi hey hello hola obrigado obrigada thanks""".split()
 )
 _CAPITAL = re.compile(r"(?<![\w@.])([A-ZÀ-Ý][a-zà-ÿ]+)(?:'s)?\b")
 _AFTER = re.compile(
@@ -41,7 +42,8 @@ _AFTER = re.compile(
 # A minus sign written before a number is kept (the tool then refuses the amount, and the
 # person is told), never dropped: "-5" is not a charge of 5.
 AMOUNT = re.compile(
-    r"(?:R\$\s*)?((?:(?<![\w-])[-\u2212])?(?:\d{1,3}(?:\.\d{3})+(?:,\d{1,2})?|\d+(?:[.,]\d{1,2})?))"
+    r"(?:R\$\s*)?((?:(?<![\w-])[-\u2212])?(?:\d{1,3}(?:([.,])\d{3})(?:\2\d{3})*(?:[.,]\d{1,2})?"
+    r"|\d+(?:[.,]\d{1,2})?))"
 )
 _UNIT = re.compile(r"(?:reais|real|brl)\b", re.IGNORECASE)  # "150reais" is 150
 _IDS = re.compile(r"\b[VvAa]\d{3}\b|\(CPF[^)]*\)")
@@ -98,7 +100,11 @@ def intent(part: str) -> dict[str, Any] | None:
         return _use("get_balance", {})
     sale = re.search(r"\b(v\d{3})\b", low)
     if sale and re.search(r"estorn|reembols|refund|devolv", low):
-        return _use("refund_sale", {"sale_id": sale.group(1).upper()})
+        data: dict[str, Any] = {"sale_id": sale.group(1).upper()}
+        amount = amount_of(part)  # "estorne 50 da venda V001": a partial refund
+        if amount is not None:
+            data["amount"] = amount
+        return _use("refund_sale", data)
     appt = re.search(r"\b(a\d{3})\b", low)
     if appt and re.search(r"cancel", low):
         return _use("cancel_appointment", {"appointment_id": appt.group(1).upper()})

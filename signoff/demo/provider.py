@@ -82,6 +82,9 @@ async def _no_reset(conn: Any) -> None:
     """Nothing to reset between uses (see Provider.connect)."""
 
 
+_FOLD = "translate(lower({}), 'áàâãäéèêëíìîïóòôõöúùûüçñ', 'aaaaaeeeeiiiiooooouuuucn')"
+
+
 class RefundRefused(Exception):
     """The provider refuses a refund larger than what is left of the sale (the card fails
     with this message; nothing was moved)."""
@@ -166,8 +169,10 @@ class Provider:
 
     async def find_customers(self, tenant: str, query: str) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(
+            # Accents and case aside: "joao" finds João, as a person typing expects.
             "SELECT id, name, cpf, email, active FROM demo_customers "
-            "WHERE tenant = $1 AND (name ILIKE $2 OR id = $3) ORDER BY name",
+            f"WHERE tenant = $1 AND ({_FOLD.format('name')} LIKE {_FOLD.format('$2')} "
+            "OR id = $3) ORDER BY name",
             tenant,
             f"%{query}%",
             query,

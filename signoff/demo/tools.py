@@ -190,6 +190,8 @@ class RefundSale(Tool):
         if sale is None:
             raise ToolValidationError(f"no sale {data.sale_id!r}")
         left = sale["amount"] - sale["refunded"]
+        if left <= 0:  # a card of R$ 0,00 would "execute" a refund of nothing
+            raise ToolValidationError(f"sale {sale['id']} is already refunded in full")
         cents = left if data.amount is None else parse_amount(data.amount)
         if cents > left:
             raise ToolValidationError(f"only {brl(left)} of sale {sale['id']} can be refunded")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -214,3 +215,35 @@ async def test_a_wrong_api_key_fails_the_run_and_says_so(database_url: str) -> N
             assert last.body["status"] == "failed"
             assert last.body["error"].startswith("model_refused: Anthropic API answered 401")
             assert f.remaining == 1
+
+
+async def test_a_sale_refunded_in_full_gets_no_card_of_nothing(database_url: str) -> None:
+    """The newcomer's find: refunding a sale already refunded in full proposed a card of
+    R$ 0,00, and confirming it "executed" a refund of nothing. It is refused with the
+    reason; a partial refund proposes exactly its amount."""
+    from signoff.demo import build
+    from signoff.testing import Harness
+
+    tenant = "t-" + secrets.token_hex(4)
+    async with Harness(build((tenant,)), database_url=database_url, tenant=tenant) as h:
+        whole = (await h.propose("refund_sale", {"sale_id": "V002"})).impact["amount_cents"]
+        part = await h.propose("refund_sale", {"sale_id": "V002", "amount": "10"})
+        assert part.impact["amount"] == "R$ 10,00"
+        await h.approve(part)
+        rest = await h.propose("refund_sale", {"sale_id": "V002"})
+        assert rest.impact["amount_cents"] == whole - 1000
+        await h.approve(rest)
+        got = await h.call("refund_sale", {"sale_id": "V002"})
+        assert got.is_error and "already refunded in full" in got.content, got
+
+
+async def test_a_customer_is_found_without_their_accents(database_url: str) -> None:
+    """ "charge joao 150" found no customer: the lookup was accent-sensitive."""
+    from signoff.demo import build
+    from signoff.testing import Harness
+
+    tenant = "t-" + secrets.token_hex(4)
+    async with Harness(build((tenant,)), database_url=database_url, tenant=tenant) as h:
+        for spelled in ("joao", "JOAO", "João"):
+            card = await h.propose("create_pix_charge", {"customer": spelled, "amount": "150"})
+            assert "João Silva" in card.summary, card.summary

@@ -243,6 +243,53 @@ def test_a_currency_word_run_into_the_number_is_still_the_amount() -> None:
     assert parse_amount(use["input"]["amount"]) == 15000
 
 
+@pytest.mark.parametrize(
+    ("text", "cents"),
+    [
+        ("charge João 1,000.00", 100000),
+        ("charge João 1,234,567.89", None),
+        ("cobre 1.000,00 do João", 100000),
+        ("cobre 1.234.567,89 do João", None),
+        ("charge João 1,000", 100000),
+        ("cobre 150,50 do João", 15050),
+    ],
+)
+def test_thousands_in_either_language_are_the_amount(text: str, cents: int | None) -> None:
+    """ "charge João 1,000.00" proposed R$ 1,00 (only the Brazilian grouping was known).
+    (None: read whole, and above the demo's limit, so the tool refuses it.)"""
+    (use,) = ask([user(text)]).tool_uses()
+    if cents is None:
+        assert use["input"]["amount"] in ("1,234,567.89", "1.234.567,89")
+        with pytest.raises(ToolValidationError, match="limit"):
+            parse_amount(use["input"]["amount"])
+    else:
+        assert parse_amount(use["input"]["amount"]) == cents
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Oi, cobre 150 do João",
+        "Bom dia! Cobre 150 do João",
+        "Hi, please charge João 150",
+        "Hey can you charge João 150?",
+        "Olá, cobre 150 do João",
+    ],
+)
+def test_a_greeting_is_not_the_customer(text: str) -> None:
+    """ "Oi, cobre 150 do João" looked for a customer named "Oi"."""
+    (use,) = ask([user(text)]).tool_uses()
+    assert use["input"] == {"customer": "João", "amount": "150"}
+
+
+def test_a_refund_with_an_amount_is_a_partial_refund() -> None:
+    """ "estorne 50 da venda V001" proposed the whole sale's refund."""
+    (use,) = ask([user("estorne 50 da venda V001")]).tool_uses()
+    assert use["input"] == {"sale_id": "V001", "amount": "50"}
+    (use,) = ask([user("refund sale V001")]).tool_uses()
+    assert use["input"] == {"sale_id": "V001"}
+
+
 def test_parsing_a_long_message_grows_linearly() -> None:
     """The hostile prober's repro: the e-mail pattern tried every start inside a long
     word, so parsing took quadratic time (8,000 characters: ~1 s of CPU per message, the
