@@ -11,7 +11,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -23,6 +23,11 @@ from signoff.runtime.errors import ConfigError
 # settings come in (from_env), the error naming the variable.
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+# Limits and waits where 0 means "none" or "at once", never below (a limit of -1 refused
+# every request with a 503; a drain of -5 s was taken).
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]  # 99999 wrapped round to 34463
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,7 +41,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     database_url: str | None = None  # None: `signoff dev` starts an embedded Postgres
     redis_url: str | None = None  # None: the in-process bus (single process only)
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Port = 8000
     data_dir: str = ".signoff"
     secret: str = ""  # token signing key; `signoff dev` makes and keeps one in data_dir
     token_ttl_seconds: PositiveInt = 12 * 3600
@@ -54,25 +59,27 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     tool_timeout_seconds: Positive = 30.0
     # An approved card not started after this long is looked at by the sweeper.
     approved_stale_seconds: Positive = 5.0
-    wait_grace_ms: int = 30_000
+    wait_grace_ms: NonNegativeInt = 30_000
     key_prefix: str = "so:"
     tenant: str = "demo"
     max_ws_message_bytes: PositiveInt = 64 * 1024
     pool_size: PositiveInt = 10
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
-    db_timeout_seconds: float = 5.0
+    db_timeout_seconds: Positive = 5.0
     # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in
     # transaction pooling mode (design note 32).
-    db_statement_cache_size: int = 100
-    ws_frames_per_second: float = 20.0  # per WebSocket; 0: no limit
-    ws_burst: int = 40  # frames a socket may send at once before it is rate limited
-    claim_idle_ms: int = 30_000  # inbox entries of a dead consumer idle this long are reclaimed
+    db_statement_cache_size: NonNegativeInt = 100
+    ws_frames_per_second: NonNegative = 20.0  # per WebSocket; 0: no limit
+    ws_burst: PositiveInt = 40  # frames a socket may send at once before it is rate limited
+    claim_idle_ms: PositiveInt = (
+        30_000  # inbox entries of a dead consumer idle this long are reclaimed
+    )
     # Inbox streams (0: one on a Redis server, 8 on a Redis Cluster; design note 31).
-    inbox_partitions: int = 0
+    inbox_partitions: NonNegativeInt = 0
     faults: tuple[str, ...] = ()  # armed fault points (tests only), see runtime/faults.py
     # /metrics (prometheus-client) on a port of its own, never the public one (0: off);
     # bound on metrics_host (default: host). runtime/metrics_server.py, design note 27.
-    metrics_port: int = 0
+    metrics_port: Port = 0
     metrics_host: str = ""
     # Logs (runtime/logs.py): json (gateway, worker) or human (dev); "" picks by command.
     log_format: str = ""
@@ -82,28 +89,30 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     otel: bool = False
     # A gateway told to stop (SIGTERM) fails /readyz for this long before it stops
     # accepting, so a load balancer sends new clients elsewhere first (gateway/drain.py).
-    drain_seconds: float = 2.0
+    drain_seconds: NonNegative = 2.0
     # Back-pressure: API requests and WebSocket message/resolve frames one gateway works
     # on at once; past it a typed 503 `overloaded` with Retry-After (0: no limit).
-    max_in_flight: int = 200
-    adopt_batch: int = 1000  # lapsed runs one worker adopts per lease tick
+    max_in_flight: NonNegativeInt = 200
+    adopt_batch: PositiveInt = 1000  # lapsed runs one worker adopts per lease tick
     event_loop: str = "auto"  # auto (uvloop if installed) | uvloop | asyncio; runtime/loops.py
     # uvicorn's WebSocket implementation: websockets-sansio (the websockets library's
     # protocol, C-accelerated framing) | wsproto (pure Python); bench/README.md, levers
-    ws_protocol: str = "websockets-sansio"
+    ws_protocol: Literal["websockets-sansio", "websockets", "wsproto"] = "websockets-sansio"
     # Per-user quotas (per tenant + user; 0: no limit), gateway/quotas.py. Refusals are
     # typed 429s (`rate_limited`, Retry-After) that change nothing.
-    quota_threads_per_minute: int = 30  # threads created in any 60 s
-    quota_turns_in_flight: int = 16  # accepted, unstarted messages + runs `running`
-    quota_queued_seconds: float = 120.0  # an accepted message no worker started counts this long
-    quota_sockets: int = 64  # open WebSockets per user, per gateway process
-    quota_workflow_runs_per_minute: int = 30  # workflow runs started in any 60 s
-    workflow_events_kept: int = 100  # events a workflow run keeps for later gates
+    quota_threads_per_minute: NonNegativeInt = 30  # threads created in any 60 s
+    quota_turns_in_flight: NonNegativeInt = 16  # accepted, unstarted messages + runs `running`
+    quota_queued_seconds: NonNegative = (
+        120.0  # an accepted message no worker started counts this long
+    )
+    quota_sockets: NonNegativeInt = 64  # open WebSockets per user, per gateway process
+    quota_workflow_runs_per_minute: NonNegativeInt = 30  # workflow runs started in any 60 s
+    workflow_events_kept: NonNegativeInt = 100  # events a workflow run keeps for later gates
     # Slow clients (gateway/timeouts.py; 0: no limit): a request's headers must arrive within
     # header_timeout_seconds of its first byte (of the connection, for its first request),
     # its body within body_timeout_seconds of the headers (408, or the connection is cut).
-    header_timeout_seconds: float = 10.0
-    body_timeout_seconds: float = 15.0
+    header_timeout_seconds: NonNegative = 10.0
+    body_timeout_seconds: NonNegative = 15.0
     # The WhatsApp Cloud API channel (gateway/channels/whatsapp): off unless the phone
     # number id, token, app secret and verify token are all set.
     whatsapp_phone_number_id: str = ""
@@ -118,28 +127,28 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Outside the 24-hour window, cards and notices go as this approved template.
     whatsapp_template_name: str = "signoff_notice"
     whatsapp_template_language: str = "pt_BR"
-    whatsapp_window_seconds: float = 24 * 3600.0
+    whatsapp_window_seconds: Positive = 24 * 3600.0
     whatsapp_poll_seconds: Positive = 0.3  # how often a gateway looks for entries to send
-    whatsapp_send_attempts: int = 4  # per message, with backoff on 5xx/429/network errors
+    whatsapp_send_attempts: PositiveInt = 4  # per message, with backoff on 5xx/429/network errors
     # A claim never marked sent/failed after this long is taken over by a live gateway
     # (its claimer died between claim and send; a rare duplicate, design note 24).
     whatsapp_claim_lease_seconds: Positive = 30.0
     # Redis client pool (runtime/bus/client.py): at most this many pooled connections per
     # process (the pub/sub and pipelined connections are one more each); a call beyond it
     # waits up to redis_pool_timeout_seconds for a free one, then fails as Unavailable.
-    redis_max_connections: int = 32
-    redis_pool_timeout_seconds: float = 5.0
+    redis_max_connections: PositiveInt = 32
+    redis_pool_timeout_seconds: Positive = 5.0
     # Retention (runtime/retention.py, `signoff prune`, design note 28): threads whose last
     # activity is older than this many days (fractions allowed) are deleted with their
     # messages, runs and cards; 0 keeps everything. retention_tenants overrides it per
     # tenant ("acme=30,demo=0.5"; 0 keeps that tenant's threads). The audit of executed
     # cards is exported to JSONL files in retention_archive_dir (default <data_dir>/audit)
     # before they are deleted. Workers prune every retention_interval_seconds, one at a time.
-    retention_days: float = 0.0
+    retention_days: NonNegative = 0.0
     retention_tenants: tuple[str, ...] = ()
     retention_archive_dir: str = ""
     retention_interval_seconds: Positive = 3600.0
-    retention_batch: int = 200
+    retention_batch: PositiveInt = 200
 
     @property
     def whatsapp_enabled(self) -> bool:
@@ -233,6 +242,16 @@ _ENV: dict[str, str] = {
 _BOOLS = frozenset({"offline_model", "allow_app_skew", "whatsapp_text_confirm", "otel"})
 
 
+def _boolean(var: str, text: str) -> bool:
+    """1/true/yes/on or 0/false/no/off; anything else is refused ("maybe" was false)."""
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"bad setting: {var}={text!r}: expected 1/true/yes/on or 0/false/no/off")
+
+
 def env_names() -> dict[str, str]:
     """Setting name -> environment variable (for --help and the README)."""
     return dict(_ENV)
@@ -248,7 +267,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
             if name in ("allowed_origins", "faults", "retention_tenants"):
                 value = tuple(o.strip() for o in value.split(",") if o.strip())
             elif name in _BOOLS:
-                value = value.lower() in ("1", "true", "yes")
+                value = _boolean(var, value)
             raw[name] = value
     if source.get("OTEL_EXPORTER_OTLP_ENDPOINT") and "otel" not in raw:
         raw["otel"] = True  # the standard OpenTelemetry variable turns tracing on too

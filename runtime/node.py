@@ -128,6 +128,7 @@ async def running(
         raise ConfigError("no database: set SIGNOFF_DATABASE_URL (or use `signoff dev`)")
     if settings.redis_url is None and not (worker and gateway):
         raise ConfigError("separate gateway and worker processes need SIGNOFF_REDIS_URL")
+    retention.Policy.from_settings(settings)  # every role refuses a bad rule, not workers only
     store = await PostgresStore.connect(
         settings.database_url,
         max_size=settings.pool_size,
@@ -143,6 +144,9 @@ async def running(
     try:
         if migrate:
             await store.migrate()
+        if worker:  # one process per worker id (a duplicate SIGNOFF_WORKER_ID refuses)
+            renews = min(max(settings.lease_seconds / 3, 0.2), 2.0)  # as Worker renews
+            await presence.sole_worker(store, settings.worker_id, watch=2 * renews)
         # Refuses to start (AppMismatch) beside live processes serving another version of
         # the app, before the app's own setup touches anything.
         await stack.enter_async_context(

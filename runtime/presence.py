@@ -22,12 +22,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Protocol
 
 import msgspec
 
 from signoff.runtime.app import App
-from signoff.runtime.errors import AppMismatch
+from signoff.runtime.errors import AppMismatch, ConfigError
 
 log = logging.getLogger("signoff.presence")
 
@@ -61,6 +62,10 @@ class PresenceStore(Protocol):
     async def beat_app(self, process: AppProcess) -> None: ...
 
     async def leave_app(self, process_id: str) -> None: ...
+
+
+class Leases(Protocol):
+    async def lease_of(self, holder: str) -> tuple[datetime, float] | None: ...
 
 
 def describe(app: App, process_id: str, roles: list[str]) -> AppProcess:
@@ -148,3 +153,30 @@ async def present(
             await beat
         with contextlib.suppress(Exception):
             await store.leave_app(me.id)
+
+
+async def sole_worker(store: Leases, worker_id: str, watch: float, grace: float = 0.5) -> None:
+    """A worker id is one process's (``SIGNOFF_WORKER_ID``): two processes under one id
+    would both hold its runs and step them at once. A live lease under this id is watched
+    for ``watch`` seconds (two of a worker's renewal intervals) or until it lapses: renewed
+    meanwhile, it is a live process's, and this one refuses to start
+    (:class:`ConfigError`); not renewed, it was a crashed predecessor's, and this one
+    takes the id (and its runs) over."""
+    lease = await store.lease_of(worker_id)
+    if lease is None or lease[1] <= 0:
+        return
+    until, left = lease
+    log.warning(
+        "worker id %s has a live lease for %.1fs more: watching it for %.1fs (a live "
+        "process renewing it would make this one refuse to start)",
+        worker_id,
+        left,
+        min(left, watch),
+    )
+    await asyncio.sleep(min(left, watch) + grace)
+    again = await store.lease_of(worker_id)
+    if again is not None and again[0] > until:
+        raise ConfigError(
+            f"worker id {worker_id!r} is in use by a live worker (its lease was renewed "
+            "while this one waited): give each worker its own SIGNOFF_WORKER_ID"
+        )

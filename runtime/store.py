@@ -24,6 +24,7 @@ one to it):
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
 
 from signoff.runtime.cards import Card, Decision, Status
@@ -277,6 +278,8 @@ class Store(Protocol):
     # -- workers (a run is held while its holder's lease is in the future) ----------
 
     async def renew_leases(self, holder: str, lease_seconds: float) -> None: ...
+
+    async def lease_of(self, holder: str) -> tuple[datetime, float] | None: ...
 
     async def release_runs(self, holder: str) -> None: ...
 

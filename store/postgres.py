@@ -74,6 +74,7 @@ class PostgresStore:
         self.turns_in_flight = runs.turns_in_flight
 
         self.renew_leases = workers.renew_leases
+        self.lease_of = workers.lease_of
         self.release_runs = workers.release_runs
         self.adopt_runs = workers.adopt_runs
         self.forget_workers = workers.forget_workers

@@ -49,6 +49,7 @@ class Queries:
     turns_in_flight: str
     # workers
     worker_renew: str
+    worker_lease: str
     run_release: str
     run_adopt: str
     workers_forget: str

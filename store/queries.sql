@@ -322,6 +322,12 @@ FROM unnest($3::uuid[]) AS a(id) LEFT JOIN runs r ON r.id = a.id;
 INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
 ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until;
 
+-- name: worker_lease
+-- Worker $1's lease: when it lapses and how far off that is (seconds, by the database's
+-- clock); no row for a worker that stopped cleanly or never ran.
+SELECT lease_until, extract(epoch FROM lease_until - now())::float8 AS left_seconds
+FROM workers WHERE id = $1;
+
 -- name: run_release
 -- A graceful stop: holder $1 hands its runs back at once and its lease row goes.
 WITH r AS (

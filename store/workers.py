@@ -4,6 +4,8 @@ many runs it holds, and a lapsed worker's runs are adopted by another."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from signoff.runtime.records import Run
 from signoff.store import rows
 from signoff.store.connector import Connector
@@ -17,6 +19,11 @@ class Workers:
     async def renew_leases(self, holder: str, lease_seconds: float) -> None:
         """Renew this worker's lease: every run it holds stays held (one row)."""
         await self._db.execute(SQL.worker_renew, holder, lease_seconds)
+
+    async def lease_of(self, holder: str) -> tuple[datetime, float] | None:
+        """Worker ``holder``'s lease: (when it lapses, seconds until then); None: no row."""
+        row = await self._db.fetchrow(SQL.worker_lease, holder)
+        return None if row is None else (row["lease_until"], row["left_seconds"])
 
     async def release_runs(self, holder: str) -> None:
         """Hand every run back at once and drop the worker's lease (graceful stop)."""

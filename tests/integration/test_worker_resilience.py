@@ -329,3 +329,40 @@ async def test_the_sweep_continues_an_approved_run_we_hold_but_do_not_park(
         assert (await h.store.get_card(card.id)).status is Status.APPROVED
         await w.sweep_approved()
         await executed(h, card.id)
+
+
+async def test_a_second_worker_under_a_live_workers_id_refuses_to_start(
+    own_database: str,
+) -> None:
+    """The operator probe's #9: a second `signoff worker` with the SIGNOFF_WORKER_ID of a
+    live one "took over" that worker's runs (held, to it, by no live worker) and on stop
+    released them from under it: two processes under one holder id step the same runs.
+    A lease renewed while the newcomer waits is a live process's: it refuses to start.
+    A lapsing one (a crashed predecessor) is waited out."""
+    from signoff.runtime import presence
+    from signoff.runtime.errors import ConfigError
+    from signoff.store.postgres import PostgresStore
+
+    store = await PostgresStore.connect(own_database)
+    try:
+        await presence.sole_worker(store, "never-ran", watch=5)  # no row: at once
+        await store.renew_leases("live-one", 1.0)
+
+        async def renewing() -> None:
+            while True:
+                await asyncio.sleep(0.2)
+                await store.renew_leases("live-one", 1.0)
+
+        beat = asyncio.create_task(renewing())
+        try:
+            with pytest.raises(ConfigError, match="in use by a live worker"):
+                await presence.sole_worker(store, "live-one", watch=0.5, grace=0.1)
+        finally:
+            beat.cancel()
+        await store.renew_leases("crashed-one", 30)  # never renewed again
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await presence.sole_worker(store, "crashed-one", watch=0.5, grace=0.1)
+        assert 0.5 <= loop.time() - began < 5  # watched it, not renewed: went on
+    finally:
+        await store.close()

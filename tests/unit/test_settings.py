@@ -1,0 +1,68 @@
+"""Settings refuse values that cannot work, naming the variable (the operator probe's #6
+and #7: each of these was taken and then broke something, or silently meant another)."""
+
+from __future__ import annotations
+
+import pytest
+
+from signoff.runtime.config import from_env
+from signoff.runtime.errors import ConfigError
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("SIGNOFF_PORT", "99999"),  # the socket listened on 34463
+        ("SIGNOFF_METRICS_PORT", "99999"),  # an OverflowError traceback
+        ("SIGNOFF_PORT", "-1"),
+        ("SIGNOFF_MAX_IN_FLIGHT", "-1"),  # every request a 503 "limit of -1", /readyz 200
+        ("SIGNOFF_DRAIN_SECONDS", "-5"),
+        ("SIGNOFF_DB_TIMEOUT_SECONDS", "0"),  # an asyncpg ValueError at start
+        ("SIGNOFF_RETENTION_DAYS", "-1"),  # taken by gateways, refused by workers
+        ("SIGNOFF_WS_PROTOCOL", "bogus"),  # uvicorn's ImportFromStringError
+        ("SIGNOFF_QUOTA_SOCKETS", "-3"),
+        ("SIGNOFF_REDIS_MAX_CONNECTIONS", "0"),
+        ("SIGNOFF_WS_BURST", "0"),
+    ],
+)
+def test_a_value_that_cannot_work_is_refused_naming_its_variable(var: str, value: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        from_env({var: value})
+    assert var in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled"])
+def test_a_switch_is_on_or_off_never_a_guess(value: str) -> None:
+    """SIGNOFF_ALLOW_APP_SKEW=maybe was taken as off."""
+    with pytest.raises(ConfigError, match="SIGNOFF_ALLOW_APP_SKEW"):
+        from_env({"SIGNOFF_ALLOW_APP_SKEW": value})
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("on", True), ("NO", False), ("0", False)])
+def test_switch_spellings(value: str, on: bool) -> None:
+    assert from_env({"SIGNOFF_ALLOW_APP_SKEW": value}).allow_app_skew is on
+
+
+def test_limits_of_zero_still_mean_none() -> None:
+    s = from_env({"SIGNOFF_MAX_IN_FLIGHT": "0", "SIGNOFF_DRAIN_SECONDS": "0", "SIGNOFF_PORT": "0"})
+    assert (s.max_in_flight, s.drain_seconds, s.port) == (0, 0.0, 0)
+
+
+async def test_a_gateway_refuses_a_bad_retention_rule_as_a_worker_does() -> None:
+    """One ConfigMap for both pools: gateways came up while workers crash-looped on
+    SIGNOFF_RETENTION_TENANTS=acme (no days)."""
+    from signoff.demo import app
+    from signoff.runtime.node import running
+
+    settings = from_env(
+        {
+            "SIGNOFF_RETENTION_TENANTS": "acme",
+            "SIGNOFF_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+            "SIGNOFF_REDIS_URL": "redis://127.0.0.1:1/0",
+        }
+    )
+    with pytest.raises(ConfigError, match="bad retention rule 'acme'"):
+        async with running(settings, app(), worker=False, gateway=True):
+            pass
