@@ -146,7 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     if not publish:
         log(f"run_all: README tables left as they were; this run's figures: {args.out}")
     missed = [k for k, v in summary.items() if isinstance(v, dict) and v.get("met") is False]
-    log(f"run_all: {total} s; failed: {failed or 'none'}; targets missed: {missed or 'none'}")
+    if args.quick:
+        # Smoke sizes (16 users, 5,000 parked runs, phases at 50/s and 200/s): set against
+        # the full run's targets they only alarm; the figures below are for a sanity look.
+        log(
+            f"run_all: {total} s; failed: {failed or 'none'}; a --quick run is a smoke test: "
+            "its figures are not compared with the targets (run without --quick for those)"
+        )
+    else:
+        log(f"run_all: {total} s; failed: {failed or 'none'}; targets missed: {missed or 'none'}")
     for k, v in summary.items():
         if isinstance(v, dict) and "value" in v:
             log(
