@@ -12,7 +12,10 @@
   received a resume or an event -> this worker claimed the run to run its next step);
 * ``GET /metrics/spans?after=N``: a worker's per-process spans (``runtime/spans.py``:
   each wake labelled by the path that woke it, timed on this process's monotonic clock);
-* ``GET /healthz``.
+* ``GET /healthz`` (the process answers: a liveness probe);
+* ``GET /readyz`` (a worker: its loops run, it is not stopping, Postgres and Redis answer;
+  503 ``{"ok": false, "error": ...}`` otherwise: a readiness probe that sees a worker cut
+  off from its stores, which a TCP probe of this port did not).
 
 A tiny Starlette app on its own uvicorn server in the same event loop: no hand-written
 HTTP. The gauges of this process's worker and gateway (parked runs, steps in flight,
@@ -26,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -115,6 +118,27 @@ def worker_gauges(worker: Any) -> list[tuple[str, str, float]]:
     ]
 
 
+async def worker_ready(worker: Any, store: Any, bus: Any, timeout: float = 2.0) -> str | None:
+    """Why ``worker`` cannot take work now (stopping, a loop of it ended, Postgres or Redis
+    not answering within ``timeout``), or None. Dependencies are named, never their
+    errors' text (hosts, ports): the log has that."""
+    if worker.draining:
+        return "draining"
+    ended = sorted(t.get_name() for t in (*worker.loops, *worker.ticks.tasks) if t.done())
+    if ended:
+        return f"loops ended: {', '.join(ended)}"
+    checks = [("postgres", store.ping)]
+    if getattr(bus, "ping", None) is not None:
+        checks.append(("redis", bus.ping))
+    for name, check in checks:
+        try:
+            await asyncio.wait_for(check(), timeout)
+        except Exception as exc:
+            log.warning("/readyz: %s: %s: %s", name, type(exc).__name__, exc)
+            return f"{name} unavailable"
+    return None
+
+
 class MetricsServer:
     """Serve the registry (and extra collectors) on ``host:port`` until :meth:`close`."""
 
@@ -127,6 +151,8 @@ class MetricsServer:
         self.samples = samples
         self.workflow_samples = workflow_samples
         self.spans = spans
+        # Why this process cannot take work now, or None (no check: always ready).
+        self.ready: Callable[[], Awaitable[str | None]] | None = None
         self.collectors: list[Collector] = []
         self.refreshers: list[Callable[[], Any]] = []
         self.port = 0
@@ -166,6 +192,12 @@ class MetricsServer:
         async def healthz(request: Request) -> Response:
             return JSONResponse({"ok": True})
 
+        async def readyz(request: Request) -> Response:
+            why = await self.ready() if self.ready is not None else None
+            if why is None:
+                return JSONResponse({"ok": True})
+            return JSONResponse({"ok": False, "error": why}, 503)
+
         return Starlette(
             routes=[
                 Route("/metrics", metrics),
@@ -173,6 +205,7 @@ class MetricsServer:
                 Route("/metrics/workflow-latency", workflow_latency),
                 Route("/metrics/spans", spans),
                 Route("/healthz", healthz),
+                Route("/readyz", readyz),
             ]
         )
 

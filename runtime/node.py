@@ -203,7 +203,12 @@ async def start_metrics(node: Node) -> Any:
     s = node.settings
     if not s.metrics_port:
         return None
-    from signoff.runtime.metrics_server import InboxStats, MetricsServer, worker_gauges
+    from signoff.runtime.metrics_server import (
+        InboxStats,
+        MetricsServer,
+        worker_gauges,
+        worker_ready,
+    )
 
     worker = node.worker
     server = MetricsServer(
@@ -216,6 +221,7 @@ async def start_metrics(node: Node) -> Any:
         inbox = InboxStats(node.bus)
         server.add(inbox.gauges)
         server.refreshers.append(inbox.refresh)
+        server.ready = lambda: worker_ready(worker, node.store, node.bus)
     from signoff.gateway.timeouts import http_protocol
 
     await server.start(s.metrics_host or s.host, s.metrics_port, http_protocol(s))

@@ -95,13 +95,13 @@ class Worker:
         self.sweeper = Sweeper(self)
         self.poller = Poller(self)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._loops: list[asyncio.Task[Any]] = []
+        self.loops: list[asyncio.Task[Any]] = []
         self.ticks = Ticks()
         self._subscribed = asyncio.Event()
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
         self._step_slots = asyncio.Semaphore(max(settings.pool_size, 2))
         self._adopting = 0  # adopted runs not yet continued
-        self._draining = False
+        self.draining = False
         # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
@@ -114,16 +114,16 @@ class Worker:
     async def start(self) -> None:
         """Subscribe first (and wait for it), then adopt runs, then take work (a stopped
         worker may be started again)."""
-        self._draining = False
+        self.draining = False
         self.workflows.reopen()
-        self._loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
+        self.loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
         await asyncio.wait_for(self._subscribed.wait(), 10)
         with contextlib.suppress(SignoffError):  # else the lease tick renews it
             await self._renew()
         self.agent.executor.lease = self.lease
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         s = self.settings
-        self._loops.append(asyncio.create_task(self._inbox_loop(), name="signoff-inbox"))
+        self.loops.append(asyncio.create_task(self._inbox_loop(), name="signoff-inbox"))
         self.ticks = Ticks()  # a stopped worker's loops stay stopped; a start gets new ones
         self.ticks.every("lease", self._lease_every, lambda _: self._lease_tick(), now=True)
         self.ticks.every("heartbeat", self._lease_every, lambda _: self._heartbeat(), now=True)
@@ -135,14 +135,14 @@ class Worker:
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
         ``release=False`` leaves tokens and leases as they are, like a crash would)."""
-        self._draining = True  # adopts nothing from now on
+        self.draining = True  # adopts nothing from now on
         self.workflows.stop()  # takes no more wakes; its runs are released below
-        for task in self._loops:  # these wait on Redis (listen, inbox): cancelled at once
+        for task in self.loops:  # these wait on Redis (listen, inbox): cancelled at once
             task.cancel()
-        for task in self._loops:
+        for task in self.loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._loops.clear()
+        self.loops.clear()
         await self.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
         if drain and self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
@@ -250,7 +250,7 @@ class Worker:
         except Unavailable as again:
             delay = min(0.5 * 2**attempt, 30.0)
             log.warning("could not settle run %s (%s); again in %.1fs", run_id, again, delay)
-            if not self._draining:
+            if not self.draining:
                 asyncio.get_running_loop().call_later(
                     delay, lambda: self.spawn(self._settle_failed(run_id, exc, attempt + 1))
                 )
@@ -277,7 +277,7 @@ class Worker:
                 )
                 break
             except Unavailable as exc:
-                if wait is None or self._draining:
+                if wait is None or self.draining:
                     log.warning("inbox entry %s handed back: %s", delivery.id, exc)
                     COUNTERS.inc("signoff_inbox_released_total")
                     self.bus.release(delivery)
@@ -299,7 +299,7 @@ class Worker:
             self.bus.release(delivery)
 
     async def _inbox_loop(self) -> None:
-        while not self._draining:
+        while not self.draining:
             try:
                 deliveries = await self.bus.take(self.worker_id, 1.0)
             except SignoffError as exc:
@@ -401,13 +401,13 @@ class Worker:
         self._retry_wake(run_id, attempt + 1, delay)
 
     def _retry_wake(self, run_id: str, attempt: int, delay: float = 0.0) -> None:
-        if self._draining:
+        if self.draining:
             return
         if delay <= 0:
             self.spawn(self.wake(run_id, attempt))
             return
         asyncio.get_running_loop().call_later(
-            delay, lambda: None if self._draining else self.spawn(self.wake(run_id, attempt))
+            delay, lambda: None if self.draining else self.spawn(self.wake(run_id, attempt))
         )
 
     async def _listen(self) -> None:
@@ -446,7 +446,7 @@ class Worker:
         At most ``adopt_batch`` adopted runs wait to be continued here at a time: the
         rest stay lapsed for the next tick, or for another worker with room."""
         room = self.settings.adopt_batch - self._adopting
-        if room <= 0 or self._draining:
+        if room <= 0 or self.draining:
             return []
         runs = await self.store.adopt_runs(
             self.worker_id, self.settings.lease_seconds, room, own=own

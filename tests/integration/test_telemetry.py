@@ -4,6 +4,7 @@ lines with ids, all on real Postgres."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -213,3 +214,44 @@ async def test_the_metrics_server_serves_the_registry_and_refuses_a_taken_port()
         await server.close()
     # Its gauges leave the registry with it.
     assert REGISTRY.get_sample_value("signoff_test_gauge") is None
+
+
+async def test_a_workers_readyz_sees_what_a_tcp_probe_did_not(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator probe's #10: a worker's probes were TCP checks of its metrics port, so
+    a worker cut off from Postgres, or whose loops had ended, stayed Ready. ``/readyz``
+    answers 503 naming why (never the driver's error text), 200 once it is back."""
+    import httpx
+
+    from signoff.runtime.errors import Unavailable
+    from signoff.runtime.metrics_server import MetricsServer, worker_ready
+
+    async with harness(database_url, model=Scripted(pix())) as h:
+        server = MetricsServer()
+        server.ready = lambda: worker_ready(h.worker, h.store, h.bus)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                assert (await http.get("/readyz")).json() == {"ok": True}
+                real = h.store.ping
+
+                async def away() -> None:
+                    raise Unavailable("connect to 10.1.2.3:5432 refused")
+
+                monkeypatch.setattr(h.store, "ping", away)
+                r = await http.get("/readyz")
+                assert (r.status_code, r.json()) == (
+                    503,
+                    {"ok": False, "error": "postgres unavailable"},
+                )
+                monkeypatch.setattr(h.store, "ping", real)
+                assert (await http.get("/readyz")).status_code == 200
+                (sweep,) = [t for t in h.worker.ticks.tasks if t.get_name() == "signoff-sweep"]
+                sweep.cancel()
+                await asyncio.sleep(0.05)
+                r = await http.get("/readyz")
+                assert (r.status_code, r.json()["error"]) == (503, "loops ended: signoff-sweep")
+                assert (await http.get("/healthz")).status_code == 200  # alive, not ready
+        finally:
+            await server.close()

@@ -39,7 +39,7 @@ LOOPS = ("signoff-listen", "signoff-inbox", "signoff-lease", "signoff-poll", "si
 
 def ended(worker: Worker) -> list[str]:
     """The worker's background loops that are no longer running."""
-    running = {t.get_name() for t in worker._loops + worker.ticks.tasks if not t.done()}
+    running = {t.get_name() for t in worker.loops + worker.ticks.tasks if not t.done()}
     return [name for name in LOOPS if name not in running]
 
 
@@ -266,9 +266,9 @@ async def test_a_stopping_worker_adopts_nothing(
             "UPDATE workers SET lease_until = now() - interval '1 second' WHERE id = 'gone-a'"
         )
         async with harness(own_database, model=Scripted(), start_worker=False) as b:
-            b.worker._draining = True  # what stop() sets first
+            b.worker.draining = True  # what stop() sets first
             assert await b.worker.adopt() == []
-            b.worker._draining = False
+            b.worker.draining = False
             assert card.run_id in await b.worker.adopt()  # without the stop, it is adopted
 
 

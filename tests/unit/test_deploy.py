@@ -138,7 +138,11 @@ def test_kubernetes_pools_scale_apart_drain_and_stay_available() -> None:
     assert "preStop" in gw["lifecycle"]
     assert gateway["terminationGracePeriodSeconds"] >= 35  # preStop + the drain
     assert worker["terminationGracePeriodSeconds"] >= 15  # in-flight steps get 10 s
-    assert "readinessProbe" in worker["containers"][0]
+    assert worker["containers"][0]["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "metrics",
+    }
+    assert worker["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
     # the series the autoscalers read must be exported somewhere in signoff's source
     sources = "".join(
         p.read_text() for folder in ("runtime", "gateway") for p in (ROOT / folder).rglob("*.py")
