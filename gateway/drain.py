@@ -87,8 +87,8 @@ class DrainingServer(uvicorn.Server):
     def drain(self) -> None:
         """Fail /readyz now, stop after the drain delay (callable from a signal handler)."""
         self.state.draining = True
-        if self.drain_seconds > 0:
-            log.warning(
+        if self.drain_seconds > 0:  # the normal way out (a deploy, a scale-down): info
+            log.info(
                 "stopping: /readyz fails now; no new connections in %.1fs, then WebSockets "
                 "closed with %d (reconnect elsewhere) and requests in flight finished",
                 self.drain_seconds,

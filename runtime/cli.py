@@ -231,6 +231,7 @@ async def _gateway(args: argparse.Namespace) -> int:
         await serve
         if metrics is not None:
             await metrics.close()
+    log.info("stopped")
     return 0
 
 
@@ -256,7 +257,7 @@ async def _worker(args: argparse.Namespace) -> int:
         await stop.wait()
         # Counted before the stop: Worker.stop drops them from memory as it releases them.
         parked = len(node.worker.waits.parked_runs()) if node.worker is not None else 0
-        log.warning(
+        log.info(  # a SIGTERM is the normal way out (a deploy, a scale-down)
             "stopping: taking no new work; steps in flight get up to 10 s to finish, then "
             "its runs (%d parked) are released (another worker, or this one started "
             "again, takes them over)",

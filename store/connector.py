@@ -212,7 +212,8 @@ def _translated(exc: Exception) -> Exception | None:
     if isinstance(exc, GONE):
         COUNTERS.inc("signoff_postgres_errors_total")
         # (TimeoutError is an OSError: a statement or pool wait ran past the timeout.)
-        return Unavailable(f"Postgres unavailable: {exc or type(exc).__name__}")
+        # (Exceptions are always true: an empty message read "Postgres unavailable: ".)
+        return Unavailable(f"Postgres unavailable: {str(exc) or type(exc).__name__}")
     if isinstance(exc, asyncpg.DataError):
         return InvalidInput(f"invalid value: {exc}")
     if isinstance(exc, READ_ONLY):

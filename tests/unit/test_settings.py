@@ -66,3 +66,14 @@ async def test_a_gateway_refuses_a_bad_retention_rule_as_a_worker_does() -> None
     with pytest.raises(ConfigError, match="bad retention rule 'acme'"):
         async with running(settings, app(), worker=False, gateway=True):
             pass
+
+
+def test_a_driver_error_without_a_message_is_named_by_its_kind() -> None:
+    """The operator probe read "Postgres unavailable: ;" through PgBouncer (an error
+    whose text is empty)."""
+    from signoff.runtime.errors import Unavailable
+    from signoff.store.connector import _translated
+
+    got = _translated(ConnectionResetError())
+    assert isinstance(got, Unavailable)
+    assert got.message == "Postgres unavailable: ConnectionResetError"
