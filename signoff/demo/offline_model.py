@@ -18,7 +18,16 @@ import re
 from typing import Any
 
 from signoff import Message, ModelReply, TextSink, ToolSpec
-from signoff.demo.offline_words import HELP, PT, done, language, not_done
+from signoff.demo.offline_words import (
+    HELP,
+    PT,
+    TYPED_YES,
+    YES,
+    detected,
+    done,
+    language,
+    not_done,
+)
 
 LABEL = "[offline demo model] "
 _ids = itertools.count(1)
@@ -122,15 +131,25 @@ def intent(part: str) -> dict[str, Any] | None:
     return None
 
 
-def _user_text(messages: list[Message]) -> str:
-    """The person's last written message (tool results are not theirs)."""
+def _user_texts(messages: list[Message]) -> list[str]:
+    """The person's written messages, the last first (tool results are not theirs)."""
+    out = []
     for message in reversed(messages):
         if message.get("role") != "user":
             continue
         texts = [b.get("text", "") for b in message.get("content", []) if b.get("type") == "text"]
         if texts:
-            return " ".join(texts)
-    return ""
+            out.append(" ".join(texts))
+    return out
+
+
+def _language(messages: list[Message]) -> str:
+    """The language of the person's last message that tells ("what can you do?", then
+    "💸": English, as the conversation was); Portuguese when none does."""
+    for text in _user_texts(messages):
+        if (found := detected(text)) is not None:
+            return found
+    return PT
 
 
 def _calls(messages: list[Message]) -> dict[str, dict[str, Any]]:
@@ -175,15 +194,18 @@ class OfflineDemoModel:
         blocks = last.get("content", [])
         results = [b for b in blocks if b.get("type") == "tool_result"]
         texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
-        lang = language(_user_text(messages))
+        lang = _language(messages)
+        calls = _calls(messages)
+        said = [describe(r, calls.get(str(r.get("tool_use_id"))), lang) for r in results]
         if results and not texts:
-            calls = _calls(messages)
-            said = [describe(r, calls.get(str(r.get("tool_use_id"))), lang) for r in results]
             return await self._text(LABEL + " ".join(said), on_text)
         request = " ".join(texts)
         uses = [u for u in (intent(p) for p in _SPLIT.split(request)) if u is not None]
         if not uses:
-            return await self._text(LABEL + HELP[lang], on_text)
+            # What became of the calls the message replaced, then how to go on: typing
+            # "sim" under a card replaced it, and the person is told why nothing ran.
+            after = TYPED_YES[lang] if said and YES.match(request) else HELP[lang]
+            return await self._text(LABEL + " ".join([*said, after]), on_text)
         # No words before the calls: a write's card is shown by the runtime once it
         # exists (a refused call has none), a read's answer comes with its result.
         return ModelReply(content=list(uses), stop_reason="tool_use")

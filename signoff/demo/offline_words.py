@@ -21,17 +21,40 @@ _PT_MARKS = re.compile(
 )
 _EN_MARKS = re.compile(
     r"\b(?:charge|balance|refund|sale|appointment|customer|change|find|search|look|"
-    r"to|for|from|the|of|my|what|how|much|please|thanks|hi|hello|help|email)\b",
+    r"to|for|from|the|of|my|what|how|much|please|thanks|hi|hello|help|email|can|you|your|"
+    r"is|are|with|and|this|that|yes|no)\b",
     re.IGNORECASE,
 )
+# A message that only says yes ("sim", "ok", "👍"): typed while a card waited, it replaced
+# the card (a message never approves one) and the person is told how to approve.
+YES = re.compile(
+    r"^\W*(?:sim|s|ok|okay|yes|y|yep|confirm[oa]?|confirmar|confirm|aprov[oa]|aprovad[oa]|"
+    r"approve|approved|pode|podes|claro|isso|beleza|go|do it|faça|faz)\W*$|^\s*👍\s*$",
+    re.IGNORECASE,
+)
+TYPED_YES = {
+    PT: (
+        "Uma mensagem não aprova um cartão: use o botão Confirmar no próprio cartão. "
+        "Peça de novo para ver um novo cartão."
+    ),
+    EN: (
+        "A message does not approve a card: use the Confirm button on the card itself. "
+        "Ask again to get a new card."
+    ),
+}
+
+
+def detected(text: str) -> str | None:
+    """The language a message is written in, or None when its words do not tell."""
+    pt = len(_PT_MARKS.findall(text))
+    en = len(_EN_MARKS.findall(text))
+    return EN if en > pt else PT if pt > en else None
 
 
 def language(text: str) -> str:
     """The language a message is written in: ``"pt"`` or ``"en"`` (a tie: Portuguese,
     the demo desk's own language)."""
-    pt = len(_PT_MARKS.findall(text))
-    en = len(_EN_MARKS.findall(text))
-    return EN if en > pt else PT
+    return detected(text) or PT
 
 
 def money(cents: int, lang: str) -> str:
@@ -120,7 +143,7 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "The card expired without a decision; nothing was done.",
     ),
     (
-        re.compile(r"Superseded"),
+        re.compile(r"Superseded|sent a new message before this was decided"),
         "Esse cartão foi substituído pela sua nova mensagem; nada foi feito.",
         "That card was replaced by your newer message; nothing was done.",
     ),

@@ -55,3 +55,28 @@ async def test_an_approved_charge_is_one_sentence_in_the_persons_language(
         assert reply.startswith(LABEL + done), reply
         for internal in ("Confirmation card", "Decided by", "{", "copy_paste", "15000"):
             assert internal not in reply
+
+
+@pytest.mark.parametrize(
+    ("ask", "yes", "replaced", "how"),
+    [
+        ("cobre 150 do João", "sim", "substituído", "Uma mensagem não aprova um cartão"),
+        ("charge João 150", "yes!", "replaced", "A message does not approve a card"),
+    ],
+)
+async def test_typing_yes_under_a_card_is_told_it_replaced_the_card_and_how_to_approve(
+    database_url: str, ask: str, yes: str, replaced: str, how: str
+) -> None:
+    """The newcomer typed "sim" under a waiting card: the card was replaced (by design: a
+    message never approves) and the assistant answered its generic help, never saying
+    the card was gone nor how to approve. It says both now, in the person's language."""
+    async with harness(database_url, model=OfflineDemoModel()) as h:
+        thread = await h.thread("alice")
+        await h.say(thread, ask, "alice")
+        [card] = await h.store.pending_cards(thread)
+        await h.say(thread, yes, "alice")
+        await h.settle()
+        assert (await h.store.get_card(card.id)).status is Status.SUPERSEDED
+        reply = await h.last_reply(thread)
+        assert replaced in reply and how in reply, reply
+        assert await h.charges() == 0

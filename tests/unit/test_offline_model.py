@@ -311,3 +311,17 @@ def test_parsing_a_long_message_grows_linearly() -> None:
 
     small, large = cost(1_000), cost(16_000)
     assert large < 80 * max(small, 1e-4), (small, large)
+
+
+def test_a_message_whose_words_do_not_tell_is_answered_in_the_conversations_language() -> None:
+    """On an English page "what can you do?" and "💸💸💸" were answered in Portuguese
+    ("do" counted as Portuguese; an emoji has no words, and a tie was Portuguese)."""
+    reply = ask([user("what can you do?")])
+    assert "I can show the balance" in reply.content[0]["text"]
+    earlier = [
+        user("charge João 150"),
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+    ]
+    reply = ask([*earlier, user("💸💸💸")])
+    assert "I can show the balance" in reply.content[0]["text"]
+    assert "Posso consultar" in ask([user("💸💸💸")]).content[0]["text"]  # nothing tells
