@@ -1127,58 +1127,16 @@
   }
 
   function batch(decision) {
+    // One resolve frame per card on this page's socket, as each card's own buttons send:
+    // the cards then say they were decided in the chat (the HTTP batch endpoint made
+    // them "through the API"), and each answer lands on its own card.
     var all = pendingCards();
     var editing = all.some(function (e) { return e.form === 'edit-form'; });
     if (decision === 'approve' && editing) return;
-    var pending = all.filter(function (e) { return !e.busy; });
-    if (!pending.length) return;
-    var byRun = new Map();
-    pending.forEach(function (e) {
-      var list = byRun.get(e.card.run_id) || [];
-      list.push(e);
-      byRun.set(e.card.run_id, list);
-      e.busy = true;
-      e.error = '';
-      renderCard(e);
+    all.filter(function (e) { return !e.busy; }).forEach(function (e) {
+      resolve(e, decision, {});
     });
     renderPending();
-    byRun.forEach(function (entries, runId) {
-      var body = {
-        decisions: entries.map(function (e) {
-          return { card_id: e.card.id, decision: decision, snapshot_hash: e.card.snapshot_hash };
-        })
-      };
-      fetch('/v1/runs/' + encodeURIComponent(runId) + '/decisions', {
-        method: 'POST',
-        headers: { 'Authorization': 'Bearer ' + state.token, 'Content-Type': 'application/json' },
-        body: JSON.stringify(body),
-        credentials: 'omit',
-        cache: 'no-store'
-      }).then(function (res) {
-        return res.json().then(function (data) { return { res: res, data: data }; });
-      }).then(function (r) {
-        if (!r.res.ok) throw { status: r.res.status, error: r.data.error, message: r.data.message };
-        (r.data.results || []).forEach(function (item) {
-          var entry = state.cards.get(item.card_id);
-          if (!entry) return;
-          if (!item.ok) {
-            entry.busy = false;
-            entry.error = errorText({ error: item.error, message: item.message });
-            renderCard(entry);
-          } else if (entry.card.status !== 'pending') {
-            setBusy(entry.card.id, false);
-          }
-        });
-        renderPending();
-      }).catch(function (err) {
-        entries.forEach(function (e) {
-          e.busy = false;
-          e.error = errorText(err && err.status ? err : { message: t('err.network', { msg: String(err) }) });
-          renderCard(e);
-        });
-        renderPending();
-      });
-    });
   }
 
   // ------------------------------------------------------------------ composer

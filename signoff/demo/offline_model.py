@@ -196,7 +196,11 @@ class OfflineDemoModel:
         texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
         lang = _language(messages)
         calls = _calls(messages)
-        said = [describe(r, calls.get(str(r.get("tool_use_id"))), lang) for r in results]
+        # One sentence per outcome, each said once ("Reject all" of two cards said "you
+        # rejected the card" twice).
+        said = list(
+            dict.fromkeys(describe(r, calls.get(str(r.get("tool_use_id"))), lang) for r in results)
+        )
         if results and not texts:
             return await self._text(LABEL + " ".join(said), on_text)
         request = " ".join(texts)

@@ -325,3 +325,24 @@ def test_a_message_whose_words_do_not_tell_is_answered_in_the_conversations_lang
     reply = ask([*earlier, user("💸💸💸")])
     assert "I can show the balance" in reply.content[0]["text"]
     assert "Posso consultar" in ask([user("💸💸💸")]).content[0]["text"]  # nothing tells
+
+
+def test_the_same_outcome_of_several_calls_is_said_once() -> None:
+    """"Reject all" of two cards: "OK, nothing was done: you rejected the card." twice."""
+    calls = {
+        "role": "assistant",
+        "content": [
+            {"type": "tool_use", "id": "a", "name": "create_pix_charge", "input": {}},
+            {"type": "tool_use", "id": "b", "name": "refund_sale", "input": {}},
+        ],
+    }
+    rejected = "Card … The user REJECTED it; nothing was executed. No reason given."
+    results = {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": i, "content": rejected, "is_error": True}
+            for i in ("a", "b")
+        ],
+    }
+    text = ask([user("charge João 150 and refund sale V002"), calls, results]).content[0]["text"]
+    assert text.count("you rejected the card") == 1, text
