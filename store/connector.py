@@ -54,6 +54,18 @@ GONE = (
 # as a raw driver error. (Every write path takes its locks in one order: the thread,
 # then the run, then cards; these retries are the second line, not the first.)
 RACE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError)
+
+# asyncpg's prepared statements met a pooler that hands each transaction another server
+# session (PgBouncer < 1.21 in transaction mode) with the statement cache on: a setting to
+# change, not a bug of the statement nor of the run it served (design note 32).
+PREPARED_LOST = (
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+    asyncpg.exceptions.DuplicatePreparedStatementError,
+)
+POOLER_HINT = (
+    "Postgres lost a prepared statement between transactions: behind PgBouncer older than "
+    "1.21 in transaction pooling mode, set SIGNOFF_DB_STATEMENT_CACHE_SIZE=0"
+)
 RACE_RETRIES = (0.01, 0.05, 0.2)
 
 # Postgres refused a write because the session is read-only: a standby, a demoted primary
@@ -223,4 +235,8 @@ def _translated(exc: Exception) -> Exception | None:
         return Unavailable(f"Postgres refused the statement; retry: {exc}", retriable=True)
     if isinstance(exc, RACE):
         return Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True)
+    if isinstance(exc, PREPARED_LOST):
+        COUNTERS.inc("signoff_postgres_errors_total")
+        log.error("%s (%s)", POOLER_HINT, exc)
+        return Unavailable(f"{POOLER_HINT} ({exc})")
     return None

@@ -77,3 +77,26 @@ def test_a_driver_error_without_a_message_is_named_by_its_kind() -> None:
     got = _translated(ConnectionResetError())
     assert isinstance(got, Unavailable)
     assert got.message == "Postgres unavailable: ConnectionResetError"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "InvalidSQLStatementNameError",
+        "DuplicatePreparedStatementError",
+    ],
+)
+def test_prepared_statements_lost_to_a_pooler_say_which_setting_to_change(error: str) -> None:
+    """The operator probe's #5: behind PgBouncer 1.18 in transaction mode with the
+    statement cache on, a gateway died with asyncpg's traceback (its hint names asyncpg's
+    own option) and a worker settled adopted runs as failed on an untyped error. It is a
+    typed Unavailable (retried, never a run's failure) naming signoff's setting."""
+    import asyncpg
+
+    from signoff.runtime.errors import Unavailable
+    from signoff.store.connector import _translated
+
+    exc = getattr(asyncpg.exceptions, error)('prepared statement "__asyncpg_stmt_7__" ...')
+    got = _translated(exc)
+    assert isinstance(got, Unavailable)
+    assert "SIGNOFF_DB_STATEMENT_CACHE_SIZE=0" in got.message
