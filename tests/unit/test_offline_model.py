@@ -328,7 +328,7 @@ def test_a_message_whose_words_do_not_tell_is_answered_in_the_conversations_lang
 
 
 def test_the_same_outcome_of_several_calls_is_said_once() -> None:
-    """"Reject all" of two cards: "OK, nothing was done: you rejected the card." twice."""
+    """ "Reject all" of two cards: "OK, nothing was done: you rejected the card." twice."""
     calls = {
         "role": "assistant",
         "content": [
