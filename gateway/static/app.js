@@ -1149,14 +1149,37 @@
     el.thinking.hidden = !working;
   }
 
+  // The server refuses longer messages (gateway/service.py MAX_TEXT). The box takes any
+  // length and says so: a maxlength cut a pasted text at 8000 without a word, and the end
+  // (often the request itself) was sent as if it were the whole message.
+  var MAX_TEXT = 8000;
+
+  function chars(text) { return Array.from(text).length; }  // code points, as the server counts
+
+  function tooLong() {
+    return chars(el.text.value.trim()) > MAX_TEXT;
+  }
+
   function renderComposer() {
-    el.send.disabled = !state.ready || state.awaitingThread;
+    var over = tooLong();
+    el.send.disabled = !state.ready || state.awaitingThread || over;
+    var said = el.composerError.dataset.tooLong === '1';
+    if (over) {
+      el.composerError.textContent = t('composer.tooLong', {
+        n: chars(el.text.value.trim()), max: MAX_TEXT
+      });
+      el.composerError.dataset.tooLong = '1';
+    } else if (said) {
+      el.composerError.textContent = '';
+      delete el.composerError.dataset.tooLong;
+    }
   }
 
   function sendMessage(text) {
     text = (text || '').trim();
     if (!text) return false;
     if (state.awaitingThread) return false;
+    if (chars(text) > MAX_TEXT) { renderComposer(); return false; }
     var id = frameId();
     var frame = { type: 'message', id: id, text: text };
     if (state.threadId) frame.thread_id = state.threadId;
@@ -1269,6 +1292,7 @@
       ev.preventDefault();
       if (sendMessage(el.text.value)) el.text.value = '';
     });
+    el.text.addEventListener('input', renderComposer);
     el.text.addEventListener('keydown', function (ev) {
       if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();

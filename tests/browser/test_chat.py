@@ -442,3 +442,24 @@ async def test_invalidated_card_shows_reason_and_changes(chat: Chat) -> None:
     await chat.shot("1-invalidated")
     await chat.h.settle()
     assert await chat.h.charges() == 0
+
+
+async def test_a_message_too_long_is_not_cut_but_refused_with_a_word(chat: Chat) -> None:
+    """The newcomer pasted more than 8000 characters: the box's maxlength cut it silently
+    and the rest (often the request itself) was sent as if it were the whole message.
+    The box takes it all, says it is too long, and sends nothing until it is shorter."""
+    await chat.open()
+    page = chat.page
+    box = page.get_by_label(chat.message_label, exact=True)
+    long = "x" * 7990 + " cobre 150 do João"  # 8008 characters: the request at the end
+    await box.fill(long)
+    await expect(page.locator("#send")).to_be_disabled()
+    await expect(page.locator("#composer-error")).to_contain_text("8008")
+    await box.press("Enter")
+    assert await box.input_value() == long  # kept whole, nothing sent
+    assert [f for f in chat.sent_frames if f.get("type") == "message"] == []
+    await box.fill("cobre 150 do João")
+    await expect(page.locator("#send")).to_be_enabled()
+    await expect(page.locator("#composer-error")).to_have_text("")
+    await box.press("Enter")
+    await chat.wait_cards(1)
