@@ -489,10 +489,13 @@
     }
     if (req && (req.kind === 'resume' || req.kind === 'continue')) {
       if (f.status === 404 || f.status === 403) {
-        // The thread is gone or not ours: start a new one.
+        // The thread is gone or not ours: start a new one, and say so where it is seen
+        // (a screen reader's alert alone left a sighted person before an empty chat).
         state.threadId = null;
         writeLocation();
         resetView();
+        message = t('thread.unavailable');
+        el.composerError.textContent = message;
       }
       alertText(message);
       return;

@@ -463,3 +463,18 @@ async def test_a_message_too_long_is_not_cut_but_refused_with_a_word(chat: Chat)
     await expect(page.locator("#composer-error")).to_have_text("")
     await box.press("Enter")
     await chat.wait_cards(1)
+
+
+async def test_another_persons_thread_link_says_so_where_it_is_seen(chat: Chat) -> None:
+    """The newcomer opened another user's `?thread=` link: an empty new chat, the only
+    word in a screen reader's alert (in English on a Portuguese page)."""
+    await chat.open()
+    card = await propose_charge(chat)
+    page = await chat.context.new_page()  # a tab of its own, signed in as someone else
+    stranger = f"intruder-{chat.user}"
+    await page.goto(f"{chat.url}?thread={card.thread_id}#token={chat.h.token(stranger)}")
+    await expect(page.locator("#composer-error")).to_have_text(
+        "That conversation does not exist or is not yours: this is a new one."
+    )
+    await expect(page.locator("article.card")).to_have_count(0)
+    assert f"thread={card.thread_id}" not in page.url
