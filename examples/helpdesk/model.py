@@ -66,17 +66,37 @@ def understand(text: str) -> dict[str, Any] | None:
     return _use("look_up_order", {"order_id": order_id})
 
 
+# The runtime's words for a card that did not run (runtime/outcomes.py, conversation.py),
+# said as a person would; anything else (a tool's refusal) is said as the tool said it.
+NOT_DONE = [
+    (re.compile(r"REJECTED"), "OK, nothing was done: you rejected it."),
+    (re.compile(r"expired without a decision"), "It expired without a decision; nothing was done."),
+    (
+        re.compile(r"Superseded|sent a new message before this was decided"),
+        "That was replaced by your newer message; nothing was done.",
+    ),
+    (re.compile(r"NOT executed: ([^.]*)"), "It was approved but not done: {0}."),
+    (re.compile(r"outcome is unknown"), "The outcome is unclear; someone will check it."),
+]
+SUMMARY = re.compile(r"«(.*?)»")
+
+
 def describe(result: dict[str, Any]) -> str:
-    """Say what a tool result means, in a sentence."""
+    """Say what a tool result means, in a sentence (never the runtime's own words, which
+    are written for the model: "Confirmation card shown to the user ... via ws")."""
     text = str(result.get("content", ""))
     if result.get("is_error"):
+        for pattern, said in NOT_DONE:
+            if found := pattern.search(text):
+                return said.format(*found.groups())
         return text
     try:
         data = json.loads(text)
     except ValueError:
         return text
     if isinstance(data, dict) and data.get("status") == "executed":
-        return f"Done. {data.get('card', '')}"
+        shown = SUMMARY.search(str(data.get("card", "")))
+        return f"Done: {shown.group(1)}." if shown else "Done."
     if isinstance(data, dict) and "item" in data:
         return (
             f"Order {data['order_id']} ({data['item']}, {data['total']}) is {data['status']}; "
@@ -105,9 +125,11 @@ class HelpdeskModel:
         use = understand(" ".join(texts))
         if use is None:
             return await self._say(HELP, on_text)
-        intro = LABEL + (
-            "Looking it up." if use["name"] == "look_up_order" else "Please confirm on the card."
-        )
+        if use["name"] != "look_up_order":
+            # No words before a write: its card is the runtime's to show, once it exists
+            # ("Please confirm on the card" came before "Nothing was proposed").
+            return ModelReply(content=[use], stop_reason="tool_use")
+        intro = LABEL + "Looking it up."
         if on_text is not None:
             await on_text(intro)
         return ModelReply(content=[{"type": "text", "text": intro}, use], stop_reason="tool_use")

@@ -117,12 +117,19 @@ async def test_a_refund_is_confirmed_on_a_card_then_executed_once() -> None:
         assert await h.trail(card) == ["pending", "approved", "executing", "executed"]
         assert (await order(h, "ana", "A100"))["refunded_cents"] == 2500
         assert await shop(h).operations(h.tenant, "ana") == 1
-        assert "Done." in await h.last_reply(thread)
+        said = await h.last_reply(thread)
+        assert said.endswith(
+            "Done: Refund $25.00 for order A100 (Wireless mouse) to the original payment method."
+        ), said
+        for jargon in ("Confirmation card", "Decided by", "via ws", "via test"):
+            assert jargon not in said  # written for the model, not the person
 
         # nothing left to refund: prepare refuses, no card, the model is told why
         again = await ask(h, "ana", "refund order A100 please")
         assert await h.pending(again) == []
         assert "already refunded in full" in await h.last_reply(again)
+        said_all = [e.body for e in await h.store.entries_after(again, 0) if e.kind == "assistant"]
+        assert "Please confirm" not in str(said_all)  # it came before "Nothing was proposed"
         assert await shop(h).operations(h.tenant, "ana") == 1
 
 
