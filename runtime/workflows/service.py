@@ -78,7 +78,13 @@ class WorkflowService:
     def workflow(self, name: str) -> Workflow:
         found = self.workflows.get(name)
         if found is None:
-            raise WorkflowNotFound(f"no workflow named {name!r}", workflow=name)
+            served = sorted(self.workflows)
+            raise WorkflowNotFound(
+                f"no workflow named {name!r}; this app serves: "
+                + (", ".join(served) if served else "none"),
+                workflow=name,
+                workflows=served,
+            )
         return found
 
     async def _own(

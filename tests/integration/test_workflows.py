@@ -238,8 +238,13 @@ async def test_cancel(h: Harness) -> None:
 
 
 async def test_start_refuses_unknown_workflow_and_bad_input(h: Harness) -> None:
-    with pytest.raises(WorkflowNotFound):
+    with pytest.raises(WorkflowNotFound) as unknown:
         await start(h, "nope")
+    # the names it serves are in the refusal (the newcomer guessed "order_flow" from a
+    # variable's name and had no way to list them)
+    served = sorted(h.workflows.workflows)
+    assert unknown.value.detail["workflows"] == served and served
+    assert ", ".join(served) in unknown.value.message
     with pytest.raises(InvalidInput):
         await h.workflows.start("three", {"x": 1}, tenant=h.tenant, owner=OWNER)
     with pytest.raises(WorkflowNotFound):
