@@ -236,14 +236,14 @@ def build_app(
         Route("/openapi.json", openapi_json),
         # The first frame takes one of the user's socket slots (a 429 frame and 4429 over it).
         WebSocketRoute("/v1/ws", SocketGate(slots, tokens, ws)),
-        *api.routes(),
-        *(whatsapp.routes() if whatsapp is not None else []),
-        *(WorkflowRoutes(api, workflows).routes() if workflows is not None else []),
-        *(extra_routes or []),
         # Any other upgrade: a typed 404 (before the Mount, which would take /static's).
         WebSocketRoute("/{path:path}", no_websocket_here),
         # The chat page's assets (app.js, style.css): served by the gateway, no CDN.
         Mount("/static", StaticFiles(packages=[("signoff.gateway", "static")]), name="static"),
+        *api.routes(),
+        *(whatsapp.routes() if whatsapp is not None else []),
+        *(WorkflowRoutes(api, workflows).routes() if workflows is not None else []),
+        *(extra_routes or []),
     ]
     app = Starlette(
         routes=routes,

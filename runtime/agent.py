@@ -1,12 +1,12 @@
 """The agent loop: Claude tool use where every write waits for a person.
 
-``start`` runs a new user message; ``continue_run`` resumes a parked run from
-the store. The live path (a decision arrives on the bus) and the recovery
-path (another process adopts the run) both call ``continue_run``, which
-re-reads Postgres and never trusts the message that woke it. Approved cards are
-executed by :mod:`signoff.runtime.execution`; every hint goes through the worker's
-:class:`~signoff.runtime.notify.Notifier`.
-"""
+``start`` runs a new user message; ``continue_run`` resumes a parked run from the
+store. The live path (a decision arrives on the bus) and the recovery path (another
+process adopts the run) both call ``continue_run``, which re-reads Postgres and never
+trusts the message that woke it. Approved cards are executed by
+:mod:`signoff.runtime.execution`; every hint goes through the worker's
+:class:`~signoff.runtime.notify.Notifier`. Locks: a thread's, then a run's, never the
+other way round."""
 
 from __future__ import annotations
 
@@ -105,11 +105,8 @@ class Agent:
         """The run a message starts: derived from its id, so a redelivery finds it (I5)."""
         return str(uuid.uuid5(_RUN_NS, message_id))
 
-    def lock(self, thread_id: str) -> asyncio.Lock:
-        lock = self._locks.get(thread_id)
-        if lock is None:
-            lock = self._locks[thread_id] = asyncio.Lock()
-        return lock
+    def lock(self, key: str) -> asyncio.Lock:  # a thread's or a run's (ids never collide)
+        return self._locks.get(key) or self._locks.setdefault(key, asyncio.Lock())
 
     def _ctx(self, run: Run) -> ToolContext:
         return ToolContext(
@@ -136,8 +133,8 @@ class Agent:
         """Run a user message: supersede what was pending in the thread, then step.
 
         A message seen before (same ``message_id``) is not run twice: its run is left to
-        whoever holds its lease, and is continued from the store if that is us (an
-        earlier attempt stopped mid-step; no lease lapses to hand it on)."""
+        whoever holds it, or continued from the store if that is us (an earlier attempt
+        stopped mid-step; no lease lapses to hand it on)."""
         run_id = self.run_id_for(message_id) if message_id else None
         async with self.lock(thread_id):
             logged: list[Entry] = []
@@ -165,7 +162,8 @@ class Agent:
             log.info("message %s was delivered again; run %s exists", message_id, run.id)
             if run.holder != self.worker_id or run.status not in ACTIVE_RUN:
                 return run
-        return await self.continue_run(run.id) or run  # under the run's lock, from the store
+            # Under the thread's lock (then the run's: one order): nothing supersedes it now.
+            return await self.continue_run(run.id) or run
 
     # -- the loop ----------------------------------------------------------------
 

@@ -51,13 +51,20 @@ NOT_SENT = (
 class LeaseClock:
     """Until when this worker's lease surely holds, by its own monotonic clock: when the
     last renewal that succeeded was sent, plus the lease, less a fifth for safety (the
-    database's expiry is later still: it counts from when it ran the renewal)."""
+    database's expiry is later still: it counts from when it ran the renewal).
+
+    A renewal sent after the lease had lapsed starts a new ``epoch``: the database takes
+    it (the row is upserted), but runs may have been adopted in between, so an execution
+    begun in an earlier epoch sends nothing more."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.until = 0.0
+        self.epoch = 0
 
     def renewed(self, sent_at: float) -> None:
+        if sent_at >= self.until:
+            self.epoch += 1
         self.until = max(self.until, sent_at + self.seconds * 0.8)
 
     def holds(self, since: float | None = None) -> bool:
@@ -87,6 +94,13 @@ class Executor:
         self.faults = faults
         self.lease: LeaseClock | None = None  # None: no lease to keep (a worker sets one)
         self.tool_timeout: float | None = None  # seconds a tool call may take
+
+    def _may_send(self, epoch: int, since: float | None = None) -> bool:
+        """The provider may be called: the lease holds, in the epoch the execution began
+        in, and (``since`` given) most of a lease has not passed since it began."""
+        if self.lease is None:
+            return True
+        return self.lease.epoch == epoch and self.lease.holds(since)
 
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
@@ -130,14 +144,18 @@ class Executor:
                 detail={"reason": reason, "changes": changes},
             )
             return await self.notify.moved(moved) or await self.store.get_card(card.id)
-        began = time.monotonic()  # before the statement: a pause after it counts too
-        started = await self.notify.moved(await self.store.begin_execution(card.id, actor))
+        began = time.monotonic()  # before the statement: a pause inside it counts too
+        epoch = self.lease.epoch if self.lease is not None else 0
+        moved = await self.store.begin_execution(card.id, actor)
+        prompt = self._may_send(epoch, began)  # before the hint: a slow Redis is no pause
+        started = await self.notify.moved(moved)
         if started is None:
             return await self.store.get_card(card.id)
         self.faults.hit("execute.after_start")
-        for attempt, wait in enumerate((*UNKNOWN_OUTCOME_RETRIES, None)):
-            if self.lease is not None and not self.lease.holds(began if attempt == 0 else None):
-                if attempt == 0:  # certain: nothing was sent
+        unknown = False  # an attempt got no answer: the provider may have acted
+        for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
+            if not (prompt and self._may_send(epoch)):
+                if not unknown:  # certain: nothing was sent
                     log.error("card %s: %s; recorded failed", card.id, NOT_SENT)
                     result, ok = {"error": NOT_SENT}, False
                     break
@@ -153,6 +171,7 @@ class Executor:
                 # No answer is not a failure: the provider may have acted. Ask again with the
                 # same idempotency key; if it stays unknown, leave the card `executing` for
                 # the sweeper to flag (I4) rather than record a failure that may be false.
+                unknown = True
                 if wait is None:
                     log.error("card %s: outcome still unknown (%s); left executing", card.id, exc)
                     return await self.store.get_card(card.id)
@@ -160,6 +179,11 @@ class Executor:
                 await asyncio.sleep(wait)
                 continue
             except Exception as exc:
+                if unknown:
+                    # After an attempt with no answer, a refusal of the repeat (a provider
+                    # answering "that key is in use") does not say the first did nothing.
+                    log.error("card %s: %r after an unknown outcome; left executing", card.id, exc)
+                    return await self.store.get_card(card.id)
                 log.warning("card %s failed: %s", card.id, exc)
                 result, ok = {"error": str(exc)}, False
             break
@@ -176,5 +200,16 @@ class Executor:
                 log.warning(
                     "card %s: outcome not recorded yet (%s); again in %gs", card.id, exc, wait
                 )
-                await asyncio.sleep(wait)
+                try:
+                    await asyncio.sleep(wait)
+                except asyncio.CancelledError:  # stopping: say what only memory knew
+                    log.error(
+                        "card %s: stopping with its outcome unrecorded (left executing, "
+                        "operation %s): ok=%s result=%s",
+                        card.id,
+                        started.operation_id,
+                        ok,
+                        result,
+                    )
+                    raise
         return await self.notify.moved(finished) or await self.store.get_card(card.id)

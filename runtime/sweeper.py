@@ -73,11 +73,13 @@ class Sweeper:
                 log.warning("card %s approved but not started; signalling its run again", card.id)
                 if w.waits.resolve(card.id, str(card.status), "sweep"):
                     continue
-                if holder == w.worker_id:  # ours and parked nowhere here: nothing else wakes it
-                    log.warning("run %s is ours but not parked here: continuing it", card.run_id)
-                    w.spawn(w.wake(card.run_id))
-                else:
+                if holder != w.worker_id:
                     await w.notify.card(card)
+                elif not w.wakes.pending(card.run_id) and not w.agent.lock(card.run_id).locked():
+                    # Ours, parked nowhere here, no continuation of it running or due:
+                    # nothing else would wake it (design note 48).
+                    log.warning("run %s is ours but not parked here: continuing it", card.run_id)
+                    w.wakes.now(card.run_id)
                 continue
             COUNTERS.inc("signoff_approved_stale_total")
             moved = await w.store.move(

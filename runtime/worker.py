@@ -43,6 +43,7 @@ from signoff.runtime.store import Store
 from signoff.runtime.sweeper import Sweeper
 from signoff.runtime.ticks import Ticks
 from signoff.runtime.waits import WaitRegistry
+from signoff.runtime.wakes import Wakes
 from signoff.runtime.workflows.engine import WorkflowEngine
 
 log = logging.getLogger("signoff.worker")
@@ -107,6 +108,7 @@ class Worker:
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
         self._lease_every = min(max(settings.lease_seconds / 3, 0.2), 2.0)
         self.lease = LeaseClock(settings.lease_seconds)  # the provider is called while it holds
+        self.wakes = Wakes(self.spawn, self.wake, lambda: self.draining)  # every continuation
         self.agent.executor.tool_timeout = settings.tool_timeout_seconds
 
     # -- lifecycle ---------------------------------------------------------------
@@ -230,7 +232,7 @@ class Worker:
             return None
         if run.status in ACTIVE_RUN and run.holder == self.worker_id:
             if transient:
-                self._retry_wake(run.id, 0, 0.5)  # the step goes on once the store answers
+                self.wakes.later(run.id, 0, 0.5)  # the step goes on once the store answers
             else:
                 await self._settle_failed(run.id, exc)
                 return await self.store.get_run(run.id)
@@ -336,7 +338,7 @@ class Worker:
 
     def _on_ready(self, run_id: str) -> None:
         trace = self._traces.pop(run_id, "") if self._traces else ""
-        self.spawn(self.wake(run_id), telemetry.context_of(trace))
+        self.wakes.now(run_id, context=telemetry.context_of(trace))
 
     async def wake(self, run_id: str, attempt: int = 0) -> None:
         try:
@@ -357,13 +359,13 @@ class Worker:
             # again, nobody continues it and its decisions wait for our restart (I6).
             delay = min(0.5 * 2**attempt, 30.0)
             log.warning("continuing run %s failed: %s; again in %.1fs", run_id, exc, delay)
-            self._retry_wake(run_id, attempt + 1, delay)
+            self.wakes.later(run_id, attempt + 1, delay)
             return
         except Exception as exc:
             COUNTERS.inc("signoff_handler_errors_total")
             if attempt < WAKE_ERROR_RETRIES:
                 log.warning("continuing run %s raised %r; trying again", run_id, exc)
-                self._retry_wake(run_id, attempt + 1, 0.2 * (attempt + 1))
+                self.wakes.later(run_id, attempt + 1, 0.2 * (attempt + 1))
                 return
             log.error("continuing run %s failed; settling it as failed", run_id, exc_info=exc)
             await self._settle_failed(run_id, exc)
@@ -398,17 +400,7 @@ class Worker:
             run_id,
             delay,
         )
-        self._retry_wake(run_id, attempt + 1, delay)
-
-    def _retry_wake(self, run_id: str, attempt: int, delay: float = 0.0) -> None:
-        if self.draining:
-            return
-        if delay <= 0:
-            self.spawn(self.wake(run_id, attempt))
-            return
-        asyncio.get_running_loop().call_later(
-            delay, lambda: None if self.draining else self.spawn(self.wake(run_id, attempt))
-        )
+        self.wakes.later(run_id, attempt + 1, delay)
 
     async def _listen(self) -> None:
         """Own the subscription loop: re-subscribe after any drop and re-read Postgres."""
@@ -448,9 +440,11 @@ class Worker:
         room = self.settings.adopt_batch - self._adopting
         if room <= 0 or self.draining:
             return []
+        sent = time.monotonic()
         runs = await self.store.adopt_runs(
             self.worker_id, self.settings.lease_seconds, room, own=own
         )
+        self.lease.renewed(sent)  # the statement renewed this worker's lease too
         parked = set(self.waits.parked_runs())
         adopted = []
         for run in runs:
@@ -458,6 +452,7 @@ class Worker:
                 continue
             adopted.append(run.id)
             self._adopting += 1
+            self.wakes.begin(run.id)  # due: the sweep leaves it to this continuation
             self.spawn(self._adopted(run.id))
         COUNTERS.inc("signoff_runs_adopted_total", len(adopted))
         if adopted:
@@ -476,6 +471,7 @@ class Worker:
                 await self.wake(run_id)
         finally:
             self._adopting -= 1
+            self.wakes.end(run_id)
 
     async def _renew(self) -> None:
         sent = time.monotonic()

@@ -55,6 +55,7 @@ AMOUNT = re.compile(
     r"|\d+(?:[.,]\d{1,2})?))"
 )
 _UNIT = re.compile(r"(?:reais|real|brl)\b", re.IGNORECASE)  # "150reais" is 150
+_DATES = re.compile(r"\b\d{1,4}[/-]\d{1,2}(?:[/-]\d{2,4})?\b")
 _IDS = re.compile(r"\b[VvAa]\d{3}\b|\(CPF[^)]*\)")
 EMAIL = re.compile(r"(?<![^@\s])[^@\s]+@[^@\s]+\.\w+")
 _SPLIT = re.compile(
@@ -82,7 +83,7 @@ def amount_of(part: str) -> str | None:
     A number run into letters other than a currency word ("1e309", "150k", "2x") is
     passed on whole, so the tool refuses it and the person is told, rather than read as
     its leading digits (R$ 1,00, R$ 150,00)."""
-    text = _IDS.sub(" ", EMAIL.sub(" ", part))
+    text = _DATES.sub(" ", _IDS.sub(" ", EMAIL.sub(" ", part)))  # "de 12/03" is no amount
     marked = re.search(r"R\$\s*", text)
     found = AMOUNT.search(text, marked.end() if marked else 0) or AMOUNT.search(text)
     if found is None:

@@ -634,3 +634,68 @@ async def test_sql_timestamps_match_msgspec(database_url: str, micro: int) -> No
     finally:
         await conn.close()
     assert text == msgspec.to_builtins(at)
+
+
+async def test_a_refusal_after_an_unanswered_attempt_leaves_the_card_executing(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's D4: the first call timed out (the provider may have acted), the repeat
+    with the same key was refused ("key in use", as some providers answer a request
+    still in flight): the card was recorded `failed` while a charge may exist (G2). It
+    stays `executing` for reconciliation."""
+    from signoff.runtime import execution
+
+    monkeypatch.setattr(execution, "UNKNOWN_OUTCOME_RETRIES", (0.01, 0.01))
+    settings = Settings(tool_timeout_seconds=0.2)
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        calls: list[str] = []
+
+        async def slow_then_refusing(snapshot, operation_id, ctx):  # type: ignore[no-untyped-def]
+            calls.append(operation_id)
+            if len(calls) == 1:
+                await asyncio.sleep(3600)
+            raise RuntimeError("idempotency_key_in_use: a request with this key is in flight")
+
+        monkeypatch.setattr(tool, "execute", slow_then_refusing)
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert len(calls) == 2
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTING
+
+
+async def test_a_repeat_is_not_sent_once_the_lease_lapsed_and_came_back(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's D3: attempt 0 got no answer, the worker then lost its lease (paused,
+    or cut off from Postgres) and renewed it (the row is upserted: the lease revives),
+    and attempt 1 was sent, though the run may have been adopted meanwhile and its
+    model told the outcome is unknown. A renewal after a lapse starts a new epoch, and an
+    execution begun in an earlier one sends nothing more: the card stays `executing`."""
+    import time
+
+    from signoff.runtime import execution
+
+    monkeypatch.setattr(execution, "UNKNOWN_OUTCOME_RETRIES", (0.05, 0.05))
+    settings = Settings(tool_timeout_seconds=0.2)
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        lease = h.worker.lease
+        assert h.worker.agent.executor.lease is lease and lease.epoch >= 1
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        calls: list[str] = []
+
+        async def unanswered_then_lapse(snapshot, operation_id, ctx):  # type: ignore[no-untyped-def]
+            calls.append(operation_id)
+            lease.until = 0.0  # lapsed while the call hung ...
+            lease.renewed(time.monotonic())  # ... and renewed: a new epoch
+            await asyncio.sleep(3600)
+
+        monkeypatch.setattr(tool, "execute", unanswered_then_lapse)
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert calls == [card.operation_id]  # the repeat was not sent
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTING

@@ -366,3 +366,46 @@ async def test_a_second_worker_under_a_live_workers_id_refuses_to_start(
         assert 0.5 <= loop.time() - began < 5  # watched it, not renewed: went on
     finally:
         await store.close()
+
+
+async def test_the_sweep_leaves_a_run_to_its_own_continuation(
+    own_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's D1 and D2: a run of ours not parked here because its continuation is
+    running (a slow revalidation), queued or waiting out a retry's backoff is not an
+    orphan. The sweep started another continuation each time (each one holding a step
+    slot while it queued for the run's lock, each failure starting its own retry chain)
+    until no slot was left and the worker ran nothing else. It starts none while one is
+    running or due."""
+    settings = Settings(approved_stale_seconds=0.01, tool_timeout_seconds=0.2)
+    async with harness(own_database, model=Scripted(pix()), settings=settings) as h:
+        w = h.worker
+        card = await one_card(h)
+        tool = w.agent.tools.get("create_pix_charge")
+        assert tool is not None
+
+        async def hanging(snapshot: Any, ctx: Any) -> Any:
+            await asyncio.sleep(3600)
+
+        monkeypatch.setattr(tool, "revalidate", hanging)
+        real = w.agent.continue_run
+        running, most, calls = 0, 0, 0
+
+        async def counted(run_id: str) -> Any:
+            nonlocal running, most, calls
+            running, calls = running + 1, calls + 1
+            most = max(most, running)
+            try:
+                return await real(run_id)
+            finally:
+                running -= 1
+
+        monkeypatch.setattr(w.agent, "continue_run", counted)
+        await h.decide(card, Decision.APPROVE)
+        for _ in range(30):  # a sweep every 50 ms for 1.5 s
+            w.sweeper.signalled_again.clear()
+            await w.sweep_approved()
+            await asyncio.sleep(0.05)
+        assert most == 1, most
+        assert calls <= 4, calls  # the first, then its own retries (0.5 s, 1 s later)
+        assert w._step_slots._value >= settings.pool_size - 1  # the others are free

@@ -288,6 +288,10 @@ def test_a_refund_with_an_amount_is_a_partial_refund() -> None:
     assert use["input"] == {"sale_id": "V001", "amount": "50"}
     (use,) = ask([user("refund sale V001")]).tool_uses()
     assert use["input"] == {"sale_id": "V001"}
+    # a date is no amount (the review: "de 12/03" proposed refunding R$ 12,00)
+    for dated in ("estorne a venda V001 de 12/03", "refund sale V001 from 2026-12-03"):
+        (use,) = ask([user(dated)]).tool_uses()
+        assert use["input"] == {"sale_id": "V001"}, dated
 
 
 def test_parsing_a_long_message_grows_linearly() -> None:
