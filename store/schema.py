@@ -6,10 +6,13 @@
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 
 from signoff.store.connector import Connector
 from signoff.store.queries import SQL
+
+log = logging.getLogger("signoff.store")
 
 MIGRATION_TIMEOUT = 3600.0  # a migration may rewrite big tables: not bound by the store timeout
 
@@ -30,6 +33,16 @@ async def migrate(db: Connector) -> list[str]:
         await conn.execute(SQL.migrations_lock)
         await conn.execute(SQL.migrations_table)
         done = {r["version"] for r in await conn.fetch(SQL.migrations_applied)}
+        unknown = sorted(done - {f.name.removesuffix(".sql") for f in files})
+        if unknown:
+            # A newer signoff migrated this database (a rollback, or an old process of a
+            # rolling deploy): said loudly, as nothing here knows what those changed.
+            log.warning(
+                "the database has migrations this version of signoff does not know (%s): a "
+                "newer version migrated it; run that version (rolling back needs a restore "
+                "of the database from before those migrations)",
+                ", ".join(unknown),
+            )
         for f in files:
             version = f.name.removesuffix(".sql")
             if version in done:

@@ -95,3 +95,29 @@ def test_schema_difference_is_detected() -> None:
 @pytest.mark.parametrize("version", ["0001_init"])
 def test_migration_files_are_packaged(version: str) -> None:
     assert resources.files("signoff.store.migrations").joinpath(f"{version}.sql").is_file()
+
+
+def test_a_database_migrated_by_a_newer_version_is_said_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The operator probe's #12: after a rollback, a database carrying a migration this
+    version does not know was "up to date" and every process started without a word."""
+    url, name = fresh_database("so_mig")
+    try:
+        asyncio.run(replay(url))
+
+        async def from_the_future() -> list[str]:
+            conn = await pgbouncer.connect(url)
+            await conn.execute("INSERT INTO signoff_migrations (version) VALUES ('9999_next')")
+            await conn.close()
+            store = await PostgresStore.connect(url)
+            try:
+                return await store.migrate()
+            finally:
+                await store.close()
+
+        with caplog.at_level("WARNING", logger="signoff.store"):
+            assert asyncio.run(from_the_future()) == []
+        assert "9999_next" in caplog.text and "newer version" in caplog.text
+    finally:
+        drop_database(name)
