@@ -242,6 +242,23 @@ _ENV: dict[str, str] = {
 _BOOLS = frozenset({"offline_model", "allow_app_skew", "whatsapp_text_confirm", "otel"})
 
 
+_PG_SCHEMES = ("postgresql", "postgres")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
+def _check_url(var: str, url: str | None, schemes: tuple[str, ...]) -> None:
+    """A URL of another kind (``mysql://``, ``http://``) is refused here, naming the
+    variable, rather than by a driver's traceback at the first connection."""
+    if url is None:
+        return
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in schemes:
+        raise ConfigError(
+            f"bad setting: {var} must be a {' or '.join(s + '://' for s in schemes)} URL, "
+            f"not {scheme + '://' if scheme else repr(url.split('@')[-1])}"
+        )
+
+
 def _boolean(var: str, text: str) -> bool:
     """1/true/yes/on or 0/false/no/off; anything else is refused ("maybe" was false)."""
     word = text.strip().lower()
@@ -278,6 +295,8 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
         # msgspec names the field (`$.poll_seconds`); the operator set a variable.
         said = re.sub(r"`\$\.(\w+)`", lambda m: _ENV.get(m.group(1), m.group(1)), str(exc))
         raise ConfigError(f"bad setting: {said}") from exc
+    _check_url("SIGNOFF_DATABASE_URL", settings.database_url, _PG_SCHEMES)
+    _check_url("SIGNOFF_REDIS_URL", settings.redis_url, _REDIS_SCHEMES)
     if not settings.worker_id:
         settings = settings.with_(worker_id=f"w-{os.getpid()}-{secrets.token_hex(3)}")
     levers.disabled(source)  # a misspelt SIGNOFF_DISABLE is refused at start-up

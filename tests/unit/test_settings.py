@@ -100,3 +100,27 @@ def test_prepared_statements_lost_to_a_pooler_say_which_setting_to_change(error:
     got = _translated(exc)
     assert isinstance(got, Unavailable)
     assert "SIGNOFF_DB_STATEMENT_CACHE_SIZE=0" in got.message
+
+
+@pytest.mark.parametrize(
+    ("var", "url"),
+    [
+        ("SIGNOFF_DATABASE_URL", "mysql://root@127.0.0.1/db"),
+        ("SIGNOFF_DATABASE_URL", "127.0.0.1:5432/db"),
+        ("SIGNOFF_REDIS_URL", "http://127.0.0.1:6379"),
+    ],
+)
+def test_a_url_of_another_kind_is_refused_naming_its_variable(var: str, url: str) -> None:
+    """The operator probe's #8: `mysql://` and `http://` URLs ended in drivers' tracebacks
+    at the first connection."""
+    with pytest.raises(ConfigError, match=var):
+        from_env({var: url})
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://h:6379/0", "rediss://h", "unix:///run/redis.sock", "redis+cluster://a:1,b:2"],
+)
+def test_every_redis_url_kind_signoff_serves_is_taken(url: str) -> None:
+    assert from_env({"SIGNOFF_REDIS_URL": url}).redis_url == url
+    assert from_env({"SIGNOFF_DATABASE_URL": "postgres://u@h/db"}).database_url
