@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 from types import FrameType
 from typing import Any
 
@@ -51,6 +52,19 @@ def listen_failed(host: str, port: int, cause: BaseException | None) -> ListenFa
     if isinstance(cause, OSError):
         return ListenFailed(f"cannot listen on {host}:{port}: {cause}")
     return ListenFailed(f"the gateway's server failed to start on {host}:{port}")
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on before anything is started for it
+    (``signoff dev`` made a whole embedded Postgres, then failed on the port)."""
+    if port == 0:
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise listen_failed(host, port, exc) from None
 
 
 class DrainingServer(uvicorn.Server):

@@ -128,12 +128,14 @@ def _settings(args: argparse.Namespace) -> cfg.Settings:
 async def _dev(args: argparse.Namespace) -> int:
     from signoff.embedded import redacted
     from signoff.gateway.auth import Tokens
+    from signoff.gateway.drain import check_port
     from signoff.runtime.dev import dev_settings
     from signoff.runtime.node import running, serve_gateway, start_metrics
 
     t0 = time.monotonic()
     settings = _settings(args)
     app = _app(settings, "dev")
+    check_port(settings.host, settings.port)  # before the embedded servers start
     settings, closers = dev_settings(settings, app.name)
     tokens = Tokens(settings.secret, settings.token_ttl_seconds)
     try:

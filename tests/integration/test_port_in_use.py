@@ -40,3 +40,27 @@ def test_a_gateway_on_a_port_in_use_says_so_in_one_line(database_url: str, tmp_p
     assert "Traceback" not in out.stderr and "never retrieved" not in out.stderr, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(f"signoff: port {port} on 127.0.0.1 is in use"), out.stderr
+
+
+def test_signoff_dev_on_a_port_in_use_starts_nothing_first(tmp_path: Path) -> None:
+    """The newcomer's `signoff dev` on a taken port made a whole embedded Postgres (a data
+    folder and a cluster under /var/tmp) and only then failed on the port."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SIGNOFF_", "ANTHROPIC"))}
+    data = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "signoff", "dev", "--port", str(port), "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            env=base,
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+    assert out.returncode != 0, out
+    assert f"port {port}" in out.stderr and "in use" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert not (data / "embedded").exists(), sorted(p.name for p in data.rglob("*"))
