@@ -101,6 +101,32 @@ def _table(cards: list[Card]) -> str:
     )
 
 
+def _shown(card: Any, events: list[Any]) -> str:
+    """One card for a person: what it is, where it stands, its audit trail."""
+    flag = "  [RECONCILE: check the provider, then `signoff cards reconcile`]"
+    lines = [
+        f"card {card.id}  {card.tool} ({card.risk})",
+        f"  status:    {card.status}"
+        + (flag if card.needs_reconciliation else "")
+        + (f" ({card.reason})" if card.reason else ""),
+        f"  summary:   {card.summary}",
+        f"  thread:    {card.thread_id}   run: {card.run_id}",
+        f"  owner:     {card.owner} ({card.tenant})   operation: {card.operation_id}",
+        f"  created:   {card.created_at:%Y-%m-%d %H:%M:%S}   expires: "
+        f"{card.expires_at:%Y-%m-%d %H:%M:%S}",
+    ]
+    if card.result is not None:
+        lines.append(f"  result:    {json.dumps(card.result, ensure_ascii=False, default=str)}")
+    lines.append("  audit:")
+    for e in events:
+        via = f" via {e.channel}" if e.channel else ""
+        lines.append(
+            f"    {e.at:%Y-%m-%d %H:%M:%S}  {e.from_status or '-'} -> {e.to_status}"
+            f"  by {e.actor}{via}"
+        )
+    return "\n".join(lines)
+
+
 def _error(message: str) -> int:
     print(f"signoff cards: {message}", file=sys.stderr)
     return 2
@@ -149,8 +175,11 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
         if args.action == "show":
             card = await store.get_card(card_id)
             events = await store.card_events(card_id)
-            out = {"card": card.public(), "events": msgspec.to_builtins(events)}
-            print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
+            if args.json:
+                out = {"card": card.public(), "events": msgspec.to_builtins(events)}
+                print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
+            else:
+                print(_shown(card, events))
             return 0
         card = await store.reconcile(
             card_id, executed=args.outcome == "executed", actor="operator", note=args.note

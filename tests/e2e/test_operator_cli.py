@@ -85,9 +85,13 @@ def test_operator_commands_find_a_running_dev_with_no_flags(dev_here: tuple[Dev,
     assert signoff(here, "cards", "list", "--older-than", "1h").stdout.strip() == "no cards match"
     assert signoff(here, "cards", "list", "--tool", "refund", "--json").stdout.strip() == "[]"
 
-    shown = signoff(here, "cards", "show", card["id"][:8])
+    shown = signoff(here, "cards", "show", card["id"][:8], "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["card"]["id"] == card["id"]
+    # without --json, for a person (it printed JSON either way)
+    told = signoff(here, "cards", "show", card["id"][:8]).stdout
+    assert told.startswith(f"card {card['id']}  create_pix_charge (critical)"), told
+    assert "  status:    pending" in told and "-> pending  by" in told, told
     missing = signoff(here, "cards", "show", "ffffffff-ffff")
     assert missing.returncode == 2 and "no card id starts with" in missing.stderr
 
