@@ -419,7 +419,7 @@ def parser() -> argparse.ArgumentParser:
         help="print a signed bearer token (SIGNOFF_SECRET, else the data folder's dev secret)",
     )
     cli_runs.add_parser(sub, common)  # signoff runs list|show
-    common(tk)
+    tk.add_argument("--data-dir", help="local data folder (SIGNOFF_DATA_DIR, .signoff)")
     tk.add_argument("--user", required=True, help="the user the token authenticates")
     tk.add_argument("--tenant", help="the user's tenant (SIGNOFF_TENANT, demo)")
     tk.add_argument("--role", default="user", help="the user's role (user)")

@@ -4,6 +4,7 @@ its variable, a port in use is one line, a token that would be born expired is r
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib.metadata
@@ -207,3 +208,14 @@ def test_help_lists_every_variable_with_its_default(capsys: pytest.CaptureFixtur
     assert line.split()[-1] == "8000"
     for var in ("SIGNOFF_PG_USER", "SIGNOFF_DISABLE", "SIGNOFF_DEMO_CARD_TTL_SECONDS"):
         assert var in out
+
+
+def test_token_offers_only_what_a_token_needs() -> None:
+    """`signoff token --help` offered --database-url and --redis-url, which a token never
+    reads (the newcomer took them for required)."""
+    from signoff.runtime.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {o for a in sub.choices["token"]._actions for o in a.option_strings}
+    assert "--data-dir" in flags and "--user" in flags
+    assert not flags & {"--database-url", "--redis-url"}
