@@ -102,6 +102,29 @@ class Executor:
             return True
         return self.lease.epoch == epoch and self.lease.holds(since)
 
+    async def _fenced(self, card_id: str) -> bool:
+        """The clock could not vouch for the lease (a Postgres outage held the renewals
+        up, or a pause): ask the database, renewing the lease in the same statement. True
+        when the card is still `executing` in a run this worker holds: then nobody can
+        have adopted it or reconciled the card, and the renewed lease keeps it so. A
+        database that does not answer vouches for nothing."""
+        if self.lease is None:
+            return False
+        holder = self.actor.removeprefix("worker:")
+        for wait in (*RECORD_RETRIES, None):
+            sent = time.monotonic()
+            try:
+                ours = await self.store.execution_fence(card_id, holder, self.lease.seconds)
+            except Unavailable as exc:
+                if wait is None:
+                    return False
+                log.warning("card %s: lease not confirmed (%s); again in %gs", card_id, exc, wait)
+                await asyncio.sleep(wait)
+                continue
+            self.lease.renewed(sent)
+            return ours
+        return False
+
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
         the card as it ends up (timed and traced as the ``execute`` span, logged)."""
@@ -154,6 +177,8 @@ class Executor:
         self.faults.hit("execute.after_start")
         unknown = False  # an attempt got no answer: the provider may have acted
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
+            if not (prompt and self._may_send(epoch)) and await self._fenced(card.id):
+                prompt, epoch = True, self.lease.epoch if self.lease is not None else 0
             if not (prompt and self._may_send(epoch)):
                 if not unknown:  # certain: nothing was sent
                     log.error("card %s: %s; recorded failed", card.id, NOT_SENT)

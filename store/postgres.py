@@ -75,6 +75,7 @@ class PostgresStore:
 
         self.renew_leases = workers.renew_leases
         self.lease_of = workers.lease_of
+        self.execution_fence = workers.execution_fence
         self.release_runs = workers.release_runs
         self.adopt_runs = workers.adopt_runs
         self.forget_workers = workers.forget_workers

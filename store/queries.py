@@ -50,6 +50,7 @@ class Queries:
     # workers
     worker_renew: str
     worker_lease: str
+    worker_fence: str
     run_release: str
     run_adopt: str
     workers_forget: str

@@ -328,6 +328,19 @@ ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until;
 SELECT lease_until, extract(epoch FROM lease_until - now())::float8 AS left_seconds
 FROM workers WHERE id = $1;
 
+-- name: worker_fence
+-- Before a provider call the worker's own clock could not vouch for (design note 47):
+-- renew worker $2's lease ($3 seconds) and say whether card $1 is still `executing` in a
+-- run $2 holds (not adopted meanwhile, not reconciled by an operator).
+WITH me AS (
+    INSERT INTO workers (id, lease_until) VALUES ($2, now() + make_interval(secs => $3))
+    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+)
+SELECT EXISTS (
+    SELECT 1 FROM cards c JOIN runs r ON r.id = c.run_id
+    WHERE c.id = $1 AND c.status = 'executing' AND r.worker_id = $2
+) AS ours;
+
 -- name: run_release
 -- A graceful stop: holder $1 hands its runs back at once and its lease row goes.
 WITH r AS (

@@ -666,14 +666,18 @@ async def test_a_refusal_after_an_unanswered_attempt_leaves_the_card_executing(
         assert (await h.store.get_card(card.id)).status is Status.EXECUTING
 
 
-async def test_a_repeat_is_not_sent_once_the_lease_lapsed_and_came_back(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("adopted", [True, False])
+async def test_a_repeat_after_the_lease_lapsed_is_sent_only_if_the_run_is_still_ours(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, adopted: bool
 ) -> None:
     """The review's D3: attempt 0 got no answer, the worker then lost its lease (paused,
     or cut off from Postgres) and renewed it (the row is upserted: the lease revives),
     and attempt 1 was sent, though the run may have been adopted meanwhile and its
-    model told the outcome is unknown. A renewal after a lapse starts a new epoch, and an
-    execution begun in an earlier one sends nothing more: the card stays `executing`."""
+    model told the outcome is unknown. A renewal after a lapse starts a new epoch; an
+    execution begun in an earlier one asks the database before sending again: the repeat
+    goes out only if the card is still `executing` in a run this worker holds (a Postgres
+    restart must not fail approvals: the fault suite's restart under load lost two), and
+    the card stays `executing` if the run was adopted."""
     import time
 
     from signoff.runtime import execution
@@ -690,12 +694,40 @@ async def test_a_repeat_is_not_sent_once_the_lease_lapsed_and_came_back(
 
         async def unanswered_then_lapse(snapshot, operation_id, ctx):  # type: ignore[no-untyped-def]
             calls.append(operation_id)
-            lease.until = 0.0  # lapsed while the call hung ...
-            lease.renewed(time.monotonic())  # ... and renewed: a new epoch
-            await asyncio.sleep(3600)
+            if len(calls) == 1:
+                lease.until = 0.0  # lapsed while the call hung ...
+                lease.renewed(time.monotonic())  # ... and renewed: a new epoch
+                if adopted:  # ... and another worker took the run meanwhile
+                    await h.store.db.execute(
+                        "UPDATE runs SET worker_id = 'other-worker' WHERE id = $1", card.run_id
+                    )
+                await asyncio.sleep(3600)
+            return {"charge_id": "ch-1"}
 
         monkeypatch.setattr(tool, "execute", unanswered_then_lapse)
         await h.decide(card, Decision.APPROVE)
         await h.settle()
-        assert calls == [card.operation_id]  # the repeat was not sent
-        assert (await h.store.get_card(card.id)).status is Status.EXECUTING
+        status = (await h.store.get_card(card.id)).status
+        if adopted:
+            assert calls == [card.operation_id]  # the repeat was not sent
+            assert status is Status.EXECUTING
+        else:
+            assert calls == [card.operation_id] * 2  # the database vouched: sent again
+            assert status is Status.EXECUTED
+
+
+async def test_an_approval_right_after_a_postgres_outage_still_executes(
+    database_url: str,
+) -> None:
+    """The fault suite's Postgres restart under load: renewals failed through the outage,
+    so the worker's own clock no longer vouched for its lease when the approvals came
+    through, and two were recorded `failed` ("not sent") though nobody else held their
+    runs. The database vouches instead (one statement that renews the lease): executed."""
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        h.worker.lease.until = 0.0  # the renewals of the outage all failed
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTED
+        assert await h.charges() == 1
+        assert h.worker.lease.holds()  # renewed by the same statement
