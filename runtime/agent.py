@@ -276,7 +276,7 @@ class Agent:
                 run, RunStatus.FAILED, "too many model calls in one turn", todo
             )
         except RunInactive:
-            log.info("run %s was superseded while stepping", run.id)
+            log.info("run %s stopped stepping: superseded, or held by another worker", run.id)
             return await self.store.get_run(run.id)
 
     async def _finish(
@@ -485,6 +485,8 @@ class Agent:
                 and self.tools.get(card.tool) is None
             ):
                 raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
+        open_cards = [cards[c] for u, c in waiting.items() if u not in results]
+        self.executor.check_not_elsewhere(open_cards)  # Unavailable: looked at again later
         for use_id in run.state.get("order", []):
             if use_id in results:
                 continue

@@ -40,6 +40,10 @@ UNKNOWN_OUTCOME_RETRIES = (0.5, 1.0, 2.0)
 # Waits between attempts to record a known outcome when the store does not answer; the
 # last one repeats until it is recorded (or the process ends: then it is left executing).
 RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0, 5.0)
+# Waits between attempts to ask the database whether the provider may be called (the
+# last repeats): short, so a worker back from an outage settles its own executions
+# before their runs' adopters give up waiting for it (design note 49).
+FENCE_RETRIES = (0.1, 0.2, 0.5, 1.0)
 # A revalidation that meets these is tried again later (the card stays approved).
 TRANSIENT = (TimeoutError, ConnectionError, Unavailable)
 NOT_SENT = (
@@ -94,6 +98,32 @@ class Executor:
         self.faults = faults
         self.lease: LeaseClock | None = None  # None: no lease to keep (a worker sets one)
         self.tool_timeout: float | None = None  # seconds a tool call may take
+        self._elsewhere: dict[str, float] = {}  # card executing elsewhere -> first seen
+
+    def check_not_elsewhere(self, cards: list[Card]) -> None:
+        """Raise :class:`Unavailable` (the run is continued again shortly) for a card found
+        `executing` when a continuation begins, unflagged, first seen less than a lease
+        ago: the run's previous holder started it and may be alive, cut off from
+        Postgres; back, it takes the run again to finish the call (``worker_fence``), so
+        telling the model "outcome unknown" now would lose an approval that still
+        executes. Past a lease, it is told unknown and flagged as before (I4; design
+        note 49). Without a lease (no worker) nothing waits."""
+        if self.lease is None:
+            return
+        now = time.monotonic()
+        window = self.lease.seconds
+        for card_id, seen in list(self._elsewhere.items()):
+            if now - seen > 10 * window:
+                del self._elsewhere[card_id]
+        for card in cards:
+            if card.status is not Status.EXECUTING or card.needs_reconciliation:
+                continue
+            first = self._elsewhere.setdefault(card.id, now)
+            if now - first < window:
+                raise Unavailable(
+                    f"card {card.id} is executing in its run's previous holder; its outcome "
+                    f"is looked at again (told unknown after {window:g}s)"
+                )
 
     def _may_send(self, epoch: int, since: float | None = None) -> bool:
         """The provider may be called: the lease holds, in the epoch the execution began
@@ -105,25 +135,36 @@ class Executor:
     async def _fenced(self, card_id: str) -> bool:
         """The clock could not vouch for the lease (a Postgres outage held the renewals
         up, or a pause): ask the database, renewing the lease in the same statement. True
-        when the card is still `executing` in a run this worker holds: then nobody can
-        have adopted it or reconciled the card, and the renewed lease keeps it so. A
-        database that does not answer vouches for nothing."""
+        when the card is still `executing`, unflagged, in a run this worker holds, or
+        takes back because its adopter has not acted on it yet (``worker_fence``): then
+        nobody has been told anything about the card, and the renewed lease keeps it so.
+        Asked until the database answers: an outage must not fail an approval whose
+        call was never made (the card stays `executing` meanwhile, and if the process
+        stops first, the log says nothing was sent)."""
         if self.lease is None:
             return False
         holder = self.actor.removeprefix("worker:")
-        for wait in (*RECORD_RETRIES, None):
+        attempt = 0
+        while True:
             sent = time.monotonic()
             try:
                 ours = await self.store.execution_fence(card_id, holder, self.lease.seconds)
             except Unavailable as exc:
-                if wait is None:
-                    return False
+                wait = FENCE_RETRIES[min(attempt, len(FENCE_RETRIES) - 1)]
+                attempt += 1
                 log.warning("card %s: lease not confirmed (%s); again in %gs", card_id, exc, wait)
-                await asyncio.sleep(wait)
+                try:
+                    await asyncio.sleep(wait)
+                except asyncio.CancelledError:
+                    log.error(
+                        "card %s: stopping before the provider was called: nothing was sent "
+                        "(left executing; reconcile it as not sent)",
+                        card_id,
+                    )
+                    raise
                 continue
             self.lease.renewed(sent)
             return ours
-        return False
 
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);

@@ -329,17 +329,34 @@ SELECT lease_until, extract(epoch FROM lease_until - now())::float8 AS left_seco
 FROM workers WHERE id = $1;
 
 -- name: worker_fence
--- Before a provider call the worker's own clock could not vouch for (design note 47):
--- renew worker $2's lease ($3 seconds) and say whether card $1 is still `executing` in a
--- run $2 holds (not adopted meanwhile, not reconciled by an operator).
-WITH me AS (
+-- Before a provider call the worker's own clock could not vouch for (design notes 47, 49):
+-- renew worker $2's lease ($3 seconds) and say whether card $1 is still `executing`, not
+-- flagged for reconciliation, in a run $2 holds, or one it takes back here: a run another
+-- worker adopted meanwhile that is active and still waits on the card with no result
+-- for it (the adopter leaves a card executing elsewhere alone for a lease, so it has told
+-- nobody anything; its next write is conditional on holding the run and fails). The
+-- card's thread is locked first, then the run (the one lock order).
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
+),
+me AS (
     INSERT INTO workers (id, lease_until) VALUES ($2, now() + make_interval(secs => $3))
     ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+),
+r AS (
+    UPDATE runs SET worker_id = $2
+    FROM lk, cards c
+    WHERE c.id = $1 AND runs.id = c.run_id AND runs.thread_id = lk.locked
+      AND c.status = 'executing' AND NOT c.needs_reconciliation
+      AND (runs.worker_id = $2
+           OR (runs.status IN ('running', 'waiting') AND EXISTS (
+               SELECT 1 FROM jsonb_each_text(runs.state -> 'waiting') AS w(use_id, card_id)
+               WHERE w.card_id = c.id::text
+                 AND NOT coalesce(runs.state -> 'results', '{}'::jsonb) ? w.use_id)))
+    RETURNING runs.id
 )
-SELECT EXISTS (
-    SELECT 1 FROM cards c JOIN runs r ON r.id = c.run_id
-    WHERE c.id = $1 AND c.status = 'executing' AND r.worker_id = $2
-) AS ours;
+SELECT EXISTS (SELECT 1 FROM r) AS ours;
 
 -- name: run_release
 -- A graceful stop: holder $1 hands its runs back at once and its lease row goes.

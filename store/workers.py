@@ -26,8 +26,9 @@ class Workers:
         return None if row is None else (row["lease_until"], row["left_seconds"])
 
     async def execution_fence(self, card_id: str, holder: str, lease_seconds: float) -> bool:
-        """Renew ``holder``'s lease; whether ``card_id`` is still ``executing`` in a run it
-        holds (so no other worker nor an operator can have acted on it)."""
+        """Renew ``holder``'s lease; whether ``card_id`` is still ``executing``, unflagged,
+        in a run it holds or takes back here from an adopter that has not stepped past
+        the card (so no other worker nor an operator can have acted on it)."""
         return bool(await self._db.fetchval(SQL.worker_fence, card_id, holder, lease_seconds))
 
     async def release_runs(self, holder: str) -> None:

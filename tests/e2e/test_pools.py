@@ -159,7 +159,10 @@ async def check_exactly_once(db: asyncpg.Connection, tenant: str, n: int) -> Non
         "WHERE c.tenant = $1 AND e.to_status = 'executing'",
         tenant,
     )
-    assert (executed, charges, keyed, executing) == (n, n, n, n)
+    others = await db.fetch(
+        "SELECT id, status, result FROM cards WHERE tenant = $1 AND status <> 'executed'", tenant
+    )
+    assert (executed, charges, keyed, executing) == (n, n, n, n), [dict(r) for r in others]
 
 
 async def all_runs_done(db: asyncpg.Connection, tenant: str, n: int) -> bool:

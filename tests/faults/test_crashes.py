@@ -165,6 +165,61 @@ async def test_worker_frozen_after_starting_execution_calls_nothing_when_thawed(
             await db.close()
 
 
+async def test_worker_frozen_after_starting_execution_and_thawed_soon_takes_its_run_back(
+    database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """The fault suite's Postgres restart, made exact: a worker held up after recording
+    `executing` (here frozen; there cut off from Postgres) whose run another worker
+    adopted. The adopter told its model at once that the outcome was unknown, so the
+    first, back a moment later, could only record `failed`: an approval lost. The adopter
+    now leaves the card alone for a lease; the first worker, back within it, takes its
+    run back (``worker_fence``) and executes the card: one charge, `executed`, and the
+    model told so, once (design note 49)."""
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=0,
+        SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_SWEEP_SECONDS="0.5",
+    ) as c:
+        invariants.watch_cluster(c)
+        frozen = c.add_worker("frozen-soon", SIGNOFF_FAULTS="execute.after_start=stop")
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, gw.url, ["ft0"])
+            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
+            c.add_worker("adopter")
+            assert await approve(c, gw.url, [card]) == [200]
+
+            async def adopted() -> bool:
+                holder = await db.fetchval(
+                    "SELECT r.worker_id FROM runs r JOIN cards k ON k.run_id = r.id "
+                    "WHERE k.id = $1 AND k.status = 'executing'",
+                    card["id"],
+                )
+                return bool(holder == "adopter")
+
+            await wait_until(adopted, what="the adoption of the frozen worker's run")
+            frozen.signal(signal.SIGCONT)
+            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run's end")
+            status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
+            assert status == "executed"
+            assert await charge_keys(db, c.tenant) == [str(card["operation_id"])]
+            (told,) = await tool_results(db, c.tenant)
+            assert "outcome is unknown" not in told and "not sent" not in told, told
+            holder = await db.fetchval(
+                "SELECT worker_id FROM runs WHERE id = (SELECT run_id FROM cards WHERE id = $1)",
+                card["id"],
+            )
+            assert holder == "frozen-soon"
+            await invariants.check()
+        finally:
+            await db.close()
+
+
 async def test_worker_killed_after_provider_accepted_before_recording(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:

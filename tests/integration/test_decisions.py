@@ -19,6 +19,7 @@ from signoff.runtime.errors import (
     InvalidInput,
     NotOwner,
     StaleCard,
+    Unavailable,
 )
 from signoff.runtime.models.base import ModelReply
 from tests import pgbouncer
@@ -666,18 +667,20 @@ async def test_a_refusal_after_an_unanswered_attempt_leaves_the_card_executing(
         assert (await h.store.get_card(card.id)).status is Status.EXECUTING
 
 
-@pytest.mark.parametrize("adopted", [True, False])
-async def test_a_repeat_after_the_lease_lapsed_is_sent_only_if_the_run_is_still_ours(
-    database_url: str, monkeypatch: pytest.MonkeyPatch, adopted: bool
+@pytest.mark.parametrize("adopted", ["no", "untold", "told"])
+async def test_a_repeat_after_the_lease_lapsed_is_sent_only_if_nobody_was_told(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, adopted: str
 ) -> None:
     """The review's D3: attempt 0 got no answer, the worker then lost its lease (paused,
     or cut off from Postgres) and renewed it (the row is upserted: the lease revives),
     and attempt 1 was sent, though the run may have been adopted meanwhile and its
     model told the outcome is unknown. A renewal after a lapse starts a new epoch; an
     execution begun in an earlier one asks the database before sending again: the repeat
-    goes out only if the card is still `executing` in a run this worker holds (a Postgres
-    restart must not fail approvals: the fault suite's restart under load lost two), and
-    the card stays `executing` if the run was adopted."""
+    goes out if the card is still `executing` in a run this worker holds, or in one
+    adopted meanwhile whose new holder has not stepped past the card (the worker takes
+    it back: a Postgres restart must not fail approvals, the fault suite lost two). If
+    the adopter told its model (the run no longer waits on the card), nothing is sent
+    and the card stays `executing` for reconciliation."""
     import time
 
     from signoff.runtime import execution
@@ -697,9 +700,13 @@ async def test_a_repeat_after_the_lease_lapsed_is_sent_only_if_the_run_is_still_
             if len(calls) == 1:
                 lease.until = 0.0  # lapsed while the call hung ...
                 lease.renewed(time.monotonic())  # ... and renewed: a new epoch
-                if adopted:  # ... and another worker took the run meanwhile
+                if adopted != "no":  # ... and another worker took the run meanwhile
                     await h.store.db.execute(
                         "UPDATE runs SET worker_id = 'other-worker' WHERE id = $1", card.run_id
+                    )
+                if adopted == "told":  # ... and stepped past the card (told its model)
+                    await h.store.db.execute(
+                        "UPDATE runs SET state = '{}'::jsonb WHERE id = $1", card.run_id
                     )
                 await asyncio.sleep(3600)
             return {"charge_id": "ch-1"}
@@ -708,12 +715,69 @@ async def test_a_repeat_after_the_lease_lapsed_is_sent_only_if_the_run_is_still_
         await h.decide(card, Decision.APPROVE)
         await h.settle()
         status = (await h.store.get_card(card.id)).status
-        if adopted:
+        holder = await h.store.db.fetchval("SELECT worker_id FROM runs WHERE id = $1", card.run_id)
+        if adopted == "told":
             assert calls == [card.operation_id]  # the repeat was not sent
             assert status is Status.EXECUTING
+            assert holder == "other-worker"
         else:
             assert calls == [card.operation_id] * 2  # the database vouched: sent again
             assert status is Status.EXECUTED
+            assert holder == h.worker.worker_id  # taken back from an adopter that waited
+
+
+async def test_the_fence_refuses_a_card_flagged_for_reconciliation(database_url: str) -> None:
+    """An operator may be reconciling a flagged card from the provider's records: a
+    worker back from a pause sends nothing for it, whoever holds the run."""
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        await h.store.db.execute(
+            "UPDATE cards SET status = 'executing', needs_reconciliation = true WHERE id = $1",
+            card.id,
+        )
+        me = h.worker.worker_id
+        assert not await h.store.execution_fence(card.id, me, 5.0)
+        await h.store.db.execute(
+            "UPDATE cards SET needs_reconciliation = false WHERE id = $1", card.id
+        )
+        assert await h.store.execution_fence(card.id, me, 5.0)
+
+
+async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
+    database_url: str,
+) -> None:
+    """The fault suite's Postgres restart: a worker cut off from Postgres had started a
+    card; the other worker adopted the run when Postgres came back and told its model
+    at once that the outcome was unknown, so the first, back a moment later, could only
+    record `failed` ("not sent"): an approval lost to a restart. The adopter now waits
+    a lease (the run is continued again later) before telling the model; the first
+    worker takes the run back meanwhile (``worker_fence``) and executes the card."""
+    settings = Settings(lease_seconds=1.0)
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        card = await one_card(h)
+        # Another worker started it (approved, then `executing`) and was cut off.
+        await h.store.db.execute("UPDATE cards SET status = 'executing' WHERE id = $1", card.id)
+        with pytest.raises(Unavailable, match="executing in its run's previous holder"):
+            await h.worker.agent.continue_run(card.run_id)
+        assert (await h.store.get_run(card.run_id)).status.value == "waiting"
+        assert await h.store.execution_fence(card.id, "the-first-worker", 5.0)  # back: its own
+        holder = await h.store.db.fetchval("SELECT worker_id FROM runs WHERE id = $1", card.run_id)
+        assert holder == "the-first-worker"
+        await h.store.db.execute(  # ... and lost again: nobody comes back this time
+            "UPDATE runs SET worker_id = $2 WHERE id = $1", card.run_id, h.worker.worker_id
+        )
+        await asyncio.sleep(1.05)  # a lease after it was first seen: told unknown, as before
+        run = await h.worker.agent.continue_run(card.run_id)
+        assert run is not None and run.status.value == "done"
+        told = [
+            b
+            for e in await h.store.entries_after(card.thread_id, 0)
+            if e.kind == "tool_results"
+            for b in e.body["content"]
+            if b["tool_use_id"] == card.tool_use_id
+        ]
+        assert len(told) == 1 and "outcome is unknown" in str(told[0]), told
+        assert await h.charges() == 0
 
 
 async def test_an_approval_right_after_a_postgres_outage_still_executes(
