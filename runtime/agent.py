@@ -1,12 +1,11 @@
 """The agent loop: Claude tool use where every write waits for a person.
 
-``start`` runs a new user message; ``continue_run`` resumes a parked run from the
-store. The live path (a decision arrives on the bus) and the recovery path (another
-process adopts the run) both call ``continue_run``, which re-reads Postgres and never
-trusts the message that woke it. Approved cards are executed by
-:mod:`signoff.runtime.execution`; every hint goes through the worker's
-:class:`~signoff.runtime.notify.Notifier`. Locks: a thread's, then a run's, never the
-other way round."""
+``start`` runs a new user message; ``continue_run`` resumes a parked run from the store.
+The live path (a decision arrives on the bus) and the recovery path (another process
+adopts the run) both call ``continue_run``, which re-reads Postgres and never trusts the
+message that woke it. Tools are called by :mod:`signoff.runtime.execution`; every hint
+goes through the worker's :class:`~signoff.runtime.notify.Notifier`. Locks: a thread's,
+then a run's, never the other way round."""
 
 from __future__ import annotations
 
@@ -109,14 +108,7 @@ class Agent:
         return self._locks.get(key) or self._locks.setdefault(key, asyncio.Lock())
 
     def _ctx(self, run: Run) -> ToolContext:
-        return ToolContext(
-            tenant=run.tenant,
-            user=run.owner,
-            role=run.role,
-            thread_id=run.thread_id,
-            run_id=run.id,
-            services=self.services,
-        )
+        return ToolContext.of(run, self.services)
 
     # -- a new user message ----------------------------------------------------
 
@@ -319,8 +311,8 @@ class Agent:
                     return outcomes.tool_result(
                         use_id, f"Denied by policy: {verdict.reason}", error=True
                     )
-                return outcomes.tool_result(use_id, await tool.execute(raw, "", ctx))
-            prepared = await tool.prepare(data, ctx)
+                return outcomes.tool_result(use_id, await self.executor.read(tool, raw, ctx))
+            prepared = await self.executor.prepare(tool, data, ctx)
         except ToolValidationError as exc:
             return outcomes.tool_result(use_id, exc.message, error=True)
         except Unavailable:
@@ -339,7 +331,9 @@ class Agent:
         if verdict.verdict is Verdict.ALLOW:
             op = f"{run.id}:{use_id}"
             try:
-                return outcomes.tool_result(use_id, await tool.execute(prepared.args, op, ctx))
+                return outcomes.tool_result(
+                    use_id, await self.executor.allowed(tool, prepared.args, op, ctx)
+                )
             except Exception as exc:
                 log.warning("allowed write %s failed on run %s: %s", tool.name, run.id, exc)
                 return outcomes.tool_result(use_id, f"The tool failed: {exc}", error=True)
@@ -472,9 +466,10 @@ class Agent:
     ) -> Run:
         """Every card is decided: execute the approved ones, tell the model, step on.
 
-        An approved card of a tool this worker does not serve (another version of the app
-        proposed it) stops the continuation before anything runs: :class:`UnknownTool`,
-        the card left approved for a worker that serves it (``Worker._hand_over``)."""
+        An approved card of a tool this worker does not serve (another app version proposed
+        it) stops the continuation before anything runs: :class:`UnknownTool`, the card
+        left approved for a worker that serves it (``Worker._hand_over``); so does a card
+        found `executing`, for a while (``Executor.check_not_elsewhere``)."""
         results: dict[str, dict[str, Any]] = dict(run.state.get("results", {}))
         for use_id in run.state.get("order", []):
             card = cards[waiting[use_id]] if use_id in waiting else None
@@ -485,8 +480,9 @@ class Agent:
                 and self.tools.get(card.tool) is None
             ):
                 raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
-        open_cards = [cards[c] for u, c in waiting.items() if u not in results]
-        self.executor.check_not_elsewhere(open_cards)  # Unavailable: looked at again later
+        self.executor.check_not_elsewhere(
+            [cards[c] for u, c in waiting.items() if u not in results]
+        )
         for use_id in run.state.get("order", []):
             if use_id in results:
                 continue

@@ -34,6 +34,13 @@ class ToolValidationError(InvalidInput):
     code = "tool_validation"
 
 
+class ToolTimedOut(SignoffError):
+    """A read tool's call or a write's ``prepare`` did not answer within the tool deadline
+    (``SIGNOFF_TOOL_TIMEOUT_SECONDS``); nothing was written, the model is told so."""
+
+    code = "tool_timeout"
+
+
 class ReservedKey(InvalidInput):
     """A payload or step result sets a state key the workflow engine owns (422)."""
 

@@ -22,16 +22,19 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from signoff.runtime.cards import Card, Status
-from signoff.runtime.errors import Unavailable, UnknownTool
+from signoff.runtime.errors import ToolTimedOut, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.notify import Notifier
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
-from signoff.runtime.tools import Registry, ToolContext
+from signoff.runtime.tools import Prepared, Registry, Tool, ToolContext
 
 log = logging.getLogger("signoff.agent")
+T = TypeVar("T")
 
 # An execution that got no answer (timeout, dropped connection) is asked again with the
 # same operation_id after these waits; the provider deduplicates by that key (I4).
@@ -99,6 +102,42 @@ class Executor:
         self.lease: LeaseClock | None = None  # None: no lease to keep (a worker sets one)
         self.tool_timeout: float | None = None  # seconds a tool call may take
         self._elsewhere: dict[str, float] = {}  # card executing elsewhere -> first seen
+
+    async def read(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """A read tool's call, under the tool deadline (:class:`ToolTimedOut`)."""
+        return await self._in_time(tool, tool.execute(args, "", ctx))
+
+    async def prepare(self, tool: Tool, data: Any, ctx: ToolContext) -> Prepared:
+        """A write's ``prepare`` (it reads the world to freeze the card), under the tool
+        deadline (:class:`ToolTimedOut`)."""
+        prepared: Prepared = await self._in_time(tool, tool.prepare(data, ctx))
+        return prepared
+
+    async def allowed(
+        self, tool: Tool, args: dict[str, Any], operation_id: str, ctx: ToolContext
+    ) -> Any:
+        """A write the policy lets through without a card, under the tool deadline; past
+        it the call may have acted, and :class:`ToolTimedOut` says so."""
+        return await self._in_time(tool, tool.execute(args, operation_id, ctx), acted=True)
+
+    async def _in_time(self, tool: Tool, call: Awaitable[T], *, acted: bool = False) -> T:
+        """``call`` within ``tool_timeout``: a read that hangs on a dead connection held
+        its run (and the run's lock) for ever on a live worker, as a hung revalidation did
+        (design note 48). Nothing is written on these paths, so "nothing was done" holds."""
+        try:
+            async with asyncio.timeout(self.tool_timeout):
+                return await call
+        except TimeoutError as exc:
+            limit = "" if self.tool_timeout is None else f" ({self.tool_timeout:g} s)"
+            log.warning("tool %s did not answer in time%s", tool.name, limit)
+            outcome = (
+                "it may have acted: check before doing it again"
+                if acted
+                else "nothing was done. Try again later"
+            )
+            raise ToolTimedOut(
+                f"The tool {tool.name} did not answer in time{limit}; {outcome}.", tool=tool.name
+            ) from exc
 
     def check_not_elsewhere(self, cards: list[Card]) -> None:
         """Raise :class:`Unavailable` (the run is continued again shortly) for a card found

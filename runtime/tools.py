@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 
 from signoff.runtime.cards import Risk
 from signoff.runtime.errors import ConfigError, ToolValidationError
+
+if TYPE_CHECKING:
+    from signoff.runtime.records import Run
 
 
 class Prepared(msgspec.Struct, frozen=True):
@@ -122,6 +125,18 @@ class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
     thread_id: str = ""
     run_id: str = ""
     services: Any = None  # the app's own handles (e.g. a DB pool); opaque to signoff
+
+    @classmethod
+    def of(cls, run: Run, services: Any = None) -> ToolContext:
+        """The context of a call made in ``run``."""
+        return cls(
+            tenant=run.tenant,
+            user=run.owner,
+            role=run.role,
+            thread_id=run.thread_id,
+            run_id=run.id,
+            services=services,
+        )
 
 
 class Tool:

@@ -795,3 +795,34 @@ async def test_an_approval_right_after_a_postgres_outage_still_executes(
         assert (await h.store.get_card(card.id)).status is Status.EXECUTED
         assert await h.charges() == 1
         assert h.worker.lease.holds()  # renewed by the same statement
+
+
+@pytest.mark.parametrize("which", ["read", "prepare"])
+async def test_a_hung_read_or_prepare_is_told_to_the_model_and_frees_the_run(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    """A read tool's call or a write's `prepare` hung on a dead connection held its run
+    (and the run's lock) for ever on a live worker, as a hung revalidation did: nobody
+    adopts the runs of a live worker. Both have the tool deadline now: the model is told
+    the tool did not answer and that nothing was done, and the turn ends."""
+    use: dict[str, object] = {"name": "get_balance", "input": {}} if which == "read" else pix("9")
+    settings = Settings(tool_timeout_seconds=0.2)
+    async with harness(database_url, model=Scripted(use), settings=settings) as h:
+        tool = h.worker.agent.tools.get(str(use["name"]))
+        assert tool is not None
+
+        async def hang(*args: object) -> object:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(tool, "execute" if which == "read" else "prepare", hang)
+        thread = await h.thread("alice")
+        await h.say(thread, "quanto tenho?" if which == "read" else "cobre", "alice")
+        await h.settle()
+        assert await h.store.pending_cards(thread) == []
+        results = [e for e in await h.store.entries_after(thread, 0) if e.kind == "tool_results"]
+        (block,) = results[0].body["content"]
+        assert block["is_error"] and "did not answer in time (0.2 s)" in str(block["content"])
+        assert "nothing was done" in str(block["content"])
+        (run,) = [e for e in await h.store.entries_after(thread, 0) if e.kind == "run"]
+        assert run.body["status"] == "done"
