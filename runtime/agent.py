@@ -469,7 +469,7 @@ class Agent:
         An approved card of a tool this worker does not serve (another app version proposed
         it) stops the continuation before anything runs: :class:`UnknownTool`, the card
         left approved for a worker that serves it (``Worker._hand_over``); so does a card
-        found `executing`, for a while (``Executor.check_not_elsewhere``)."""
+        found `executing`, for a while (``Executor.settle_elsewhere``)."""
         results: dict[str, dict[str, Any]] = dict(run.state.get("results", {}))
         for use_id in run.state.get("order", []):
             card = cards[waiting[use_id]] if use_id in waiting else None
@@ -480,8 +480,8 @@ class Agent:
                 and self.tools.get(card.tool) is None
             ):
                 raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
-        self.executor.check_not_elsewhere(
-            [cards[c] for u, c in waiting.items() if u not in results]
+        await self.executor.settle_elsewhere(
+            run.id, [cards[c] for u, c in waiting.items() if u not in results]
         )
         for use_id in run.state.get("order", []):
             if use_id in results:

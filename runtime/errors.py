@@ -176,6 +176,13 @@ class Unavailable(SignoffError):
     code = "unavailable"
 
 
+class ExecutingElsewhere(Unavailable):
+    """A run's card is `executing` in the run's previous holder (which may come back and
+    finish it): its continuation is tried again later (design note 49)."""
+
+    code = "executing_elsewhere"
+
+
 class Overloaded(Unavailable):
     """A gateway at its in-flight limit (``SIGNOFF_MAX_IN_FLIGHT``) refused the request
     before working on it: retry after ``Retry-After`` (503, nothing changed)."""

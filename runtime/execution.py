@@ -26,7 +26,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from signoff.runtime.cards import Card, Status
-from signoff.runtime.errors import ToolTimedOut, Unavailable, UnknownTool
+from signoff.runtime.errors import ExecutingElsewhere, ToolTimedOut, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.notify import Notifier
 from signoff.runtime.store import Store
@@ -139,14 +139,17 @@ class Executor:
                 f"The tool {tool.name} did not answer in time{limit}; {outcome}.", tool=tool.name
             ) from exc
 
-    def check_not_elsewhere(self, cards: list[Card]) -> None:
-        """Raise :class:`Unavailable` (the run is continued again shortly) for a card found
-        `executing` when a continuation begins, unflagged, first seen less than a lease
-        ago: the run's previous holder started it and may be alive, cut off from
-        Postgres; back, it takes the run again to finish the call (``worker_fence``), so
-        telling the model "outcome unknown" now would lose an approval that still
-        executes. Past a lease, it is told unknown and flagged as before (I4; design
-        note 49). Without a lease (no worker) nothing waits."""
+    async def settle_elsewhere(self, run_id: str, cards: list[Card]) -> None:
+        """Cards of the run found `executing` when a continuation begins, not flagged: its
+        previous holder started them and may be alive, only cut off from Postgres; back,
+        it takes the run again to finish the call (``worker_fence``), so telling the model
+        "outcome unknown" at once would lose an approval that still executes. For a lease
+        from when this worker first saw one, :class:`ExecutingElsewhere` (the run is
+        continued again later). Past it, they are flagged for reconciliation, under the
+        thread's lock and only while this worker holds the run (else it was taken back:
+        ``ExecutingElsewhere``, and the re-read leaves the run to its holder), before the
+        model is told the outcome is unknown (I4; design note 49). Without a lease (no
+        worker) nothing waits."""
         if self.lease is None:
             return
         now = time.monotonic()
@@ -154,15 +157,23 @@ class Executor:
         for card_id, seen in list(self._elsewhere.items()):
             if now - seen > 10 * window:
                 del self._elsewhere[card_id]
-        for card in cards:
-            if card.status is not Status.EXECUTING or card.needs_reconciliation:
-                continue
-            first = self._elsewhere.setdefault(card.id, now)
-            if now - first < window:
-                raise Unavailable(
-                    f"card {card.id} is executing in its run's previous holder; its outcome "
-                    f"is looked at again (told unknown after {window:g}s)"
-                )
+        elsewhere = [
+            c for c in cards if c.status is Status.EXECUTING and not c.needs_reconciliation
+        ]
+        first = [self._elsewhere.setdefault(c.id, now) for c in elsewhere]
+        if any(now - seen < window for seen in first):
+            raise ExecutingElsewhere(
+                f"run {run_id}: a card is executing in the run's previous holder; looked at "
+                f"again (its outcome is told unknown {window:g}s after it was first seen)"
+            )
+        if not elsewhere:
+            return
+        ids = [c.id for c in elsewhere]
+        flagged = await self.store.flag_elsewhere(run_id, self.actor.removeprefix("worker:"), ids)
+        if set(flagged) != set(ids):
+            raise ExecutingElsewhere(f"run {run_id} changed while its cards were flagged")
+        for card_id in ids:
+            self._elsewhere.pop(card_id, None)
 
     def _may_send(self, epoch: int, since: float | None = None) -> bool:
         """The provider may be called: the lease holds, in the epoch the execution began
@@ -190,8 +201,14 @@ class Executor:
                 ours = await self.store.execution_fence(card_id, holder, self.lease.seconds)
             except Unavailable as exc:
                 wait = FENCE_RETRIES[min(attempt, len(FENCE_RETRIES) - 1)]
+                if attempt % 30 == 0:  # the first, then about every half minute
+                    log.warning(
+                        "card %s: lease not confirmed (%s); asking again every %gs",
+                        card_id,
+                        exc,
+                        FENCE_RETRIES[-1],
+                    )
                 attempt += 1
-                log.warning("card %s: lease not confirmed (%s); again in %gs", card_id, exc, wait)
                 try:
                     await asyncio.sleep(wait)
                 except asyncio.CancelledError:
@@ -249,7 +266,10 @@ class Executor:
             return await self.notify.moved(moved) or await self.store.get_card(card.id)
         began = time.monotonic()  # before the statement: a pause inside it counts too
         epoch = self.lease.epoch if self.lease is not None else 0
-        moved = await self.store.begin_execution(card.id, actor)
+        # Only while this worker holds the run (a worker's executor): one adopted while
+        # it was held up is the adopter's to execute (design note 49).
+        holder = actor.removeprefix("worker:") if self.lease is not None else None
+        moved = await self.store.begin_execution(card.id, actor, holder)
         prompt = self._may_send(epoch, began)  # before the hint: a slow Redis is no pause
         started = await self.notify.moved(moved)
         if started is None:

@@ -24,6 +24,7 @@ from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import (
+    ExecutingElsewhere,
     NotFound,
     RunInactive,
     SignoffError,
@@ -358,7 +359,8 @@ class Worker:
             # The run is ours (we renew its lease) and no longer parked: unless we try
             # again, nobody continues it and its decisions wait for our restart (I6).
             delay = min(0.5 * 2**attempt, 30.0)
-            log.warning("continuing run %s failed: %s; again in %.1fs", run_id, exc, delay)
+            level = logging.INFO if isinstance(exc, ExecutingElsewhere) else logging.WARNING
+            log.log(level, "continuing run %s: %s; again in %.1fs", run_id, exc, delay)
             self.wakes.later(run_id, attempt + 1, delay)
             return
         except Exception as exc:

@@ -145,10 +145,22 @@ UPDATE cards
     WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2"""
 
 
-def move_logged(also: str = "") -> str:
+# Only the run's holder starts an execution ($8; NULL: any caller, for tools and tests):
+# a worker whose run was adopted while it was held up must not start a card the adopter
+# executes (design note 49). The run row is share-locked after the thread (one order),
+# so an adoption committing meanwhile is seen, and one starting later skips the run.
+_BEGIN = (
+    _MOVE
+    + """
+      AND ($8::text IS NULL OR EXISTS (
+          SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8 FOR SHARE))"""
+)
+
+
+def move_logged(also: str = "", update: str = _MOVE) -> str:
     """$1 id, $2 from, $3 to, $4 result, $5 actor, $6 channel, $7 detail (+ ``also``'s)."""
     return logged(
-        _MOVE,
+        update,
         src="$2",
         actor="$5",
         channel="$6::text",
@@ -289,12 +301,15 @@ SELECT id, 'pending', status, principal, r_channel, hash,
     ),
     "card_begin_execution": (
         "approved -> executing and the operation row, in the same statement (I4); the\n"
-        "-- parameters of card_move_logged.",
-        move_logged(""",
+        "-- parameters of card_move_logged, and $8 the worker that must hold the card's run.",
+        move_logged(
+            """,
 op AS (
     INSERT INTO operations (operation_id, card_id, tool, status)
     SELECT operation_id, id, tool, 'started' FROM c
-)"""),
+)""",
+            _BEGIN,
+        ),
     ),
     "card_finish_execution": (
         "executing -> executed|failed and the operation's outcome ($8), in the same\n"

@@ -248,10 +248,20 @@ class Cards:
         """A conditional move ``src -> dst``; ``None`` when the card was not in ``src``."""
         return await self._move(SQL.card_move_logged, card_id, src, dst, actor, result, detail)
 
-    async def begin_execution(self, card_id: str, actor: str) -> Moved | None:
-        """``approved -> executing`` and the operation row, atomically; ``None`` if we lost (I4)."""
+    async def begin_execution(
+        self, card_id: str, actor: str, holder: str | None = None
+    ) -> Moved | None:
+        """``approved -> executing`` and the operation row, atomically; ``None`` if we lost
+        (I4), or (``holder`` given) if the card's run is not held by ``holder``."""
         return await self._move(
-            SQL.card_begin_execution, card_id, Status.APPROVED, Status.EXECUTING, actor
+            SQL.card_begin_execution,
+            card_id,
+            Status.APPROVED,
+            Status.EXECUTING,
+            actor,
+            None,
+            None,
+            holder,
         )
 
     async def finish_execution(

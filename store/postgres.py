@@ -100,6 +100,7 @@ class PostgresStore:
         self.overdue_card_ids = sweeps.overdue_card_ids
         self.approved_stale = sweeps.approved_stale
         self.flag_stuck = sweeps.flag_stuck
+        self.flag_elsewhere = sweeps.flag_elsewhere
         self.reconcile = sweeps.reconcile
 
         self.join_app = apps.join_app

@@ -51,6 +51,7 @@ class Queries:
     worker_renew: str
     worker_lease: str
     worker_fence: str
+    cards_flag_elsewhere: str
     run_release: str
     run_adopt: str
     workers_forget: str

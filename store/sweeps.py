@@ -49,6 +49,13 @@ class Sweeps:
 
         return await self._db.transaction(go)
 
+    async def flag_elsewhere(self, run_id: str, holder: str, card_ids: list[str]) -> list[str]:
+        """Flag the run's cards still ``executing`` (started by its previous holder) for
+        reconciliation, audited, while ``holder`` holds the run; the ids flagged."""
+        ids = [rows.uuid_of(c) for c in card_ids]
+        found = await self._db.fetch(SQL.cards_flag_elsewhere, ids, run_id, holder)
+        return [r["id"] for r in found]
+
     async def reconcile(self, card_id: str, *, executed: bool, actor: str, note: str) -> Card:
         """An operator settles a card stuck in ``executing`` after checking the provider.
 

@@ -59,8 +59,8 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
 ) -> None:
     """I4: the worker is frozen (SIGSTOP: its host paused it) right after the provider
     accepted the charge, before `executed` was recorded; its lease lapses and another
-    worker adopts the run, which finds the card `executing` and goes on without it (the
-    model is told the outcome is unknown). Then the frozen worker is let go (SIGCONT): it
+    worker adopts the run, which finds the card `executing`, leaves it alone for a lease,
+    then flags it and goes on without it (the model is told the outcome is unknown). Then the frozen worker is let go (SIGCONT): it
     records the outcome it knows (`executed`), its own continuation of the run is refused
     (the run is another's), and nothing is charged twice."""
     with cluster(
@@ -112,8 +112,19 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
                 "pending",
                 "approved",
                 "executing",
+                "executing",  # flagged by the survivor before it told its model (note 49)
                 "executed",
             ]
+            flag = await db.fetchrow(
+                "SELECT actor, detail FROM card_events WHERE card_id = $1 ORDER BY id "
+                "OFFSET 3 LIMIT 1",
+                card["id"],
+            )
+            assert flag is not None and flag["actor"] == "worker:survivor"
+            assert "needs_reconciliation" in flag["detail"]
+            assert not await db.fetchval(  # the outcome recorded clears the flag
+                "SELECT needs_reconciliation FROM cards WHERE id = $1", card["id"]
+            )
             await invariants.check()
         finally:
             await db.close()

@@ -43,8 +43,8 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
             card = await one_card(h)
             begin = h.store.begin_execution
 
-            async def begin_then_cut(card_id: str, actor: str) -> Any:
-                moved = await begin(card_id, actor)  # committed: approved -> executing
+            async def begin_then_cut(card_id: str, actor: str, holder: str | None = None) -> Any:
+                moved = await begin(card_id, actor, holder)  # committed: approved -> executing
                 proxy.refuse(True)  # Redis is gone from here on
                 proxy.reset()
                 return moved

@@ -757,7 +757,7 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
         card = await one_card(h)
         # Another worker started it (approved, then `executing`) and was cut off.
         await h.store.db.execute("UPDATE cards SET status = 'executing' WHERE id = $1", card.id)
-        with pytest.raises(Unavailable, match="executing in its run's previous holder"):
+        with pytest.raises(Unavailable, match="executing in the run's previous holder"):
             await h.worker.agent.continue_run(card.run_id)
         assert (await h.store.get_run(card.run_id)).status.value == "waiting"
         assert await h.store.execution_fence(card.id, "the-first-worker", 5.0)  # back: its own
@@ -778,6 +778,29 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
         ]
         assert len(told) == 1 and "outcome is unknown" in str(told[0]), told
         assert await h.charges() == 0
+        # Flagged before the model was told, so the first worker, back now, sends nothing.
+        assert (await h.store.get_card(card.id)).needs_reconciliation
+        assert not await h.store.execution_fence(card.id, "the-first-worker", 5.0)
+        events = await h.store.card_events(card.id)
+        assert events[-1].actor == f"worker:{h.worker.worker_id}"
+
+
+async def test_only_the_runs_holder_starts_or_flags_its_cards(database_url: str) -> None:
+    """A worker held up while its run was adopted must not start one of the run's approved
+    cards (the adopter executes it, and would read it as `executing` elsewhere: an
+    outcome told unknown for a card that executed), nor may an adopter flag a card of a
+    run taken back from it."""
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        await h.store.db.execute("UPDATE cards SET status = 'approved' WHERE id = $1", card.id)
+        me = h.worker.worker_id
+        assert await h.store.begin_execution(card.id, "worker:late", "late") is None
+        assert (await h.store.get_card(card.id)).status is Status.APPROVED
+        started = await h.store.begin_execution(card.id, f"worker:{me}", me)
+        assert started is not None and started.card.status is Status.EXECUTING
+        assert await h.store.flag_elsewhere(card.run_id, "not-the-holder", [card.id]) == []
+        assert await h.store.flag_elsewhere(card.run_id, me, [card.id]) == [card.id]
+        assert await h.store.flag_elsewhere(card.run_id, me, [card.id]) == []  # once
 
 
 async def test_an_approval_right_after_a_postgres_outage_still_executes(
