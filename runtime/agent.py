@@ -414,6 +414,7 @@ class Agent:
                 # the holder goes on; here the model and the provider would be called for
                 # a run whose writes are then refused (I4, I5).
                 log.warning("run %s is held by %s now: left to it", run_id, run.holder)
+                self.executor.forget_elsewhere(run_id)
                 return run
             try:
                 cards = await self._expire_overdue(cards)

@@ -101,7 +101,7 @@ class Executor:
         self.faults = faults
         self.lease: LeaseClock | None = None  # None: no lease to keep (a worker sets one)
         self.tool_timeout: float | None = None  # seconds a tool call may take
-        self._elsewhere: dict[str, float] = {}  # card executing elsewhere -> first seen
+        self._elsewhere: dict[str, tuple[str, float]] = {}  # card -> (run, first seen)
 
     async def read(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
         """A read tool's call, under the tool deadline (:class:`ToolTimedOut`)."""
@@ -154,13 +154,13 @@ class Executor:
             return
         now = time.monotonic()
         window = self.lease.seconds
-        for card_id, seen in list(self._elsewhere.items()):
+        for card_id, (_, seen) in list(self._elsewhere.items()):
             if now - seen > 10 * window:
                 del self._elsewhere[card_id]
         elsewhere = [
             c for c in cards if c.status is Status.EXECUTING and not c.needs_reconciliation
         ]
-        first = [self._elsewhere.setdefault(c.id, now) for c in elsewhere]
+        first = [self._elsewhere.setdefault(c.id, (run_id, now))[1] for c in elsewhere]
         if any(now - seen < window for seen in first):
             raise ExecutingElsewhere(
                 f"run {run_id}: a card is executing in the run's previous holder; looked at "
@@ -174,6 +174,13 @@ class Executor:
             raise ExecutingElsewhere(f"run {run_id} changed while its cards were flagged")
         for card_id in ids:
             self._elsewhere.pop(card_id, None)
+
+    def forget_elsewhere(self, run_id: str) -> None:
+        """The run is held by another worker now (taken back): if it comes back to this
+        one, its cards get a whole lease again."""
+        for card_id, (run, _) in list(self._elsewhere.items()):
+            if run == run_id:
+                del self._elsewhere[card_id]
 
     def _may_send(self, epoch: int, since: float | None = None) -> bool:
         """The provider may be called: the lease holds, in the epoch the execution began

@@ -147,13 +147,15 @@ UPDATE cards
 
 # Only the run's holder starts an execution ($8; NULL: any caller, for tools and tests):
 # a worker whose run was adopted while it was held up must not start a card the adopter
-# executes (design note 49). The run row is share-locked after the thread (one order),
-# so an adoption committing meanwhile is seen, and one starting later skips the run.
+# executes (design note 49). Read, not locked (a lock here was taken before the thread's
+# and deadlocked against start_run, and costs a WAL record per execution): an adoption
+# that commits after this statement's snapshot is caught before the provider call, as
+# the worker's lease clock lapsed before the adoption could happen (the execution fence).
 _BEGIN = (
     _MOVE
     + """
       AND ($8::text IS NULL OR EXISTS (
-          SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8 FOR SHARE))"""
+          SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8))"""
 )
 
 

@@ -337,7 +337,9 @@ FROM workers WHERE id = $1;
 -- by $2: kept, or taken back from an adopter (whose next write, conditional on holding
 -- the run, fails; it leaves a card executing elsewhere alone for a lease and flags it,
 -- under the thread's lock, before telling its model). `executing_since` restarts, so the
--- sweeper does not flag a card just sent. The thread is locked first.
+-- sweeper does not flag a card just sent. The thread is locked first (the card's lock
+-- joins `lk`, so it is taken after it), then the card, then the run: under the thread's
+-- lock nothing else locks both.
 WITH lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
     WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
@@ -346,12 +348,15 @@ me AS (
     INSERT INTO workers (id, lease_until) VALUES ($2, now() + make_interval(secs => $3))
     ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
 ),
+kc AS MATERIALIZED (
+    SELECT k.run_id FROM cards k JOIN lk ON lk.locked = k.thread_id
+    WHERE k.id = $1 AND k.status = 'executing' AND NOT k.needs_reconciliation
+    FOR NO KEY UPDATE OF k
+),
 r AS (
     UPDATE runs SET worker_id = $2
-    FROM lk
-    WHERE runs.thread_id = lk.locked AND runs.status IN ('running', 'waiting')
-      AND runs.id = (SELECT k.run_id FROM cards k WHERE k.id = $1
-                     AND k.status = 'executing' AND NOT k.needs_reconciliation FOR UPDATE)
+    FROM kc
+    WHERE runs.id = kc.run_id AND runs.status IN ('running', 'waiting')
       AND EXISTS (
           SELECT 1 FROM jsonb_each_text(runs.state -> 'waiting') AS w(use_id, card_id)
           WHERE w.card_id = $1::text
@@ -772,7 +777,7 @@ c AS (
     FROM lk
     WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2
       AND ($8::text IS NULL OR EXISTS (
-          SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8 FOR SHARE))
+          SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8))
     RETURNING cards.*, jsonb_build_object(
         'id', cards.id,
         'thread_id', cards.thread_id,
@@ -1047,7 +1052,7 @@ c AS (
 ev AS (
     INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
     SELECT id, 'executing', 'executing', 'worker:' || $3, NULL, NULL,
-           '{"needs_reconciliation": true, "reason": "started by the run''s previous holder"}'
+           '{"needs_reconciliation": true, "reason": "started before this continuation (by the run''s previous holder, or a reply that was lost); outcome unknown"}'
     FROM c
 )
 SELECT id::text FROM c;

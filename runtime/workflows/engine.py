@@ -25,7 +25,13 @@ from typing import Any
 
 from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import RunInactive, SignoffError, Unavailable, error_text
+from signoff.runtime.errors import (
+    ExecutingElsewhere,
+    RunInactive,
+    SignoffError,
+    Unavailable,
+    error_text,
+)
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.notify import wake_workflow
@@ -192,6 +198,9 @@ class WorkflowEngine:
             await self._steps(run)
         except RunInactive:
             return  # cancelled or taken over while a step ran: nothing more to do here
+        except ExecutingElsewhere as exc:  # an agent step's card: a lease at most (note 49)
+            log.info("workflow run %s: %s; continuing it later", run_id, exc)
+            self._later(run_id, 2.0)
         except Unavailable as exc:
             log.warning("workflow run %s: %s; continuing it later", run_id, exc)
             self._later(run_id, 1.0)

@@ -763,10 +763,14 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
         assert await h.store.execution_fence(card.id, "the-first-worker", 5.0)  # back: its own
         holder = await h.store.db.fetchval("SELECT worker_id FROM runs WHERE id = $1", card.run_id)
         assert holder == "the-first-worker"
-        await h.store.db.execute(  # ... and lost again: nobody comes back this time
+        run = await h.worker.agent.continue_run(card.run_id)  # left to its holder ...
+        assert run is not None and run.holder == "the-first-worker"
+        await h.store.db.execute(  # ... which loses it again: nobody comes back this time
             "UPDATE runs SET worker_id = $2 WHERE id = $1", card.run_id, h.worker.worker_id
         )
-        await asyncio.sleep(1.05)  # a lease after it was first seen: told unknown, as before
+        with pytest.raises(Unavailable, match="executing in the run's previous holder"):
+            await h.worker.agent.continue_run(card.run_id)  # a whole lease again (review)
+        await asyncio.sleep(1.05)  # a lease after it was seen again: told unknown, as before
         run = await h.worker.agent.continue_run(card.run_id)
         assert run is not None and run.status.value == "done"
         told = [

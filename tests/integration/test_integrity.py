@@ -98,6 +98,67 @@ async def test_a_card_move_locks_the_thread_before_the_card(database_url: str) -
         assert (await h.store.get_card(card.id)).status is Status.EXECUTING
 
 
+async def test_starting_a_card_for_its_runs_holder_locks_the_thread_first(
+    database_url: str,
+) -> None:
+    """`card_begin_execution` with the run's holder reads the run: a lock on it taken
+    before the thread's deadlocked against `start_run` (a new message superseding the run
+    while an approval started executing; found by a review)."""
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        card = await one_card(h)
+        await decided(h, card)
+        holder = await h.store.db.fetchval("SELECT worker_id FROM runs WHERE id = $1", card.run_id)
+        await blocked_behind_thread_lock(
+            h,
+            card.thread_id,
+            lambda: h.store.begin_execution(card.id, f"worker:{holder}", holder),
+            "SELECT 1 FROM runs WHERE id = $1",
+            card.run_id,
+        )
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTING
+
+
+@pytest.mark.parametrize("row", ["card", "run"])
+async def test_the_execution_fence_locks_the_thread_first(database_url: str, row: str) -> None:
+    """`worker_fence` locks the card (to see a flag or reconcile committed while it
+    waited) and takes the run: both after the thread. Its first version locked the card
+    in a sub-select Postgres ran before the thread's lock, which deadlocked against an
+    adopter flagging the card (found by a review, reproduced with two sessions)."""
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        card = await one_card(h)
+        await h.store.db.execute("UPDATE cards SET status = 'executing' WHERE id = $1", card.id)
+        await blocked_behind_thread_lock(
+            h,
+            card.thread_id,
+            lambda: h.store.execution_fence(card.id, "back-from-a-pause", 5.0),
+            f"SELECT 1 FROM {row}s WHERE id = $1",
+            card.id if row == "card" else card.run_id,
+        )
+        holder = await h.store.db.fetchval("SELECT worker_id FROM runs WHERE id = $1", card.run_id)
+        assert holder == "back-from-a-pause"
+
+
+async def test_flagging_a_card_executing_elsewhere_locks_the_thread_first(
+    database_url: str,
+) -> None:
+    async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
+        card = await one_card(h)
+        await h.store.db.execute("UPDATE cards SET status = 'executing' WHERE id = $1", card.id)
+        holder = await h.store.db.fetchval("SELECT worker_id FROM runs WHERE id = $1", card.run_id)
+        for row, row_id in (("cards", card.id), ("runs", card.run_id)):
+            await h.store.db.execute(
+                "UPDATE cards SET needs_reconciliation = false WHERE id = $1", card.id
+            )
+            await blocked_behind_thread_lock(
+                h,
+                card.thread_id,
+                lambda: h.store.flag_elsewhere(card.run_id, holder, [card.id]),
+                f"SELECT 1 FROM {row} WHERE id = $1",
+                row_id,
+            )
+        assert (await h.store.get_card(card.id)).needs_reconciliation
+
+
 async def test_a_run_step_locks_the_thread_before_the_run(database_url: str) -> None:
     async with harness(database_url, model=Scripted(pix()), start_worker=False) as h:
         card = await one_card(h)
