@@ -6,10 +6,46 @@ count that each approved charge exists exactly once at the provider (I4).
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# The provider's database did not answer, or stopped the statement for a reason of its
+# own (gone, restarting, shutting down, a statement cancelled, out of resources): the
+# caller cannot know whether a write went in. A real provider's client raises a timeout
+# or a connection error here; signoff reads those as an unknown outcome and asks again
+# with the same idempotency key, where any other error is a failure recorded for good
+# (a Postgres restart under load made approvals `failed`, nothing charged).
+NO_ANSWER: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.InternalClientError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.PostgresSystemError,
+    asyncpg.exceptions.InternalServerError,
+)
+
+
+def answered(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """A provider call whose database did not answer raises ``ConnectionError``."""
+
+    @functools.wraps(fn)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except NO_ANSWER as exc:
+            raise ConnectionError(f"the provider did not answer: {exc}") from exc
+
+    return call
+
 
 # Bump when the demo tables change: a dev database with older demo tables is reset.
 SCHEMA_VERSION = 2
@@ -167,6 +203,7 @@ class Provider:
                     at,
                 )
 
+    @answered
     async def find_customers(self, tenant: str, query: str) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(
             # Accents and case aside: "joao" finds João, as a person typing expects.
@@ -179,6 +216,7 @@ class Provider:
         )
         return [dict(r) for r in rows]
 
+    @answered
     async def customer(self, customer_id: str) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(
             "SELECT id, tenant, name, cpf, email, active FROM demo_customers WHERE id = $1",
@@ -186,6 +224,7 @@ class Provider:
         )
         return None if row is None else dict(row)
 
+    @answered
     async def balance(self, tenant: str) -> int:
         value = await self.pool.fetchval(
             "SELECT balance FROM demo_accounts WHERE tenant = $1", tenant
@@ -200,6 +239,7 @@ class Provider:
             balance,
         )
 
+    @answered
     async def sale(self, tenant: str, sale_id: str) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(
             "SELECT s.id, s.amount, s.refunded, c.name, c.cpf FROM demo_sales s "
@@ -209,6 +249,7 @@ class Provider:
         )
         return None if row is None else dict(row)
 
+    @answered
     async def appointment(self, tenant: str, appointment_id: str) -> dict[str, Any] | None:
         row = await self.pool.fetchrow(
             "SELECT a.id, a.at, a.status, c.name FROM demo_appointments a "
@@ -218,6 +259,7 @@ class Provider:
         )
         return None if row is None else dict(row)
 
+    @answered
     async def create_charge(
         self, key: str, tenant: str, customer_id: str, amount: int, description: str
     ) -> dict[str, Any]:
@@ -244,6 +286,7 @@ class Provider:
             "copy_paste": f"00020126PIX{row['id']:08d}",
         }
 
+    @answered
     async def refund(self, key: str, tenant: str, sale_id: str, amount: int) -> dict[str, Any]:
         async with self.pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
@@ -278,6 +321,7 @@ class Provider:
         assert row is not None
         return {"refund_id": f"rf-{row['id']}", "amount": amount}
 
+    @answered
     async def cancel_appointment(self, tenant: str, appointment_id: str) -> dict[str, Any]:
         await self.pool.execute(
             "UPDATE demo_appointments SET status = 'cancelled' WHERE tenant = $1 AND id = $2",
@@ -286,6 +330,7 @@ class Provider:
         )
         return {"appointment_id": appointment_id, "status": "cancelled"}
 
+    @answered
     async def update_email(self, customer_id: str, email: str) -> dict[str, Any]:
         await self.pool.execute(
             "UPDATE demo_customers SET email = $2 WHERE id = $1", customer_id, email

@@ -853,3 +853,44 @@ async def test_a_hung_read_or_prepare_is_told_to_the_model_and_frees_the_run(
         assert "nothing was done" in str(block["content"])
         (run,) = [e for e in await h.store.entries_after(thread, 0) if e.kind == "run"]
         assert run.body["status"] == "done"
+
+
+async def test_a_charge_whose_provider_statement_was_cancelled_goes_through_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The integrity probe's R1: a Postgres restart while charges were in flight recorded
+    them `failed` ("the database system is shutting down"), nothing charged: the demo
+    provider let asyncpg's errors escape, which the executor reads as a failure for good.
+    Its calls now raise ConnectionError when the database does not answer or stops the
+    statement for a reason of its own (here an operator cancels it): an unknown outcome,
+    asked again with the same key, and the charge is made once."""
+    from signoff.runtime import execution
+
+    monkeypatch.setattr(execution, "UNKNOWN_OUTCOME_RETRIES", (0.05, 0.2, 0.5))
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        blocker = await pgbouncer.connect(database_url)
+        try:
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("LOCK TABLE demo_charges IN EXCLUSIVE MODE")
+            decided = asyncio.ensure_future(h.decide(card, Decision.APPROVE))
+            deadline = asyncio.get_running_loop().time() + 10
+            while not (
+                pid := await h.store.db.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'INSERT INTO demo_charges%'"
+                )
+            ):
+                assert asyncio.get_running_loop().time() < deadline, "the charge never waited"
+                await asyncio.sleep(0.02)
+            assert await h.store.db.fetchval("SELECT pg_cancel_backend($1)", pid)
+            await asyncio.sleep(0.02)
+            await tx.rollback()
+            await decided
+        finally:
+            await blocker.close()
+        await h.settle()
+        done = await h.store.get_card(card.id)
+        assert done.status is Status.EXECUTED, done.result
+        assert await h.charges() == 1
