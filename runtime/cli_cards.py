@@ -123,6 +123,7 @@ def _shown(card: Any, events: list[Any]) -> str:
         lines.append(
             f"    {e.at:%Y-%m-%d %H:%M:%S}  {e.from_status or '-'} -> {e.to_status}"
             f"  by {e.actor}{via}"
+            + (f"  {json.dumps(e.detail, ensure_ascii=False, default=str)}" if e.detail else "")
         )
     return "\n".join(lines)
 

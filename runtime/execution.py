@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import ExecutingElsewhere, ToolTimedOut, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.notify import Notifier
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
@@ -170,6 +171,17 @@ class Executor:
             return
         ids = [c.id for c in elsewhere]
         flagged = await self.store.flag_elsewhere(run_id, self.actor.removeprefix("worker:"), ids)
+        for card_id in flagged:
+            COUNTERS.inc("signoff_cards_flagged_total")
+            log.error(
+                "card %s: started by run %s's previous holder, which did not come back "
+                "within a lease; outcome unknown: flagged for reconciliation (check the "
+                "provider for its operation id, then `signoff cards reconcile %s`)",
+                card_id,
+                run_id,
+                card_id,
+                extra={"card_id": card_id, "run_id": run_id},
+            )
         if set(flagged) != set(ids):
             raise ExecutingElsewhere(f"run {run_id} changed while its cards were flagged")
         for card_id in ids:

@@ -111,6 +111,9 @@ class Counters:
         "signoff_pubsub_reconnects_total": "Times the Redis pub/sub connection was opened "
         "again after it was lost.",
         "signoff_runs_adopted_total": "Runs whose holder's lease lapsed, adopted here.",
+        "signoff_cards_flagged_total": "Cards flagged for reconciliation: stuck in "
+        "executing past SIGNOFF_STUCK_AFTER_SECONDS, or found executing in an adopted run "
+        "whose previous holder did not come back within a lease (design note 49).",
         "signoff_whatsapp_sent_total": "WhatsApp messages the Graph API accepted.",
         "signoff_whatsapp_failed_total": "WhatsApp messages given up after their attempts.",
         "signoff_group_commit_batches_total": "Statements that wrote several card "

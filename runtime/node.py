@@ -33,6 +33,7 @@ from signoff.store.postgres import PostgresStore
 log = logging.getLogger("signoff")
 
 EMBEDDED_DIR = "embedded"  # under the data folder: the embedded servers' data and passwords
+TEARDOWN_SECONDS = 10.0  # an app's teardown, at a stop
 
 
 @dataclass
@@ -185,8 +186,12 @@ async def running(
         if node.worker is not None:
             await node.worker.stop()
         if app.teardown is not None:
-            with contextlib.suppress(Exception):
-                await app.teardown()
+            try:  # an app's own close must not hold a stop past its grace period
+                await asyncio.wait_for(app.teardown(), TEARDOWN_SECONDS)
+            except TimeoutError:
+                log.warning("the app's teardown took over %ss; going on", TEARDOWN_SECONDS)
+            except Exception:
+                log.exception("the app's teardown failed")
         close = getattr(node.model, "aclose", None)
         if close is not None:
             with contextlib.suppress(Exception):

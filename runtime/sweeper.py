@@ -49,6 +49,7 @@ class Sweeper:
         stuck = await w.store.flag_stuck(w.settings.stuck_after_seconds)
         await w.store.forget_workers()
         for card in stuck:
+            COUNTERS.inc("signoff_cards_flagged_total")
             log.error("card %s stuck in executing: flagged for reconciliation", card.id)
         return expired, stuck
 

@@ -218,12 +218,17 @@ class Pool:
         self._waiters.clear()
         conns = list(self._free)
         self._free.clear()
-        for conn in conns:
-            self._size -= 1
+        self._size -= len(conns)
+
+        async def close(conn: asyncpg.Connection) -> None:
             try:
                 await asyncio.wait_for(conn.close(), 5)
             except (TimeoutError, OSError, asyncpg.InterfaceError):
                 conn.terminate()
+
+        # At once: half-open connections (a link cut without a reset) each wait out the
+        # 5 s, and a stop must fit a orchestrator's grace period (operator probe).
+        await asyncio.gather(*(close(c) for c in conns))
 
     def terminate(self) -> None:
         self._closed = True

@@ -6,6 +6,7 @@ count that each approved charge exists exactly once at the provider (I4).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 from collections.abc import Awaitable, Callable
@@ -161,7 +162,12 @@ class Provider:
         return cls(pool)
 
     async def close(self) -> None:
-        await self.pool.close()
+        """Closes the pool; connections that do not answer (a half-open link) are cut after
+        a few seconds, so a worker's stop is not held up by them."""
+        try:
+            await asyncio.wait_for(self.pool.close(), 5)
+        except (TimeoutError, OSError, asyncpg.InterfaceError):
+            self.pool.terminate()
 
     async def seed(self, tenant: str, balance: int = 500_000) -> None:
         """Idempotent demo data for a tenant (customers, a balance, sales, appointments)."""

@@ -787,6 +787,12 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
         assert not await h.store.execution_fence(card.id, "the-first-worker", 5.0)
         events = await h.store.card_events(card.id)
         assert events[-1].actor == f"worker:{h.worker.worker_id}"
+        from signoff.runtime.cli_cards import _shown
+        from signoff.runtime.metrics import COUNTERS
+
+        shown = _shown(await h.store.get_card(card.id), events)  # `signoff cards show`
+        assert "[RECONCILE" in shown and "previous holder" in shown, shown
+        assert COUNTERS.values["signoff_cards_flagged_total"] >= 1
 
 
 async def test_only_the_runs_holder_starts_or_flags_its_cards(database_url: str) -> None:

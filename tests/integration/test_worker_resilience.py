@@ -26,6 +26,7 @@ from signoff.runtime.decisions import Resolution
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.records import RunStatus
 from signoff.runtime.worker import Worker
+from tests import services
 from tests.conftest import migrated_database
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, one_card, pix
@@ -409,3 +410,36 @@ async def test_the_sweep_leaves_a_run_to_its_own_continuation(
         assert most == 1, most
         assert calls <= 4, calls  # the first, then its own retries (0.5 s, 1 s later)
         assert w._step_slots._value >= settings.pool_size - 1  # the others are free
+
+
+async def test_a_hanging_app_teardown_does_not_hold_a_stop(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The operator probe: a worker cut off by a half-open Postgres link did not exit on
+    SIGTERM (its app's pool close waited on the dead connections for over a minute,
+    past any orchestrator's grace period). An app's teardown has a bound."""
+    import time
+
+    from signoff.demo import app as demo_app
+    from signoff.runtime import node as node_module
+    from signoff.runtime.config import from_env
+
+    monkeypatch.setattr(node_module, "TEARDOWN_SECONDS", 0.3)
+    the_app = demo_app()
+
+    async def hang() -> None:
+        await asyncio.sleep(3600)
+
+    the_app.teardown = hang
+    settings = from_env(
+        {
+            "SIGNOFF_DATABASE_URL": own_database,
+            "SIGNOFF_REDIS_URL": services.redis_url(),
+            "SIGNOFF_KEY_PREFIX": "teardown:",
+        }
+    )
+    async with node_module.running(settings, the_app, worker=True, gateway=False):
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 5
+    assert "teardown took over 0.3s" in caplog.text
+    await the_app.services.close()  # what the hung teardown left open
