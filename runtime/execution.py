@@ -292,7 +292,13 @@ class Executor:
         prompt = self._may_send(epoch, began)  # before the hint: a slow Redis is no pause
         started = await self.notify.moved(moved)
         if started is None:
-            return await self.store.get_card(card.id)
+            now = await self.store.get_card(card.id)
+            if now.status is Status.EXECUTING:
+                # Another process started it first: a holder held up while the run was
+                # adopted, whose statement predates the adoption. Left to it for a lease,
+                # as a card found `executing` is (design note 49), not told unknown now.
+                raise ExecutingElsewhere(f"card {card.id} was started by another process")
+            return now
         self.faults.hit("execute.after_start")
         unknown = False  # an attempt got no answer: the provider may have acted
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):

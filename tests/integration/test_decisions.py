@@ -900,3 +900,39 @@ async def test_a_charge_whose_provider_statement_was_cancelled_goes_through_once
         done = await h.store.get_card(card.id)
         assert done.status is Status.EXECUTED, done.result
         assert await h.charges() == 1
+
+
+async def test_a_card_another_process_started_first_is_left_to_it(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The integrity probe's S1: a holder held up while its run was adopted started the
+    card with a statement older than the adoption; the adopter, finding it `executing`
+    when its own start lost, told its model at once that the outcome was unknown (no
+    wait, no flag), and the first worker, back, could only record `failed`. It is left
+    to the other process as a card found `executing` is: looked at again later."""
+    from signoff.runtime.errors import ExecutingElsewhere
+
+    async with harness(database_url, model=Scripted(pix("9")), start_worker=False) as h:
+        card = await one_card(h)
+        await h.store.decide(
+            card.id,
+            principal=card.owner,
+            decision=Decision.APPROVE,
+            snapshot_hash=card.snapshot_hash,
+            channel="test",
+        )
+        real = h.store.begin_execution
+
+        async def beaten(card_id: str, actor: str, holder: str | None = None) -> Any:
+            await h.store.db.execute(  # the other process's start commits first
+                "UPDATE cards SET status = 'executing' WHERE id = $1", card_id
+            )
+            return await real(card_id, actor, holder)
+
+        monkeypatch.setattr(h.store, "begin_execution", beaten)
+        with pytest.raises(ExecutingElsewhere, match="started by another process"):
+            await h.worker.agent.continue_run(card.run_id)
+        run = await h.store.get_run(card.run_id)
+        assert run.status.value == "waiting"
+        kinds = [e.kind for e in await h.store.entries_after(card.thread_id, 0)]
+        assert "tool_results" not in kinds
