@@ -233,7 +233,7 @@ async def _gateway(args: argparse.Namespace) -> int:
         await serve
         if metrics is not None:
             await metrics.close()
-    log.info("stopped")
+    logging.getLogger("signoff.gateway").info("stopped")
     return 0
 
 

@@ -130,6 +130,8 @@ async def running(
     if settings.redis_url is None and not (worker and gateway):
         raise ConfigError("separate gateway and worker processes need SIGNOFF_REDIS_URL")
     retention.Policy.from_settings(settings)  # every role refuses a bad rule, not workers only
+    if settings.faults:  # a fault point can stop or kill this process: say so at once
+        log.warning("fault points armed (SIGNOFF_FAULTS): %s; for tests only", settings.faults)
     store = await PostgresStore.connect(
         settings.database_url,
         max_size=settings.pool_size,
