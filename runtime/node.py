@@ -153,7 +153,14 @@ async def running(
         # Refuses to start (AppMismatch) beside live processes serving another version of
         # the app, before the app's own setup touches anything.
         await stack.enter_async_context(
-            presence.present(store, app, process_id, roles, allow_skew=settings.allow_app_skew)
+            presence.present(
+                store,
+                app,
+                process_id,
+                roles,
+                allow_skew=settings.allow_app_skew,
+                bus=presence.bus_identity(settings.redis_url, settings.key_prefix),
+            )
         )
         if app.setup is not None:
             made = await app.setup(settings.database_url)

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -47,6 +48,7 @@ class AppProcess(msgspec.Struct, frozen=True, kw_only=True):
     fingerprint: str
     tools: dict[str, str]  # tool name -> tool fingerprint
     roles: list[str]
+    bus: str = ""  # where its hints and inbox live (bus_identity); "" before migration 0013
 
 
 class PresenceStore(Protocol):
@@ -68,14 +70,25 @@ class Leases(Protocol):
     async def lease_of(self, holder: str) -> tuple[datetime, float] | None: ...
 
 
-def describe(app: App, process_id: str, roles: list[str]) -> AppProcess:
+def describe(app: App, process_id: str, roles: list[str], bus: str = "") -> AppProcess:
     return AppProcess(
         id=process_id,
         app=app.name,
         fingerprint=app.fingerprint(),
         tools=app.tool_fingerprints(),
         roles=sorted(roles),
+        bus=bus,
     )
+
+
+def bus_identity(redis_url: str | None, key_prefix: str) -> str:
+    """Where a process's inbox and hints live: the Redis host, port and database (no
+    credentials) and the key prefix; ``in-process`` for one process on its own."""
+    if not redis_url:
+        return "in-process"
+    parts = urlsplit(redis_url)
+    where = f"{parts.scheme}://{parts.hostname or ''}:{parts.port or ''}{parts.path or ''}"
+    return f"{where} prefix {key_prefix}"
 
 
 def differences(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
@@ -95,6 +108,15 @@ def check_peers(me: AppProcess, peers: list[AppProcess], *, allow_skew: bool) ->
         warnings.append(
             f"live processes on this database serve other apps ({', '.join(others)}): "
             "workers adopt any app's runs; give each app its own database"
+        )
+    apart = sorted(
+        {p.bus for p in peers if p.app == me.app and p.bus and me.bus and p.bus != me.bus}
+    )
+    if apart:
+        warnings.append(
+            f"live processes of app {me.app!r} use another bus ({'; '.join(apart)}) than "
+            f"this one ({me.bus}): messages a gateway accepts reach only workers on its "
+            "own bus; give them the same SIGNOFF_REDIS_URL and SIGNOFF_KEY_PREFIX"
         )
     skewed = [p for p in peers if p.app == me.app and p.fingerprint != me.fingerprint]
     if not skewed:
@@ -139,10 +161,16 @@ async def _beat(store: PresenceStore, me: AppProcess) -> None:
 
 @asynccontextmanager
 async def present(
-    store: PresenceStore, app: App, process_id: str, roles: list[str], *, allow_skew: bool
+    store: PresenceStore,
+    app: App,
+    process_id: str,
+    roles: list[str],
+    *,
+    allow_skew: bool,
+    bus: str = "",
 ) -> AsyncIterator[AppProcess]:
     """Registered (or refused) for the duration of the block; the row goes at the end."""
-    me = describe(app, process_id, roles)
+    me = describe(app, process_id, roles, bus)
     await join(store, me, allow_skew=allow_skew)
     beat = asyncio.create_task(_beat(store, me), name="signoff-presence")
     try:

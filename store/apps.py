@@ -16,7 +16,7 @@ from signoff.store.queries import SQL
 
 
 def _values(p: AppProcess) -> tuple[Any, ...]:
-    return (p.id, p.app, p.fingerprint, p.tools, p.roles)
+    return (p.id, p.app, p.fingerprint, p.tools, p.roles, p.bus)
 
 
 class Apps:

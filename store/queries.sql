@@ -1077,15 +1077,17 @@ SELECT pg_advisory_xact_lock(7401553902);
 
 -- name: app_processes_live
 -- The processes other than $1 renewed within $2 seconds (runtime/presence.py).
-SELECT id, app, fingerprint, tools, roles FROM app_processes
+SELECT id, app, fingerprint, tools, roles, bus FROM app_processes
 WHERE id <> $1 AND seen_at > now() - make_interval(secs => $2)
 ORDER BY started_at, id;
 
 -- name: app_process_upsert
--- Register or renew process $1 serving app $2 (fingerprint $3, tools $4, roles $5).
-INSERT INTO app_processes (id, app, fingerprint, tools, roles) VALUES ($1, $2, $3, $4, $5)
+-- Register or renew process $1 serving app $2 (fingerprint $3, tools $4, roles $5) on
+-- bus $6.
+INSERT INTO app_processes (id, app, fingerprint, tools, roles, bus)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (id) DO UPDATE SET app = EXCLUDED.app, fingerprint = EXCLUDED.fingerprint,
-    tools = EXCLUDED.tools, roles = EXCLUDED.roles, seen_at = now();
+    tools = EXCLUDED.tools, roles = EXCLUDED.roles, bus = EXCLUDED.bus, seen_at = now();
 
 -- name: app_process_leave
 -- A process stopping cleanly forgets its row.

@@ -125,7 +125,8 @@ CREATE TABLE app_processes (
     tools        jsonb NOT NULL,
     roles        text[] NOT NULL,
     started_at   timestamptz NOT NULL DEFAULT now(),
-    seen_at      timestamptz NOT NULL DEFAULT now()
+    seen_at      timestamptz NOT NULL DEFAULT now(),
+    bus          text NOT NULL DEFAULT ''  -- Redis location and key prefix (migration 0013)
 );
 
 -- The WhatsApp channel (migration 0006, gateway/channels/whatsapp).

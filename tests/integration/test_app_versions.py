@@ -77,6 +77,34 @@ async def test_a_process_refuses_to_start_beside_another_version_of_its_app(
     assert not [p for p in await store.app_processes(3600) if p.app == name]
 
 
+async def test_a_gateway_on_another_bus_than_its_apps_workers_is_told_at_start(
+    store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator probe: a gateway started with another SIGNOFF_KEY_PREFIX than its
+    workers answered 202 to every message, which no worker would ever read, and said
+    nothing. Each process registers its bus (Redis location and prefix, no password)."""
+    name = "app-" + secrets.token_hex(4)
+    v1 = _app(name)
+    ours = presence.bus_identity("redis://:secret@127.0.0.1:6379/0", "so:")
+    theirs = presence.bus_identity("redis://:secret@127.0.0.1:6379/0", "wrong:")
+    assert "secret" not in ours and ours.endswith("prefix so:")
+    with caplog.at_level(logging.WARNING, logger="signoff.presence"):
+        async with presence.present(store, v1, f"w-{name}", ["worker"], allow_skew=False, bus=ours):
+            async with presence.present(
+                store, v1, f"g-{name}", ["gateway"], allow_skew=False, bus=ours
+            ):
+                pass
+            assert "another bus" not in caplog.text
+            (mine,) = [p for p in await store.app_processes(60) if p.id == f"w-{name}"]
+            assert mine.bus == ours
+            async with presence.present(
+                store, v1, f"g2-{name}", ["gateway"], allow_skew=False, bus=theirs
+            ):
+                pass
+    assert "use another bus" in caplog.text and "prefix wrong:" in caplog.text, caplog.text
+    assert "SIGNOFF_KEY_PREFIX" in caplog.text
+
+
 # -- a card whose tool this process does not serve -----------------------------------------
 
 
