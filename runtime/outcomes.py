@@ -70,11 +70,13 @@ def card_outcome(tool_use_id: str, card: Card) -> dict[str, Any]:
             error=True,
         )
     if status is Status.FAILED:
-        return tool_result(
-            tool_use_id,
-            f"{shown}{who} Execution failed: {(card.result or {}).get('error', 'unknown error')}.",
-            error=True,
-        )
+        result = card.result or {}
+        if "reconciled_by" in result and "error" not in result:  # `signoff cards reconcile`
+            why = f"an operator ({result['reconciled_by']}) settled it as not done"
+            why += f": {result['note']}" if result.get("note") else ""
+        else:
+            why = str(result.get("error", "unknown error"))
+        return tool_result(tool_use_id, f"{shown}{who} Execution failed: {why}.", error=True)
     if status is Status.EXECUTING:
         return tool_result(
             tool_use_id,

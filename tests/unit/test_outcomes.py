@@ -1,0 +1,35 @@
+"""What the model is told about a card's outcome (runtime/outcomes.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from signoff.runtime import outcomes
+from signoff.runtime.cards import Card, Risk, Status
+
+
+def card(status: Status, result: dict[str, Any] | None) -> Card:
+    now = datetime.now(UTC)
+    return Card(
+        id="c1", thread_id="t", run_id="r", tenant="demo", owner="u", tool="x",
+        risk=Risk.CRITICAL, args_snapshot={}, summary="s", impact={}, snapshot_hash="h",
+        request_key="k", operation_id="o", status=status, expires_at=now, created_at=now,
+        result=result,
+    )  # fmt: skip
+
+
+def test_a_card_an_operator_settled_as_not_done_says_so() -> None:
+    """The integrity probe: a card reconciled `failed` was told as "Execution failed:
+    unknown error" (a reconcile's result has no `error`)."""
+    told = outcomes.card_outcome(
+        "tu", card(Status.FAILED, {"reconciled_by": "ops:ana", "note": "no charge at the PSP"})
+    )
+    text = str(told["content"])
+    assert "an operator (ops:ana) settled it as not done: no charge at the PSP" in text
+    assert "unknown error" not in text
+
+
+def test_a_failure_says_its_error() -> None:
+    told = outcomes.card_outcome("tu", card(Status.FAILED, {"error": "card declined"}))
+    assert "Execution failed: card declined." in str(told["content"]) and told["is_error"]
