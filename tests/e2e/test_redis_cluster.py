@@ -52,6 +52,7 @@ def cluster_pools(
         yield c
 
 
+@pytest.mark.slow  # ~15-30 s: the default run leaves it to `pytest -m slow`
 async def test_500_threads_across_pools_on_a_redis_cluster(
     cluster_pools: Cluster, database_url: str, redis_cluster: LocalCluster
 ) -> None:

@@ -106,6 +106,7 @@ async def test_slow_subscriber_cut_off_by_output_buffer_limit_loses_no_decision(
     await r.aclose()
 
 
+@pytest.mark.slow  # ~15-30 s: the default run leaves it to `pytest -m slow`
 async def test_redis_latency_and_half_open_links_lose_no_decision(
     database_url: str, valkey: EmbeddedServer, tmp_path: Path, invariants: Invariants
 ) -> None:

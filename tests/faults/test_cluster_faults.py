@@ -55,6 +55,7 @@ async def approve_until_done(c: Cluster, urls: list[str], card: asyncpg.Record) 
     raise AssertionError(f"card {card['id']} never approved")
 
 
+@pytest.mark.slow  # ~15-30 s: the default run leaves it to `pytest -m slow`
 async def test_postgres_restart_and_redis_master_kill_under_load_lose_nothing(
     private_pg: PrivatePostgres,
     redis_cluster: LocalCluster,

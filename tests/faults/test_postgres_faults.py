@@ -285,6 +285,7 @@ async def test_provider_commits_but_replies_after_the_client_timeout(
     await invariants.check()
 
 
+@pytest.mark.slow  # ~15-30 s: the default run leaves it to `pytest -m slow`
 async def test_postgres_latency_and_half_open_connections(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:

@@ -155,6 +155,7 @@ async def test_a_name_that_does_not_resolve_is_unavailable() -> None:
         await client.close()
 
 
+@pytest.mark.slow  # ~15-30 s: the default run leaves it to `pytest -m slow`
 async def test_decisions_are_answered_soon_while_redis_stalls_and_applied_once(
     database_url: str,
     stall: tuple[EmbeddedServer, list[bool]],
