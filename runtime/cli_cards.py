@@ -57,6 +57,11 @@ def add_parser(
         metavar="AGE",
         help="list: only cards created less than AGE ago (90s, 30m, 2h, 7d)",
     )
+    cd.add_argument(
+        "--reconcile",
+        action="store_true",
+        help="list: only cards flagged for reconciliation (stuck, or left by a lost worker)",
+    )
     cd.add_argument("--limit", type=int, default=50, help="list: at most this many (50)")
     cd.add_argument("--json", action="store_true", help="list/show: JSON instead of a table")
     cd.add_argument(
@@ -162,6 +167,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
                     older_than=args.older_than,
                     newer_than=args.newer_than,
                     limit=args.limit,
+                    flagged=args.reconcile,
                 )
                 if args.json:
                     print(json.dumps([c.public() for c in cards], indent=2, default=str))

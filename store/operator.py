@@ -45,9 +45,11 @@ class Operator:
         older_than: float | None = None,
         newer_than: float | None = None,
         limit: int = 50,
+        flagged: bool = False,
     ) -> list[Card]:
+        """``flagged``: only cards flagged for reconciliation."""
         found = await self._db.fetch(
-            SQL.cards_find, status, thread_id, tool, older_than, newer_than, limit
+            SQL.cards_find, status, thread_id, tool, older_than, newer_than, limit, flagged
         )
         return [rows.card(r) for r in found]
 

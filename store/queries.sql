@@ -1660,7 +1660,8 @@ DELETE FROM retention_lease WHERE name = 'prune' AND holder = $1;
 
 -- name: cards_find
 -- `signoff cards list`: newest first; every filter optional (NULL): status $1, thread $2,
--- tool $3, created more than $4 seconds ago, created less than $5 seconds ago; $6 at most.
+-- tool $3, created more than $4 seconds ago, created less than $5 seconds ago; $6 at most;
+-- $7 true: only cards flagged for reconciliation.
 SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
     args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
     status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
@@ -1670,6 +1671,7 @@ WHERE ($1::text IS NULL OR status = $1) AND ($2::uuid IS NULL OR thread_id = $2)
     AND ($3::text IS NULL OR tool = $3)
     AND ($4::float8 IS NULL OR created_at < now() - make_interval(secs => $4))
     AND ($5::float8 IS NULL OR created_at >= now() - make_interval(secs => $5))
+    AND (NOT $7::bool OR needs_reconciliation)
 ORDER BY created_at DESC, id LIMIT $6;
 
 -- name: card_ids_between

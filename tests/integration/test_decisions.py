@@ -793,6 +793,8 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
         shown = _shown(await h.store.get_card(card.id), events)  # `signoff cards show`
         assert "[RECONCILE" in shown and "previous holder" in shown, shown
         assert COUNTERS.values["signoff_cards_flagged_total"] >= 1
+        flagged = await h.store.operator.find_cards(flagged=True, thread_id=card.thread_id)
+        assert [c.id for c in flagged] == [card.id]  # `signoff cards list --reconcile`
 
 
 async def test_only_the_runs_holder_starts_or_flags_its_cards(database_url: str) -> None:
