@@ -87,8 +87,8 @@ def bus_identity(redis_url: str | None, key_prefix: str) -> str:
     if not redis_url:
         return "in-process"
     parts = urlsplit(redis_url)
-    where = f"{parts.scheme}://{parts.hostname or ''}:{parts.port or ''}{parts.path or ''}"
-    return f"{where} prefix {key_prefix}"
+    hosts = parts.netloc.rpartition("@")[2]  # a cluster URL names several host:port
+    return f"{parts.scheme}://{hosts}{parts.path} prefix {key_prefix}"
 
 
 def differences(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
