@@ -32,7 +32,7 @@ from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.notify import Notifier
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
-from signoff.runtime.tools import Prepared, Registry, Tool, ToolContext
+from signoff.runtime.tools import Label, Prepared, Registry, Tool, ToolContext
 
 log = logging.getLogger("signoff.agent")
 T = TypeVar("T")
@@ -50,6 +50,11 @@ RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0, 5.0)
 FENCE_RETRIES = (0.1, 0.2, 0.5, 1.0)
 # A revalidation that meets these is tried again later (the card stays approved).
 TRANSIENT = (TimeoutError, ConnectionError, Unavailable)
+# What a card says when its tool's ``revalidate`` itself raised (a ``Label``).
+REVALIDATION_FAILED: dict[str, str] = {
+    "en": "the check of the current situation failed, so it was not run",
+    "pt-BR": "a verificação da situação atual falhou, então não foi executado",
+}
 NOT_SENT = (
     "not sent to the provider: this worker was held up (paused, or cut off from Postgres) "
     "past its lease after starting the execution; nothing ran, ask again"
@@ -270,9 +275,14 @@ class Executor:
             raise Unavailable(f"revalidating card {card.id}: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # a tool's own failure must not wedge the run
             log.exception("revalidate failed for card %s", card.id)
-            check_ok, reason, changes = False, f"revalidation error: {exc}", []
+            # The person (and the model) get a fixed reason; the error itself, which
+            # may name internals, goes to the log and the audit row for operators.
+            check_ok, changes = False, []
+            reason: Label = REVALIDATION_FAILED
+            detail: dict[str, Any] = {"reason": reason, "error": f"{type(exc).__name__}: {exc}"}
         else:
             check_ok, reason, changes = check.ok, check.reason, check.changes
+            detail = {"reason": reason, "changes": changes}
         if not check_ok:
             moved = await self.store.move(
                 card.id,
@@ -280,7 +290,7 @@ class Executor:
                 Status.INVALIDATED,
                 actor=actor,
                 result={"reason": reason, "changes": changes},
-                detail={"reason": reason, "changes": changes},
+                detail=detail,
             )
             return await self.notify.moved(moved) or await self.store.get_card(card.id)
         began = time.monotonic()  # before the statement: a pause inside it counts too

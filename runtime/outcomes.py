@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from signoff.runtime.cards import Card, Status
+from signoff.runtime.tools import label_text
 
 
 def tool_result(
@@ -60,7 +61,7 @@ def card_outcome(tool_use_id: str, card: Card) -> dict[str, Any]:
             error=True,
         )
     if status is Status.INVALIDATED:
-        reason = (card.result or {}).get("reason", "the world changed")
+        reason = label_text((card.result or {}).get("reason") or "the world changed")
         changed = _changes(card)
         return tool_result(
             tool_use_id,

@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("signoff.worker")
 
-APPROVED_ORPHAN_REASON = (
-    "its conversation moved on before this approved action started; nothing was executed"
-)
+# A reason per language (a tool's ``Label``): the page shows the person's.
+APPROVED_ORPHAN_REASON = {
+    "en": "its conversation moved on before this approved action started; nothing was executed",
+    "pt-BR": "a conversa seguiu antes de esta ação aprovada começar; nada foi executado",
+}
 
 
 class Sweeper:

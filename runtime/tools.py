@@ -38,11 +38,32 @@ class Prepared(msgspec.Struct, frozen=True):
     fields: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+Label = str | dict[str, str]
+"""A label: one text, or one per language tag (``{"pt-BR": "Valor", "en": "Amount"}``);
+the page picks the person's language, then ``en``, then the first."""
+
+
+def label_text(label: Label, lang: str = "en") -> str:
+    """One text of a label: ``lang``, its base language (``pt`` for ``pt-BR``), then
+    ``en``, then the first given; the page's ``I.label`` picks the same way."""
+    if isinstance(label, str):
+        return label
+    for tag in (lang, lang.split("-")[0], "en"):
+        if tag in label:
+            return label[tag]
+    return next(iter(label.values()), "")
+
+
 class Revalidation(msgspec.Struct, frozen=True):
-    """The outcome of ``revalidate``. ``changes`` lists field, approved value, current value."""
+    """The outcome of ``revalidate``. ``changes`` lists field, approved value, current value.
+
+    ``reason`` is shown to the person on the card and told to the model: one text, or
+    one per language (``{"pt-BR": "o cliente não está mais ativo", "en": "the customer
+    is no longer active"}``): the page picks the person's language, the model is told
+    the ``en`` text (else the first)."""
 
     ok: bool
-    reason: str = ""
+    reason: Label = ""
     changes: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     @classmethod
@@ -50,13 +71,9 @@ class Revalidation(msgspec.Struct, frozen=True):
         return cls(ok=True)
 
     @classmethod
-    def changed(cls, reason: str, *changes: dict[str, Any]) -> Revalidation:
+    def changed(cls, reason: Label, *changes: dict[str, Any]) -> Revalidation:
         return cls(ok=False, reason=reason, changes=list(changes))
 
-
-Label = str | dict[str, str]
-"""A label: one text, or one per language tag (``{"pt-BR": "Valor", "en": "Amount"}``);
-the page picks the person's language, then ``en``, then the first."""
 
 ResultFormat = Literal["text", "money_cents", "number", "datetime", "date", "copy"]
 """How the page shows a result value: ``money_cents`` an integer amount in cents of

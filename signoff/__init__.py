@@ -67,6 +67,7 @@ from signoff.runtime.tools import (
     Revalidation,
     Tool,
     ToolContext,
+    label_text,
 )
 from signoff.runtime.workflows import (
     EventGate,
@@ -145,5 +146,6 @@ __all__ = [
     "agent_step",
     "await_event",
     "await_human",
+    "label_text",
     "one_line",
 ]

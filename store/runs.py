@@ -24,10 +24,12 @@ from signoff.store.threads import append_in
 # Who moves a card when a new message supersedes its run (the audit's actor, ``decided_by``).
 SUPERSEDE_ACTOR = "system:supersede"
 SUPERSEDED_REASON = "a new user message arrived"
-APPROVED_SUPERSEDED_REASON = (
-    "a new message arrived in the conversation before this approved action started; "
-    "nothing was executed"
-)
+APPROVED_SUPERSEDED_REASON = {  # per language, as a tool's ``Label``: the page picks one
+    "en": "a new message arrived in the conversation before this approved action started; "
+    "nothing was executed",
+    "pt-BR": "chegou uma nova mensagem na conversa antes de esta ação aprovada começar; "
+    "nada foi executado",
+}
 
 
 class Runs:

@@ -916,7 +916,7 @@
         box.appendChild(a);
       }
     } else if (status === 'invalidated') {
-      line(t('out.invalidated', { decided: decided, reason: result.reason || t('out.invalidatedDefault') }), 'outcome-line decided');
+      line(t('out.invalidated', { decided: decided, reason: I.label(result.reason) || t('out.invalidatedDefault') }), 'outcome-line decided');
       var changes = result.changes || [];
       if (changes.length) {
         var ul = make('ul', 'changes');

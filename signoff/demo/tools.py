@@ -150,7 +150,10 @@ class CreatePixCharge(Tool):
         customer = await _provider(ctx).customer(args["customer_id"])
         if customer is None or not customer["active"]:
             return Revalidation.changed(
-                "the customer is no longer active",
+                {
+                    "pt-BR": "o cliente não está mais ativo",
+                    "en": "the customer is no longer active",
+                },
                 {"field": "customer.active", "approved": True, "current": False},
             )
         return Revalidation.passed()
@@ -225,13 +228,19 @@ class RefundSale(Tool):
         if cents > left:  # refunded meanwhile (another card, another channel)
             seen = int(args.get("refundable_seen", cents))
             return Revalidation.changed(
-                "the sale was refunded meanwhile",
+                {
+                    "pt-BR": "a venda foi estornada nesse meio-tempo",
+                    "en": "the sale was refunded meanwhile",
+                },
                 {"field": "refundable", "approved": brl(seen), "current": brl(left)},
             )
         balance = await provider.balance(ctx.tenant)
         if balance < cents:
             return Revalidation.changed(
-                "the balance no longer covers the refund",
+                {
+                    "pt-BR": "o saldo não cobre mais o estorno",
+                    "en": "the balance no longer covers the refund",
+                },
                 {
                     "field": "balance",
                     "approved": brl(int(args["balance_seen"])),
@@ -281,7 +290,10 @@ class CancelAppointment(Tool):
         if appt is None or appt["status"] != "scheduled":
             current = "missing" if appt is None else appt["status"]
             return Revalidation.changed(
-                "the appointment is no longer scheduled",
+                {
+                    "pt-BR": "a consulta não está mais agendada",
+                    "en": "the appointment is no longer scheduled",
+                },
                 {"field": "status", "approved": "scheduled", "current": current},
             )
         return Revalidation.passed()

@@ -440,6 +440,11 @@ async def test_invalidated_card_shows_reason_and_changes(chat: Chat) -> None:
         "customer.active: approved true, now false"
     )
     await chat.shot("1-invalidated")
+    # The tool gave its reason per language: the page shows the person's.
+    await chat.page.get_by_label("Language").select_option("pt-BR")
+    await expect(ui.locator(".outcome")).to_contain_text(
+        "NÃO executado: o cliente não está mais ativo"
+    )
     await chat.h.settle()
     assert await chat.h.charges() == 0
 

@@ -275,6 +275,60 @@ async def test_revalidation_failure_invalidates_and_executes_nothing(database_ur
         assert "NOT executed" in told["content"] and "R$ 1,00" in told["content"]
 
 
+async def test_a_reason_per_language_is_kept_for_the_page_and_told_in_english(
+    database_url: str,
+) -> None:
+    """A revalidation's reason may be one per language (a ``Label``): the card keeps them
+    all for the page (which shows the person's), the model is told the English one."""
+    model = Scripted(pix("12"))
+    async with harness(database_url, model=model) as h:
+        card = await one_card(h)
+        await h.provider.pool.execute(
+            "UPDATE demo_customers SET active = false WHERE id = $1",
+            card.args_snapshot["customer_id"],
+        )
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        final = await h.store.get_card(card.id)
+        assert final.status is Status.INVALIDATED and final.result is not None
+        assert final.result["reason"] == {
+            "pt-BR": "o cliente não está mais ativo",
+            "en": "the customer is no longer active",
+        }
+        told = (await h.tool_result(card)).content
+        assert "NOT executed: the customer is no longer active." in told, told
+        assert "pt-BR" not in told and await h.charges() == 0
+
+
+async def test_a_revalidation_that_raises_shows_a_fixed_reason_not_the_error(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool's ``revalidate`` that raises (a bug, not an unavailable service) invalidates
+    the card; the person and the model read a fixed reason, not the exception's text
+    (which may name internals: a table, a host); operators find the error in the audit."""
+    async with harness(database_url, model=Scripted(pix("13"))) as h:
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+
+        async def broken(snapshot, ctx):  # type: ignore[no-untyped-def]
+            raise KeyError("db-internal-7.example:5432 customers_v2")
+
+        monkeypatch.setattr(tool, "revalidate", broken)  # the demo's tools are shared
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        final = await h.store.get_card(card.id)
+        assert final.status is Status.INVALIDATED and final.result is not None
+        assert "db-internal" not in str(final.result)
+        assert final.result["reason"]["en"].startswith("the check of the current situation")
+        told = (await h.tool_result(card)).content
+        assert "db-internal" not in told and "NOT executed" in told
+        audit = (await h.store.card_events(card.id))[-1]
+        assert audit.to_status == "invalidated"
+        assert "db-internal-7.example:5432" in str(audit.detail["error"])
+        assert await h.charges() == 0
+
+
 async def test_two_identical_calls_in_one_turn_are_one_card_reported_once(
     database_url: str,
 ) -> None:

@@ -33,3 +33,14 @@ def test_a_card_an_operator_settled_as_not_done_says_so() -> None:
 def test_a_failure_says_its_error() -> None:
     told = outcomes.card_outcome("tu", card(Status.FAILED, {"error": "card declined"}))
     assert "Execution failed: card declined." in str(told["content"]) and told["is_error"]
+
+
+def test_a_reason_per_language_picks_the_asked_one_then_english_then_the_first() -> None:
+    from signoff import label_text
+
+    both = {"pt-BR": "o saldo mudou", "en": "the balance changed"}
+    assert label_text(both) == "the balance changed"
+    assert label_text(both, "pt-BR") == "o saldo mudou"
+    assert label_text({"pt": "mudou"}, "pt-BR") == "mudou"  # the base language
+    assert label_text({"es": "cambió", "fr": "changé"}) == "cambió"  # the first
+    assert label_text("plain") == "plain" and label_text({}) == ""

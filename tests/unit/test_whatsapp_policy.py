@@ -168,3 +168,17 @@ def test_a_card_shows_its_labelled_values_beside_the_summary() -> None:
     over = {**card, "impact": {"fields": [long_value]}}
     assert outbound.interactive_card("5511999990000", over)["text"]["body"] == outbound.TOO_LONG
     assert outbound.card_text(card, " · ").endswith("· Novo e-mail: attacker@evil.example")
+
+
+def test_a_not_executed_notice_says_why_in_portuguese() -> None:
+    from signoff.gateway.channels.whatsapp import outbound
+
+    card = {"status": "invalidated", "summary": "Gerar cobrança Pix · R$ 9,00"}
+    said = {"pt-BR": "o cliente não está mais ativo", "en": "the customer is no longer active"}
+    assert outbound.notice({**card, "result": {"reason": said}}) == (
+        "Não executado (a situação mudou: o cliente não está mais ativo): "
+        "Gerar cobrança Pix · R$ 9,00"
+    )
+    one = outbound.notice({**card, "result": {"reason": "stock\nchanged\u202e"}})
+    assert one is not None and "\n" not in one and "\u202e" not in one
+    assert outbound.notice(card) == "Não executado (a situação mudou): Gerar cobrança Pix · R$ 9,00"

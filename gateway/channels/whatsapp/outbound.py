@@ -9,6 +9,8 @@ from typing import Any
 
 from signoff.gateway.channels.whatsapp.inbound import button_id
 from signoff.runtime.cards import Decision
+from signoff.runtime.text import one_line
+from signoff.runtime.tools import label_text
 
 CONFIRM, CANCEL = "Confirmar", "Cancelar"  # reply-button titles: at most 20 characters
 MAX_BODY = 1024  # an interactive body's limit
@@ -99,7 +101,9 @@ def notice(card: dict[str, Any]) -> str | None:
     if status == "failed":
         return f"Não foi possível concluir: {summary}"
     if status == "invalidated":
-        return f"Não executado (a situação mudou): {summary}"
+        reason = (card.get("result") or {}).get("reason")
+        why = one_line(label_text(reason, "pt-BR"), 200) if reason else ""
+        return f"Não executado (a situação mudou{': ' + why if why else ''}): {summary}"
     if status == "expired":
         return f"Expirou sem decisão: {summary}"
     if status == "rejected":
