@@ -55,6 +55,32 @@ def parse_command(line: str) -> tuple[str, dict[str, Any]] | None:
     return name, data
 
 
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def readable(content: Any) -> str:
+    """A tool result as a person reads it: an executed card's JSON (``{"status", "card",
+    "result"}``) as its status, the card's line and ``key: value`` pairs, not raw JSON."""
+    if isinstance(content, list):  # content blocks
+        content = " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    text = str(content)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(data, dict):
+        return text
+    result = data.pop("result", None)
+    head = [_plain(data.pop("status")).capitalize() + " —"] if "status" in data else []
+    head += [_plain(data.pop("card"))] if "card" in data else []
+    pairs = {**data, **result} if isinstance(result, dict) else data
+    if result is not None and not isinstance(result, dict):
+        head.append(_plain(result))
+    body = " · ".join(f"{k}: {_plain(v)}" for k, v in pairs.items())
+    return " ".join(head + ([body] if body else []))
+
+
 def usage(tools: list[ToolSpec]) -> str:
     """One line per tool: its command with the input fields it takes."""
     lines = []
@@ -83,7 +109,7 @@ class CommandModel:
         results = [b for b in blocks if b.get("type") == "tool_result"]
         texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
         if results and not texts:
-            said = " ".join(str(r.get("content", "")) for r in results)
+            said = "\n".join(readable(r.get("content", "")) for r in results)
             return await self._text(LABEL + "Tool result: " + said, on_text)
         command = parse_command(" ".join(texts))
         known = {spec["name"] for spec in tools}

@@ -4,6 +4,7 @@ card lifetimes set by policy, the demo's configuration, the generic offline mode
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import sys
 from collections.abc import Iterator
@@ -264,3 +265,25 @@ def test_commands_become_tool_calls() -> None:
     help_text = ask("what can you do?").text()
     assert "/add_note text=…" in help_text and "ANTHROPIC_API_KEY" in help_text
     assert ask("/unknown_tool a=1").tool_uses() == []
+
+
+def test_the_command_model_says_a_result_in_words_not_raw_json() -> None:
+    """After a card ran, the generic offline model says what happened as a line a person
+    reads (status, the card, ``key: value`` pairs), not the tool result's JSON."""
+    model = CommandModel()
+    executed = {
+        "status": "executed",
+        "card": "Confirmation card shown to the user: «Add a note».",
+        "result": {"note_id": "N7", "text": "hi"},
+    }
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": json.dumps(executed)}
+    messages = [{"role": "user", "content": [result]}]
+    said = asyncio.run(model.respond(system="", messages=messages, tools=[])).text()
+    assert said == (
+        "[offline model] Tool result: Executed — Confirmation card shown to the user: "
+        "«Add a note». note_id: N7 · text: hi"
+    )
+    plain = {**result, "content": "The user REJECTED it; nothing was executed."}
+    messages = [{"role": "user", "content": [plain]}]
+    said = asyncio.run(model.respond(system="", messages=messages, tools=[])).text()
+    assert said.endswith("Tool result: The user REJECTED it; nothing was executed.")
