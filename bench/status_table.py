@@ -126,7 +126,15 @@ async def measure(url: str, n_cards: int, rounds: int, per_round: int) -> dict[s
         for card in ids[:per_round]:
             t0 = time.perf_counter_ns()
             row = await conn.fetchrow(
-                SQL.card_begin_execution, card, "approved", "executing", None, "bench", None, "{}"
+                SQL.card_begin_execution,
+                card,
+                "approved",
+                "executing",
+                None,
+                "bench",
+                None,
+                "{}",
+                None,  # $8: the run's holder (design note 49); None: not checked
             )
             whole.append(time.perf_counter_ns() - t0)
             assert row is not None

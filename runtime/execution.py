@@ -159,7 +159,10 @@ class Executor:
         if self.lease is None:
             return
         now = time.monotonic()
-        window = self.lease.seconds
+        # A lease, plus the longest a provider call begun before it lapsed may still run:
+        # a flag raised while the call is in flight invites an operator to settle a card
+        # whose outcome is about to be known.
+        window = self.lease.seconds + (self.tool_timeout or 0.0)
         for card_id, (_, seen) in list(self._elsewhere.items()):
             if now - seen > 10 * window:
                 del self._elsewhere[card_id]
@@ -372,4 +375,30 @@ class Executor:
                         result,
                     )
                     raise
+        if finished is None:
+            await self._late_outcome(card, started.operation_id, ok, result, actor)
         return await self.notify.moved(finished) or await self.store.get_card(card.id)
+
+    async def _late_outcome(
+        self, card: Card, operation_id: str, ok: bool, result: dict[str, Any], actor: str
+    ) -> None:
+        """The provider answered after the card left `executing` (an operator settled it
+        while the call was in flight, or after a flag): the answer must not vanish. It is
+        logged and written to the card's audit; one that contradicts the settled status
+        (a charge made on a card settled `failed`) is an ERROR to reconcile by hand."""
+        outcome = "succeeded" if ok else "failed"
+        now = await self.store.late_outcome(card.id, outcome, result, actor)
+        if now is None:  # still executing (a racing record) or gone: nothing contradicts
+            return
+        contradicts = (now is Status.EXECUTED) != ok
+        COUNTERS.inc("signoff_late_outcomes_total")
+        log.log(
+            logging.ERROR if contradicts else logging.WARNING,
+            "card %s: the provider answered (%s, operation %s) after the card was settled %s%s",
+            card.id,
+            outcome,
+            operation_id,
+            now,
+            "; the two disagree: reconcile with the provider by hand" if contradicts else "",
+            extra={"card_id": card.id, "operation_id": operation_id, "result": result},
+        )

@@ -113,7 +113,11 @@ class Counters:
         "signoff_runs_adopted_total": "Runs whose holder's lease lapsed, adopted here.",
         "signoff_cards_flagged_total": "Cards flagged for reconciliation: stuck in "
         "executing past SIGNOFF_STUCK_AFTER_SECONDS, or found executing in an adopted run "
-        "whose previous holder did not come back within a lease (design note 49).",
+        "whose previous holder did not come back within a lease and a tool call "
+        "(design note 49).",
+        "signoff_late_outcomes_total": "Provider answers that came after their card was "
+        "settled (an operator reconciled it while the call was in flight): written to the "
+        "card's audit, logged as an ERROR when they disagree with the settled status.",
         "signoff_whatsapp_sent_total": "WhatsApp messages the Graph API accepted.",
         "signoff_whatsapp_failed_total": "WhatsApp messages given up after their attempts.",
         "signoff_group_commit_batches_total": "Statements that wrote several card "

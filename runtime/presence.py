@@ -20,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import re
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
@@ -81,14 +84,40 @@ def describe(app: App, process_id: str, roles: list[str], bus: str = "") -> AppP
     )
 
 
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
+
+
 def bus_identity(redis_url: str | None, key_prefix: str) -> str:
-    """Where a process's inbox and hints live: the Redis host, port and database (no
-    credentials) and the key prefix; ``in-process`` for one process on its own."""
+    """Where a process's inbox and hints live, normalised so that two spellings of one
+    bus compare equal: scheme, lower-cased host:port (default 6379; a cluster's seeds
+    sorted), database (``/N`` or ``?db=N``, default 0) and key prefix. Never credentials:
+    a URL whose host part does not parse (a password with an unescaped ``#``, ``?`` or
+    ``/``) is named ``<unparsed>``. ``in-process`` (one process on its own) names the
+    process too, so two of them on one database are told apart."""
     if not redis_url:
-        return "in-process"
+        return f"in-process {socket.gethostname()}:{os.getpid()} prefix {key_prefix}"
+    scheme, sep, rest = redis_url.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        return f"<unparsed> prefix {key_prefix}"
     parts = urlsplit(redis_url)
-    hosts = parts.netloc.rpartition("@")[2]  # a cluster URL names several host:port
-    return f"{parts.scheme}://{hosts}{parts.path} prefix {key_prefix}"
+    query = parse_qs(parts.query)
+    db = (query.get("db") or [""])[0] or parts.path.strip("/") or "0"
+    if scheme == "unix":
+        where = parts.path if "@" not in rest.partition("?")[0].rpartition("/")[2] else ""
+        return f"unix://{where or '<unparsed>'} db {db} prefix {key_prefix}"
+    netloc = parts.netloc
+    if "@" in rest and "@" not in netloc:  # the credentials split the URL elsewhere
+        return f"{scheme}://<unparsed> prefix {key_prefix}"
+    hosts = []
+    for item in netloc.rpartition("@")[2].split(","):
+        m = _HOST.match(item)
+        if m is None:
+            return f"{scheme}://<unparsed> prefix {key_prefix}"
+        hosts.append(f"{m.group(1).lower()}:{int(m.group(2) or 6379)}")
+    if not db.isdigit():
+        db = "<unparsed>"
+    return f"{scheme}://{','.join(sorted(hosts))}/{db} prefix {key_prefix}"
 
 
 def differences(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:

@@ -450,6 +450,8 @@ class Worker:
         parked = set(self.waits.parked_runs())
         adopted = []
         for run in runs:
+            # Taken (again): a card found executing gets a whole window (note 49).
+            self.agent.executor.forget_elsewhere(run.id)
             if run.id in parked:
                 continue
             adopted.append(run.id)

@@ -43,7 +43,8 @@ set +e
 code=$?
 set -e
 if [ "$code" = 5 ]; then
-  echo "test.sh: pytest collected no tests" >&2
+  echo "test.sh: pytest collected no tests (tests marked slow run only with -m slow:" \
+    "bash scripts/test.sh -m slow <path>)" >&2
   exit 1
 fi
 exit "$code"

@@ -101,6 +101,7 @@ class PostgresStore:
         self.approved_stale = sweeps.approved_stale
         self.flag_stuck = sweeps.flag_stuck
         self.flag_elsewhere = sweeps.flag_elsewhere
+        self.late_outcome = sweeps.late_outcome
         self.reconcile = sweeps.reconcile
 
         self.join_app = apps.join_app

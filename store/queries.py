@@ -21,6 +21,7 @@ class Queries:
     # schema
     migrations_table: str
     migrations_lock: str
+    migrations_lock_timeout: str
     migrations_applied: str
     migration_record: str
     ping: str
@@ -52,6 +53,7 @@ class Queries:
     worker_lease: str
     worker_fence: str
     cards_flag_elsewhere: str
+    card_late_outcome: str
     run_release: str
     run_adopt: str
     workers_forget: str

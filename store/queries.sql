@@ -27,6 +27,12 @@ CREATE TABLE IF NOT EXISTS signoff_migrations (
 -- Serialises concurrent `signoff migrate`s (until commit).
 SELECT pg_advisory_xact_lock(7401553901);
 
+-- name: migrations_lock_timeout
+-- Once this process migrates (the advisory lock above is held, so no other one waits on
+-- it): a table lock a migration cannot get within $1 (an open transaction on the table)
+-- fails it, rather than queueing every query of the live processes behind it.
+SELECT set_config('lock_timeout', $1, true);
+
 -- name: migrations_applied
 SELECT version FROM signoff_migrations;
 
@@ -1056,6 +1062,23 @@ ev AS (
     FROM c
 )
 SELECT id::text FROM c;
+
+-- name: card_late_outcome
+-- The provider answered ($2: succeeded | failed, result $3) for card $1 after the card
+-- left `executing` (an operator settled it while the call was in flight): the answer is
+-- written to the card's audit by $4, the card itself unchanged. Takes no lock but the
+-- audit row's key share on the card. The card's status; no row while it is `executing`.
+WITH c AS (
+    SELECT id, status FROM cards WHERE id = $1 AND status <> 'executing'
+),
+ev AS (
+    INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
+    SELECT id, status, status, $4, NULL, NULL,
+           jsonb_build_object('late_outcome', $2::text, 'result', $3::jsonb,
+                              'reason', 'the provider answered after the card was settled')
+    FROM c
+)
+SELECT status FROM c;
 
 -- name: card_reconcile_flag
 UPDATE cards SET needs_reconciliation = $2 WHERE id = $1;

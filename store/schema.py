@@ -9,12 +9,19 @@ from __future__ import annotations
 import logging
 from importlib import resources
 
+import asyncpg
+
+from signoff.runtime.errors import Unavailable
 from signoff.store.connector import Connector
 from signoff.store.queries import SQL
 
 log = logging.getLogger("signoff.store")
 
 MIGRATION_TIMEOUT = 3600.0  # a migration may rewrite big tables: not bound by the store timeout
+# A table lock a migration waits for longer than this fails the start (typed, nothing
+# applied): queued behind an open transaction, its ACCESS EXCLUSIVE request would hold up
+# every query the live processes make on that table until it got the lock.
+MIGRATION_LOCK_TIMEOUT = "10s"
 
 
 async def migrate(db: Connector) -> list[str]:
@@ -43,11 +50,19 @@ async def migrate(db: Connector) -> list[str]:
                 "of the database from before those migrations)",
                 ", ".join(unknown),
             )
-        for f in files:
+        pending = [f for f in files if f.name.removesuffix(".sql") not in done]
+        if pending:
+            await conn.execute(SQL.migrations_lock_timeout, MIGRATION_LOCK_TIMEOUT)
+        for f in pending:
             version = f.name.removesuffix(".sql")
-            if version in done:
-                continue
-            await conn.execute(f.read_text(), timeout=MIGRATION_TIMEOUT)
+            try:
+                await conn.execute(f.read_text(), timeout=MIGRATION_TIMEOUT)
+            except asyncpg.LockNotAvailableError as exc:
+                raise Unavailable(
+                    f"migration {version} waited {MIGRATION_LOCK_TIMEOUT} for a lock on a "
+                    "table it changes, held by another session (an open transaction: see "
+                    "pg_stat_activity); nothing was applied. Start again once it ends"
+                ) from exc
             await conn.execute(SQL.migration_record, version)
             applied_now.append(version)
     return applied_now

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import CardNotFound, IllegalTransition
 from signoff.store import rows
@@ -55,6 +57,16 @@ class Sweeps:
         ids = [rows.uuid_of(c) for c in card_ids]
         found = await self._db.fetch(SQL.cards_flag_elsewhere, ids, run_id, holder)
         return [r["id"] for r in found]
+
+    async def late_outcome(
+        self, card_id: str, outcome: str, result: dict[str, Any], actor: str
+    ) -> Status | None:
+        """Write a provider's answer that came after the card was settled to its audit
+        (the card unchanged); the card's status, None while it is still ``executing``."""
+        found = await self._db.fetchval(
+            SQL.card_late_outcome, rows.uuid_of(card_id), outcome, result, actor
+        )
+        return None if found is None else Status(found)
 
     async def reconcile(self, card_id: str, *, executed: bool, actor: str, note: str) -> Card:
         """An operator settles a card stuck in ``executing`` after checking the provider.

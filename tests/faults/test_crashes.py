@@ -70,6 +70,7 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
         gateways=1,
         workers=0,
         SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_TOOL_TIMEOUT_SECONDS="2",  # the adopter waits a lease + this
         SIGNOFF_SWEEP_SECONDS="0.5",
     ) as c:
         invariants.watch_cluster(c)
@@ -146,6 +147,7 @@ async def test_worker_frozen_after_starting_execution_calls_nothing_when_thawed(
         gateways=1,
         workers=0,
         SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_TOOL_TIMEOUT_SECONDS="2",  # the adopter waits a lease + this
         SIGNOFF_SWEEP_SECONDS="0.5",
     ) as c:
         invariants.watch_cluster(c)
@@ -246,6 +248,7 @@ async def test_worker_killed_after_provider_accepted_before_recording(
         gateways=1,
         workers=0,
         SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_TOOL_TIMEOUT_SECONDS="2",  # the adopter waits a lease + this
         SIGNOFF_SWEEP_SECONDS="0.5",
         SIGNOFF_STUCK_AFTER_SECONDS="1",
     ) as c:

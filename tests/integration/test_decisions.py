@@ -635,6 +635,73 @@ async def test_recording_the_outcome_of_a_flagged_card_clears_its_flag(
         assert not (await h.store.get_card(card.id)).needs_reconciliation
 
 
+async def test_an_answer_after_an_operator_settled_the_card_is_audited_not_lost(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A review's finding: the provider call was still in flight when an operator, seeing
+    the card flagged, reconciled it `failed`; the call then succeeded and its answer was
+    dropped (the recording move found the card no longer `executing`): a real charge on
+    a card settled `failed`, and nothing said so. It is written to the card's audit and
+    logged as an ERROR naming the operation; the card keeps the operator's status."""
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real, entered, go_on = tool.execute, asyncio.Event(), asyncio.Event()
+
+        async def slow(snapshot, operation_id, ctx):  # type: ignore[no-untyped-def]
+            entered.set()
+            await go_on.wait()
+            return await real(snapshot, operation_id, ctx)
+
+        monkeypatch.setattr(tool, "execute", slow)  # the demo's tools are shared
+        from signoff.runtime.metrics import COUNTERS
+
+        late_before = COUNTERS.values["signoff_late_outcomes_total"]
+        await h.decide(card, Decision.APPROVE)
+        await asyncio.wait_for(entered.wait(), 10)
+        # While the card is `executing`, nothing is written (the recording move will be).
+        assert await h.store.late_outcome(card.id, "succeeded", {}, "x") is None
+        await h.store.reconcile(card.id, executed=False, actor="ops", note="no charge seen")
+        go_on.set()
+        await h.settle()
+        final = await h.store.get_card(card.id)
+        assert final.status is Status.FAILED and await h.charges() == 1
+        late = (await h.store.card_events(card.id))[-1]
+        assert (late.from_status, late.to_status) == ("failed", "failed")
+        assert late.actor == f"worker:{h.worker.worker_id}"
+        assert late.detail["late_outcome"] == "succeeded" and late.detail["result"]
+        assert COUNTERS.values["signoff_late_outcomes_total"] == late_before + 1
+        errors = [r for r in caplog.records if "after the card was settled" in r.getMessage()]
+        assert errors and errors[-1].levelname == "ERROR", errors
+        assert card.operation_id in errors[-1].getMessage()
+
+
+async def test_a_run_adopted_again_gives_its_executing_card_a_whole_window_again(
+    database_url: str,
+) -> None:
+    """A review's finding: an adopter kept the moment it first saw a card `executing`
+    across a take-back by the previous holder and a second adoption, so it flagged the
+    card at once, while the holder might be in the middle of the call (note 49)."""
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=0.3)
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        card = await one_card(h)
+        await h.store.db.execute("UPDATE cards SET status = 'executing' WHERE id = $1", card.id)
+        executor = h.worker.agent.executor
+        with pytest.raises(Unavailable, match="executing in the run's previous holder"):
+            await h.worker.agent.continue_run(card.run_id)
+        first = executor._elsewhere[card.id][1]
+        await asyncio.sleep(1.4)  # past the window, before this worker looked again
+        # Meanwhile taken back and let go again (a holder whose lease lapsed twice).
+        await h.store.db.execute("UPDATE runs SET worker_id = NULL WHERE id = $1", card.run_id)
+        await h.worker.adopt()  # (parked here: taken, not continued again)
+        assert (await h.store.get_run(card.run_id)).holder == h.worker.worker_id
+        seen = executor._elsewhere.get(card.id)
+        assert seen is None or seen[1] > first
+        await asyncio.sleep(0.3)
+        assert not (await h.store.get_card(card.id)).needs_reconciliation  # not at once
+
+
 def test_tool_specs_are_built_once() -> None:
     from signoff.demo.tools import ALL_TOOLS
     from signoff.runtime.tools import Registry
@@ -806,7 +873,7 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
     record `failed` ("not sent"): an approval lost to a restart. The adopter now waits
     a lease (the run is continued again later) before telling the model; the first
     worker takes the run back meanwhile (``worker_fence``) and executes the card."""
-    settings = Settings(lease_seconds=1.0)
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=0.3)
     async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
         card = await one_card(h)
         # Another worker started it (approved, then `executing`) and was cut off.
@@ -822,9 +889,15 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
         await h.store.db.execute(  # ... which loses it again: nobody comes back this time
             "UPDATE runs SET worker_id = $2 WHERE id = $1", card.run_id, h.worker.worker_id
         )
+        from signoff.runtime.metrics import COUNTERS
+
+        flagged_before = COUNTERS.values["signoff_cards_flagged_total"]
         with pytest.raises(Unavailable, match="executing in the run's previous holder"):
             await h.worker.agent.continue_run(card.run_id)  # a whole lease again (review)
-        await asyncio.sleep(1.05)  # a lease after it was seen again: told unknown, as before
+        await asyncio.sleep(1.0)  # a lease, not yet a lease and a tool call: still waiting
+        with pytest.raises(Unavailable, match="executing in the run's previous holder"):
+            await h.worker.agent.continue_run(card.run_id)
+        await asyncio.sleep(0.35)  # a lease and a tool call since: told unknown, as before
         run = await h.worker.agent.continue_run(card.run_id)
         assert run is not None and run.status.value == "done"
         told = [
@@ -842,11 +915,10 @@ async def test_an_adopter_leaves_a_card_executing_elsewhere_alone_for_a_lease(
         events = await h.store.card_events(card.id)
         assert events[-1].actor == f"worker:{h.worker.worker_id}"
         from signoff.runtime.cli_cards import _shown
-        from signoff.runtime.metrics import COUNTERS
 
         shown = _shown(await h.store.get_card(card.id), events)  # `signoff cards show`
         assert "[RECONCILE" in shown and "previous holder" in shown, shown
-        assert COUNTERS.values["signoff_cards_flagged_total"] >= 1
+        assert COUNTERS.values["signoff_cards_flagged_total"] == flagged_before + 1
         flagged = await h.store.operator.find_cards(flagged=True, thread_id=card.thread_id)
         assert [c.id for c in flagged] == [card.id]  # `signoff cards list --reconcile`
 

@@ -224,7 +224,7 @@ async def test_an_approved_card_of_a_superseded_run_is_invalidated_with_it(
         await h.say(card.thread_id, "outra coisa", card.owner)
         final = await h.store.get_card(card.id)
         assert final.status is Status.INVALIDATED
-        assert final.result is not None and "nothing was executed" in final.result["reason"]
+        assert final.result is not None and "nothing was executed" in final.result["reason"]["en"]
         last = (await h.store.card_events(card.id))[-1]
         assert (last.from_status, last.to_status, last.actor) == (
             "approved",

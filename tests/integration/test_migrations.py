@@ -121,3 +121,48 @@ def test_a_database_migrated_by_a_newer_version_is_said_loudly(
         assert "9999_next" in caplog.text and "newer version" in caplog.text
     finally:
         drop_database(name)
+
+
+def test_a_migration_blocked_by_an_open_transaction_fails_the_start_and_applies_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A review's finding: a migration's ACCESS EXCLUSIVE request queued behind an open
+    transaction on its table (a stuck session, a psql left open) for up to an hour, and
+    every query the live processes made on that table queued behind it. It gives up
+    after ``MIGRATION_LOCK_TIMEOUT``, typed, and applies nothing; once the transaction
+    ends, the next start applies it."""
+    from signoff.runtime.errors import Unavailable
+    from signoff.store import schema
+
+    monkeypatch.setattr(schema, "MIGRATION_LOCK_TIMEOUT", "300ms")
+    url, name = fresh_database("so_mig")
+    try:
+        asyncio.run(replay(url))
+
+        async def blocked() -> None:
+            setup = await pgbouncer.connect(url)
+            await setup.execute("ALTER TABLE app_processes DROP COLUMN bus")
+            await setup.execute("DELETE FROM signoff_migrations WHERE version LIKE '0013%'")
+            await setup.close()
+            holder = await pgbouncer.connect(url)
+            tx = holder.transaction()
+            await tx.start()
+            await holder.fetch("SELECT * FROM app_processes")  # an open reader
+            store = await PostgresStore.connect(url)
+            try:
+                with pytest.raises(Unavailable, match=r"0013.*pg_stat_activity"):
+                    await asyncio.wait_for(store.migrate(), 10)
+                columns = await store.db.fetch(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_name = 'app_processes' AND column_name = 'bus'"
+                )
+                assert columns == []  # nothing applied
+                await tx.rollback()
+                assert [v[:4] for v in await store.migrate()] == ["0013"]
+            finally:
+                await store.close()
+                await holder.close()
+
+        asyncio.run(blocked())
+    finally:
+        drop_database(name)

@@ -269,3 +269,56 @@ def test_dangling_result_tells_what_became_of_the_call() -> None:
     assert not is_error and '"pix-1"' in text
     text, is_error = dangling_result(ToolUseOutcome("failed", None, "card declined"))
     assert is_error and "card declined" in text
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("redis://127.0.0.1", "redis://127.0.0.1:6379/0"),
+        ("redis://LocalHost:6379", "redis://localhost:6379/0"),
+        ("redis://h:6379?db=3", "redis://h:6379/3"),
+        ("redis+cluster://a:7001,b:7000", "redis+cluster://b:7000,a:7001"),
+        ("redis://:one@h:6379/0", "redis://user:two@h:6379/0"),
+    ],
+)
+def test_two_spellings_of_one_bus_are_one_bus(one: str, other: str) -> None:
+    from signoff.runtime.presence import bus_identity
+
+    assert bus_identity(one, "so:") == bus_identity(other, "so:")
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("redis://h?db=1", "redis://h?db=2"),
+        ("redis://h:6379/0", "redis://h:6380/0"),
+        ("redis://h/0", "rediss://h/0"),
+        (None, None),  # two processes each on its own in-process bus ...
+    ],
+)
+def test_two_buses_are_told_apart(one: str | None, other: str | None) -> None:
+    from signoff.runtime.presence import bus_identity
+
+    if one is None:  # ... are told apart by their process id
+        assert bus_identity(None, "so:").startswith("in-process ")
+        return
+    assert bus_identity(one, "so:") != bus_identity(other, "so:")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hun#ter2@db.internal:6379/0",
+        "redis://:hun/ter2@db.internal:6379/0",
+        "redis://hun#ter2@db.internal",
+        "redis://:hun?ter2@db.internal:6379/0",
+        "unix://:hunter2@/tmp/r.sock?db=1&password=hunter2",
+    ],
+)
+def test_a_bus_identity_never_carries_a_password(url: str) -> None:
+    """A review's finding: a password with an unescaped ``#``, ``?`` or ``/`` split the
+    URL elsewhere, and a piece of it (or all of it) was stored and logged as the bus."""
+    from signoff.runtime.presence import bus_identity
+
+    said = bus_identity(url, "so:")
+    assert "hun" not in said and "ter2" not in said, said
