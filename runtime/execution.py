@@ -150,8 +150,9 @@ class Executor:
         previous holder started them and may be alive, only cut off from Postgres; back,
         it takes the run again to finish the call (``worker_fence``), so telling the model
         "outcome unknown" at once would lose an approval that still executes. For a lease
+        and a tool deadline (a call begun before the lease lapsed may still be running)
         from when this worker first saw one, :class:`ExecutingElsewhere` (the run is
-        continued again later). Past it, they are flagged for reconciliation, under the
+        continued again later). Past that, they are flagged for reconciliation, under the
         thread's lock and only while this worker holds the run (else it was taken back:
         ``ExecutingElsewhere``, and the re-read leaves the run to its holder), before the
         model is told the outcome is unknown (I4; design note 49). Without a lease (no
@@ -196,8 +197,8 @@ class Executor:
             self._elsewhere.pop(card_id, None)
 
     def forget_elsewhere(self, run_id: str) -> None:
-        """The run is held by another worker now (taken back): if it comes back to this
-        one, its cards get a whole lease again."""
+        """The run is held by another worker now (taken back), or adopted again: if it
+        comes back to this one, its cards get a whole window again."""
         for card_id, (run, _) in list(self._elsewhere.items()):
             if run == run_id:
                 del self._elsewhere[card_id]
@@ -314,13 +315,14 @@ class Executor:
             return now
         self.faults.hit("execute.after_start")
         unknown = False  # an attempt got no answer: the provider may have acted
+        sent = True  # the outcome below is the provider's answer (not "nothing was sent")
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
             if not (prompt and self._may_send(epoch)) and await self._fenced(card.id):
                 prompt, epoch = True, self.lease.epoch if self.lease is not None else 0
             if not (prompt and self._may_send(epoch)):
                 if not unknown:  # certain: nothing was sent
                     log.error("card %s: %s; recorded failed", card.id, NOT_SENT)
-                    result, ok = {"error": NOT_SENT}, False
+                    result, ok, sent = {"error": NOT_SENT}, False, False
                     break
                 log.error("card %s: lease lapsed between attempts; left executing", card.id)
                 return await self.store.get_card(card.id)
@@ -375,30 +377,50 @@ class Executor:
                         result,
                     )
                     raise
-        if finished is None:
+        if finished is None and sent:
             await self._late_outcome(card, started.operation_id, ok, result, actor)
         return await self.notify.moved(finished) or await self.store.get_card(card.id)
 
     async def _late_outcome(
         self, card: Card, operation_id: str, ok: bool, result: dict[str, Any], actor: str
     ) -> None:
-        """The provider answered after the card left `executing` (an operator settled it
-        while the call was in flight, or after a flag): the answer must not vanish. It is
-        logged and written to the card's audit; one that contradicts the settled status
-        (a charge made on a card settled `failed`) is an ERROR to reconcile by hand."""
+        """The provider answered, but the card was no longer `executing` when the answer
+        was to be recorded: an operator settled it while the call was in flight (or this
+        worker's own record committed and its reply was lost, which the statement tells
+        apart by the result). The answer must not vanish: it is logged, and written to the
+        card's audit; one that contradicts the settled status (a charge made on a card
+        settled `failed`) is an ERROR to settle with the provider by hand. Never raises:
+        the log keeps the answer whatever the store does."""
         outcome = "succeeded" if ok else "failed"
-        now = await self.store.late_outcome(card.id, outcome, result, actor)
-        if now is None:  # still executing (a racing record) or gone: nothing contradicts
+        try:
+            now = await self.store.late_outcome(card.id, outcome, result, actor)
+        except Exception as exc:  # the log is then the only record
+            log.error(
+                "card %s: the provider answered (%s, operation %s, result %s) after the card "
+                "was settled; its audit row was not written (%s)",
+                card.id,
+                outcome,
+                operation_id,
+                result,
+                exc,
+                extra={"card_id": card.id, "operation_id": operation_id},
+            )
+            return
+        if now is None:  # already recorded with this very answer (a retried record)
             return
         contradicts = (now is Status.EXECUTED) != ok
         COUNTERS.inc("signoff_late_outcomes_total")
         log.log(
             logging.ERROR if contradicts else logging.WARNING,
-            "card %s: the provider answered (%s, operation %s) after the card was settled %s%s",
+            "card %s: the provider answered (%s, operation %s, result %s) after the card was "
+            "settled %s%s",
             card.id,
             outcome,
             operation_id,
+            result,
             now,
-            "; the two disagree: reconcile with the provider by hand" if contradicts else "",
-            extra={"card_id": card.id, "operation_id": operation_id, "result": result},
+            "; they disagree: settle it with the provider by hand (README, Operations)"
+            if contradicts
+            else "",
+            extra={"card_id": card.id, "operation_id": operation_id},
         )

@@ -102,15 +102,15 @@ def bus_identity(redis_url: str | None, key_prefix: str) -> str:
         return f"<unparsed> prefix {key_prefix}"
     parts = urlsplit(redis_url)
     query = parse_qs(parts.query)
-    db = (query.get("db") or [""])[0] or parts.path.strip("/") or "0"
-    if scheme == "unix":
-        where = parts.path if "@" not in rest.partition("?")[0].rpartition("/")[2] else ""
-        return f"unix://{where or '<unparsed>'} db {db} prefix {key_prefix}"
-    netloc = parts.netloc
-    if "@" in rest and "@" not in netloc:  # the credentials split the URL elsewhere
+    if "@" in rest and "@" not in parts.netloc:  # the credentials split the URL elsewhere
         return f"{scheme}://<unparsed> prefix {key_prefix}"
+    if scheme == "unix":  # the database comes only from ?db= (as redis-py reads it)
+        db = (query.get("db") or ["0"])[0]
+        db = db if db.isdigit() else "<unparsed>"
+        return f"unix://{parts.path or '<unparsed>'} db {db} prefix {key_prefix}"
+    db = (query.get("db") or [""])[0] or parts.path.strip("/") or "0"
     hosts = []
-    for item in netloc.rpartition("@")[2].split(","):
+    for item in (parts.netloc.rpartition("@")[2] or "localhost").split(","):
         m = _HOST.match(item)
         if m is None:
             return f"{scheme}://<unparsed> prefix {key_prefix}"

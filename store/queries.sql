@@ -1066,10 +1066,19 @@ SELECT id::text FROM c;
 -- name: card_late_outcome
 -- The provider answered ($2: succeeded | failed, result $3) for card $1 after the card
 -- left `executing` (an operator settled it while the call was in flight): the answer is
--- written to the card's audit by $4, the card itself unchanged. Takes no lock but the
--- audit row's key share on the card. The card's status; no row while it is `executing`.
-WITH c AS (
-    SELECT id, status FROM cards WHERE id = $1 AND status <> 'executing'
+-- written to the card's audit by $4, the card itself unchanged. The thread's lock first,
+-- as every writer of a card's audit (retention's prune skips a locked thread). No row
+-- while the card is `executing`, or when it already holds this very answer (this
+-- worker's own record committed and its reply was lost); else the card's status.
+WITH lk AS MATERIALIZED (
+    SELECT threads.id AS locked FROM threads
+    WHERE threads.id = (SELECT cards.thread_id FROM cards WHERE cards.id = $1) FOR NO KEY UPDATE
+),
+c AS (
+    SELECT cards.id, cards.status FROM cards JOIN lk ON lk.locked = cards.thread_id
+    WHERE cards.id = $1 AND cards.status <> 'executing'
+      AND NOT (cards.status = CASE $2::text WHEN 'succeeded' THEN 'executed' ELSE 'failed' END
+               AND cards.result IS NOT DISTINCT FROM $3::jsonb)
 ),
 ev AS (
     INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)

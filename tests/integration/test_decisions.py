@@ -677,6 +677,45 @@ async def test_an_answer_after_an_operator_settled_the_card_is_audited_not_lost(
         assert card.operation_id in errors[-1].getMessage()
 
 
+async def test_a_late_answer_is_told_apart_from_a_retried_record_and_never_raises(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A review's findings: the record of an outcome whose commit's reply was lost is
+    retried and finds the card settled by that same answer (not a late answer: nothing
+    is written); and a store that fails while a late answer is written must not turn
+    the step into an error (the answer is then in the log)."""
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        done = await h.store.get_card(card.id)
+        assert done.status is Status.EXECUTED and done.result is not None
+        before = len(await h.store.card_events(card.id))
+        assert await h.store.late_outcome(card.id, "succeeded", done.result, "w") is None
+        other = {**done.result, "charge_id": "another"}
+        assert await h.store.late_outcome(card.id, "succeeded", other, "w") is Status.EXECUTED
+        assert len(await h.store.card_events(card.id)) == before + 1
+        executor = h.worker.agent.executor
+
+        async def broken(*args: object) -> None:
+            raise Unavailable("the store is away")
+
+        executor.store = _Patched(executor.store, late_outcome=broken)  # type: ignore[assignment]
+        with caplog.at_level("ERROR", logger="signoff.agent"):
+            await executor._late_outcome(done, "op-1", True, {"charge_id": "c9"}, "worker:w")
+        assert "op-1" in caplog.text and "c9" in caplog.text and "not written" in caplog.text
+
+
+class _Patched:
+    """A store with some methods replaced."""
+
+    def __init__(self, store: object, **methods: object) -> None:
+        self._store, self._methods = store, methods
+
+    def __getattr__(self, name: str) -> object:
+        return self._methods.get(name) or getattr(self._store, name)
+
+
 async def test_a_run_adopted_again_gives_its_executing_card_a_whole_window_again(
     database_url: str,
 ) -> None:

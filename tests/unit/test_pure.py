@@ -279,6 +279,8 @@ def test_dangling_result_tells_what_became_of_the_call() -> None:
         ("redis://h:6379?db=3", "redis://h:6379/3"),
         ("redis+cluster://a:7001,b:7000", "redis+cluster://b:7000,a:7001"),
         ("redis://:one@h:6379/0", "redis://user:two@h:6379/0"),
+        ("redis://", "redis://localhost:6379"),  # redis-py's default host
+        ("unix:///tmp/r.sock", "unix://:pw@/tmp/r.sock?db=0"),
     ],
 )
 def test_two_spellings_of_one_bus_are_one_bus(one: str, other: str) -> None:
@@ -313,6 +315,7 @@ def test_two_buses_are_told_apart(one: str | None, other: str | None) -> None:
         "redis://hun#ter2@db.internal",
         "redis://:hun?ter2@db.internal:6379/0",
         "unix://:hunter2@/tmp/r.sock?db=1&password=hunter2",
+        "unix://:hun/ter2@/tmp/r.sock?db=1",
     ],
 )
 def test_a_bus_identity_never_carries_a_password(url: str) -> None:
