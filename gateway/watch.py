@@ -51,7 +51,16 @@ class ThreadWatch:
             channel = self.service.quotas.keys.user_channel(who.tenant, who.user)
             key = "user:" + channel  # never a thread id (a UUID)
 
+            primed = False
+
             async def on_user(hint: Hint) -> None:
+                nonlocal primed
+                # The subscription's own first "re-read" comes with the list being sent:
+                # nothing changed. A later one (re-subscribed after a drop) may hide a
+                # missed hint, so the page re-lists.
+                if hint.seq == -1 and not primed:
+                    primed = True
+                    return
                 await self._changed("")
 
             self._user = (key, on_user)

@@ -137,7 +137,7 @@ class Decisions:
             )
             await self._notify(old, received)
             return Outcome(card=old.public(), new_card=new.public())
-        if res.edits:
+        if res.edits is not None:
             raise InvalidInput("edits are only accepted with decision 'edit'")
         # The decision's statement also names the worker holding the card's run: the
         # signal goes there first (Notifier.card falls back to the wait token). An approval

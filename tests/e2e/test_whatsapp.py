@@ -93,7 +93,8 @@ def test_verification_handshake(wa: Cluster) -> None:
     q = {"hub.mode": "subscribe", "hub.verify_token": "verify-me", "hub.challenge": "42abc"}
     r = httpx.get(url, params=q)
     assert (r.status_code, r.text) == (200, "42abc")
-    assert httpx.get(url, params={**q, "hub.verify_token": "verify-m"}).status_code == 403
+    refused = httpx.get(url, params={**q, "hub.verify_token": "verify-m"})
+    assert refused.status_code == 403 and refused.json()["error"] == "forbidden"  # typed
 
 
 @pytest.mark.parametrize("case", ["wrong_secret", "missing", "sha1", "reserialized", "truncated"])

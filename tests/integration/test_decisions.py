@@ -119,6 +119,15 @@ async def test_refusals_are_typed_and_change_nothing(database_url: str) -> None:
             await h.decide(card, Decision.APPROVE, user="mallory")
         with pytest.raises(StaleCard):
             await h.decide(card, Decision.APPROVE, snapshot_hash="0" * 64)
+        from signoff.runtime.decisions import Resolution
+
+        with pytest.raises(InvalidInput, match="only accepted with decision 'edit'"):
+            await h.decisions.resolve(  # even an empty map (the hostile probe)
+                card.id,
+                Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash, edits={}),
+                principal="alice",
+                channel="test",
+            )
         with pytest.raises(CardNotFound):
             await h.decisions.resolve(
                 "00000000-0000-0000-0000-000000000000",

@@ -5,6 +5,7 @@ Redis, the gateway on a free port."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -79,6 +80,23 @@ async def next_frame(ws: Any, kind: str) -> dict[str, Any]:
         msg: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 10))
         if msg["type"] == kind:
             return msg
+
+
+async def test_a_first_list_is_not_followed_by_a_change_nothing_made(h: Harness) -> None:
+    """The hostile probe: every socket's first ``threads`` request got a
+    ``threads_changed {thread_id: null}`` ("a new thread was started") with it, from the
+    person's channel's own subscription, and the page listed everything twice."""
+    await h.thread("alice")
+    ws = await ws_connect(h, "alice")
+    try:
+        await ws.send(json.dumps({"type": "threads", "id": "t1"}))
+        seen: list[dict[str, Any]] = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                seen.append(json.loads(await asyncio.wait_for(ws.recv(), 1.0)))
+        assert [m["type"] for m in seen if m["type"].startswith("threads")] == ["threads"], seen
+    finally:
+        await ws.close()
 
 
 async def test_ws_thread_list_is_live(h: Harness) -> None:

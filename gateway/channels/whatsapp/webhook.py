@@ -31,6 +31,7 @@ from signoff.runtime.errors import (
     AlreadyDecided,
     CardNotFound,
     Expired,
+    Forbidden,
     InvalidInput,
     NotOwner,
     RateLimited,
@@ -110,7 +111,7 @@ class WhatsAppChannel:
             q.get("hub.verify_token"), self.settings.whatsapp_verify_token
         ):
             return PlainTextResponse(q.get("hub.challenge", ""))
-        return PlainTextResponse("forbidden", status_code=403)
+        return error_response(Forbidden("the webhook's verify token or mode does not match"))
 
     async def receive(self, request: Request) -> Response:
         size = request.headers.get("content-length")
