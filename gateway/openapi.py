@@ -18,7 +18,7 @@ ERRORS = {
     "409": "already decided, stale snapshot_hash, or a card of a tool this gateway does not "
     "serve (unknown_tool); a workflow run not parked at that gate (not_parked), another "
     "event awaited (wrong_event), not failed at a gate (not_retriable), already over "
-    "(run_inactive)",
+    "(run_inactive); a message to a workflow's agent-step thread (workflow_thread)",
     "410": "the card expired (database clock)",
     "422": "invalid payload (reserved_key: a workflow payload setting an engine-owned key)",
     "429": "over a per-user quota (threads a minute, turns in flight); see Retry-After",

@@ -25,11 +25,13 @@ from signoff.runtime.errors import (
     NotFound,
     NotOwner,
     SignoffError,
+    WorkflowThread,
 )
 from signoff.runtime.keys import Keys
 from signoff.runtime.notify import quietly
 from signoff.runtime.records import Entry, Thread
 from signoff.runtime.store import Store
+from signoff.runtime.workflows.agent_step import workflow_of_thread
 
 log = logging.getLogger("signoff.gateway")
 
@@ -226,6 +228,15 @@ class GatewayService:
     async def post_message(self, thread_id: str, text: str, who: Principal, channel: str) -> str:
         text = message_text(text)
         thread_id = (await self.own_thread(thread_id, who)).id  # the id as Postgres spells it
+        run_id = workflow_of_thread(thread_id)
+        if run_id is not None:
+            # A message there would supersede the step's run and its pending cards, and
+            # the workflow would fail at its next resume (hostile probe).
+            raise WorkflowThread(
+                f"this thread belongs to workflow run {run_id}'s agent steps: decide its "
+                "cards here or at the workflow's gate; it takes no messages",
+                thread_id=thread_id,
+            )
         message_id = str(uuid.uuid4())
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
             return await self.bus.enqueue(

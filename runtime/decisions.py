@@ -34,7 +34,7 @@ from signoff.runtime.metrics import COUNTERS, decided
 from signoff.runtime.notify import Notifier
 from signoff.runtime.policy import Policy, Verdict
 from signoff.runtime.proposal import new_card
-from signoff.runtime.records import Entry
+from signoff.runtime.records import Entry, NewCard
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span, traceparent
 from signoff.runtime.tools import Registry, ToolContext
@@ -186,6 +186,25 @@ class Decisions:
         self, card_id: str, res: Resolution, *, principal: str, channel: str, tenant: str | None
     ) -> tuple[Card, Card]:
         edits = res.edits or {}
+        new = await self.check_edit(card_id, edits, principal=principal, tenant=tenant)
+        return await self.store.edit(
+            card_id,
+            principal=principal,
+            snapshot_hash=res.snapshot_hash,
+            channel=channel,
+            edits=edits,
+            new=new,
+            tenant=tenant,
+        )
+
+    async def check_edit(
+        self, card_id: str, edits: dict[str, Any], *, principal: str, tenant: str | None
+    ) -> NewCard:
+        """The card an edit of ``card_id`` would propose, checked as the edit itself is
+        (owner, pending, editable fields, the tool's parse and prepare, the policy), and
+        written nowhere: typed refusals only. An agent step's gate checks a decision map's
+        edits with it before the map is saved (a value the tool rejects was dropped
+        silently after a 200)."""
         if not edits:
             raise InvalidInput("an edit needs at least one field in 'edits'")
         card = await self.store.get_card(card_id)
@@ -250,7 +269,7 @@ class Decisions:
             # An edit's card is keyed by the card it replaces: the request key stands for
             # what the model asked (its repeats find that card), and an edit back to
             # those values would otherwise collide with the card it left (a 409).
-            new = msgspec.structs.replace(new, request_key=f"{new.request_key}:edit:{card.id}")
+            return msgspec.structs.replace(new, request_key=f"{new.request_key}:edit:{card.id}")
         except ToolValidationError as exc:
             raise InvalidInput(exc.message) from exc
         except (SignoffError, OSError):
@@ -260,15 +279,6 @@ class Decisions:
             raise InvalidInput(
                 f"the edited values are not valid for {card.tool}: {str(exc)[:200]}"
             ) from exc
-        return await self.store.edit(
-            card_id,
-            principal=principal,
-            snapshot_hash=res.snapshot_hash,
-            channel=channel,
-            edits=edits,
-            new=new,
-            tenant=tenant,
-        )
 
     async def resolve_batch(
         self,

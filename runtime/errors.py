@@ -115,6 +115,13 @@ class RunInactive(Conflict):
     code = "run_inactive"
 
 
+class WorkflowThread(Conflict):
+    """A message to a thread a workflow run's agent steps talk on (409): the step owns
+    the conversation; its cards are decided as any card, nothing else is accepted."""
+
+    code = "workflow_thread"
+
+
 class IllegalTransition(Conflict):
     """A move the card state machine does not allow."""
 

@@ -178,6 +178,7 @@ async def running(
                 faults=Faults(settings.faults),
             )
             node.workflows = WorkflowService.of(store.workflows, bus, keys, app, settings)
+            node.workflows.check_edit = node.decisions.check_edit
         if worker:
             node.model = model or pick_model(settings, app)
             node.worker = Worker(settings=settings, store=store, bus=bus, app=app, model=node.model)

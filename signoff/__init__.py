@@ -52,6 +52,7 @@ from signoff.runtime.errors import (
     Unavailable,
     UnknownTool,
     WorkflowNotFound,
+    WorkflowThread,
     WrongEvent,
 )
 from signoff.runtime.models.base import Message, Model, ModelReply, TextSink, ToolSpec
@@ -141,6 +142,7 @@ __all__ = [
     "WorkflowNotFound",
     "WorkflowRun",
     "WorkflowStatus",
+    "WorkflowThread",
     "WrongEvent",
     "__version__",
     "agent_step",

@@ -534,6 +534,7 @@
       case 'invalid_input':
       case 'tool_validation': return t('err.invalid', { msg: msg });
       case 'unauthenticated': return t('err.session');
+      case 'workflow_thread': return t('composer.workflow');
       default: break;
     }
     if (f.status === 409) return t('err.conflict', { msg: msg });
@@ -1163,10 +1164,28 @@
     return chars(el.text.value.trim()) > MAX_TEXT;
   }
 
+  // A workflow run's agent steps talk on a thread of their own (its id is a version-8
+  // UUID, runtime/workflows/agent_step.py): its cards are decided here like any other,
+  // but it takes no messages (the server answers 409 workflow_thread).
+  function isWorkflowThread(id) {
+    return /^[0-9a-f]{8}-[0-9a-f]{4}-8/i.test(id || '');
+  }
+
   function renderComposer() {
     var over = tooLong();
-    el.send.disabled = !state.ready || state.awaitingThread || over;
+    var workflow = isWorkflowThread(state.threadId);
+    el.send.disabled = !state.ready || state.awaitingThread || over || workflow;
+    el.text.disabled = workflow;
     var said = el.composerError.dataset.tooLong === '1';
+    if (workflow) {
+      el.composerError.textContent = t('composer.workflow');
+      el.composerError.dataset.workflow = '1';
+      return;
+    }
+    if (el.composerError.dataset.workflow === '1') {
+      el.composerError.textContent = '';
+      delete el.composerError.dataset.workflow;
+    }
     if (over) {
       el.composerError.textContent = t('composer.tooLong', {
         n: chars(el.text.value.trim()), max: MAX_TEXT

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -42,6 +42,12 @@ EVENT_ROLES = frozenset({"service", "admin"})
 RUNS_WINDOW_SECONDS = 60.0
 
 
+class CheckEdit(Protocol):
+    async def __call__(
+        self, card_id: str, edits: dict[str, Any], *, principal: str, tenant: str | None
+    ) -> object: ...
+
+
 class WorkflowService:
     """Workflow runs for authenticated principals (the caller authenticates; ``by`` is
     recorded as who resumed, delivered, retried or cancelled)."""
@@ -63,6 +69,10 @@ class WorkflowService:
         # Per-user bounds (G14; 0: none): starts per minute, events kept per run.
         self.runs_per_minute = 0
         self.events_kept = 0
+        # How an agent gate's edits are checked before its map is saved (the gateway's
+        # ``Decisions.check_edit``: the tool's parse and prepare, the policy); None: only
+        # the editable fields are.
+        self.check_edit: CheckEdit | None = None
 
     @classmethod
     def of(
@@ -209,6 +219,10 @@ class WorkflowService:
         # An agent step's gate: a decision map over the cards its interrupt lists, checked
         # here, checkpointed on the interrupt, applied by the step (design note 30).
         decisions = await agent_decisions(self.store, workflow, run, payload)
+        if decisions is not None and self.check_edit is not None:
+            for card_id, value in decisions.items():  # all of them before anything is saved
+                if isinstance(value, dict):
+                    await self.check_edit(card_id, value["edit"], principal=by, tenant=tenant)
 
         def payload_for(step: int) -> dict[str, Any]:
             if decisions is not None and step == run.step:

@@ -197,6 +197,7 @@ class Harness:
         self.decisions.services = app.services
         wf = self.store.workflows
         self.workflows = WorkflowService.of(wf, self.bus, keys, self.app, self.settings)
+        self.workflows.check_edit = self.decisions.check_edit
         self.tokens = Tokens(self._secret)
         if self._start_worker:
             await self.worker.start()

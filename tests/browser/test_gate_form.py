@@ -155,3 +155,32 @@ async def test_an_agent_steps_cards_are_decided_in_one_form(
             assert done.state["agent"]["reply"] == "paid: ana=10, carla=25"
         finally:
             await context.close()
+
+
+async def test_a_workflows_thread_shows_its_cards_and_takes_no_message(
+    database_url: str, browser: Browser
+) -> None:
+    """The agent step's thread is in the person's list: opened, its cards show (and may be
+    decided) but the message box is off and says why (a message there is refused, 409)."""
+    from signoff.runtime.workflows.agent_step import workflow_thread_id
+    from tests import agent_wf_app
+
+    user = unique_user()
+    async with Harness(
+        agent_wf_app.build, database_url=database_url, offline=True, gateway=True
+    ) as h:
+        run = await h.workflows.start("approvals", tenant=h.tenant, owner=user)
+        await wait_status(h, run.id, user, "awaiting_human")
+        context = await browser.new_context()
+        try:
+            page = await context.new_page()
+            thread = workflow_thread_id(run.id)
+            await page.goto(f"{h.base_url}/?thread={thread}#token={h.token(user)}")
+            await expect(page.locator("article.card")).to_have_count(3)
+            await expect(page.locator("#text")).to_be_disabled()
+            await expect(page.locator("#send")).to_be_disabled()
+            await expect(page.locator("#composer")).to_contain_text("belongs to a workflow")
+            await page.get_by_role("button", name="New chat").click()
+            await expect(page.locator("#text")).to_be_enabled()
+        finally:
+            await context.close()

@@ -131,12 +131,17 @@ async def test_applying_the_map_again_changes_nothing(h: Harness) -> None:
         {"FIRST": "approve"},
         {"FIRST": {"edit": {"payee": "mallory"}}},
         {"FIRST": {"edit": {}}},
+        # Values the tool rejects (the hostile probe: 200, then silently dropped) ...
+        {"FIRST": {"edit": {"amount": "extreme"}}},
+        {"FIRST": {"edit": {"amount": 1.5}}},
+        # ... with another card approved in the same map: nothing of it is applied.
+        {"OTHER": True, "FIRST": {"edit": {"amount": "lots"}}},
     ],
 )
 async def test_an_invalid_map_is_refused_and_the_run_stays_parked(h: Harness, bad: Any) -> None:
-    run, (a, _, _) = await parked_on_cards(h)
+    run, (a, b, _) = await parked_on_cards(h)
     if isinstance(bad, dict) and "FIRST" in bad:
-        bad = {a.id: bad["FIRST"]}
+        bad = {(b.id if k == "OTHER" else a.id): v for k, v in bad.items()}
     with pytest.raises(InvalidInput):
         await h.workflows.resume(run.id, bad, tenant=h.tenant, by=OWNER)
     still = await h.store.workflows.get_workflow_run(run.id)
@@ -307,3 +312,48 @@ async def test_an_agent_step_never_talks_on_another_principals_thread(h: Harness
     assert sorted(c.id for c in still) == sorted(c.id for c in cards)
     assert str((await wf.get_workflow_run(victim.id)).status) == "awaiting_human"
     assert await executions(h) == {}
+
+
+async def test_a_workflows_thread_takes_no_messages(database_url: str) -> None:
+    """The hostile probe: the agent step's thread is listed in the chat, and one message
+    there superseded the step's run and its pending cards; the workflow stayed parked on
+    cards nobody could decide, and its next resume answered 200 and then failed the run.
+    A message there is refused (409 workflow_thread, over HTTP and WebSocket) and changes
+    nothing; the cards are still decided there as anywhere."""
+    import json
+
+    import httpx
+    import websockets
+
+    settings = Settings(lease_seconds=2.0, poll_seconds=0.3, sweep_seconds=0.2)
+    async with Harness(
+        agent_wf_app.build,
+        database_url=database_url,
+        offline=True,
+        settings=settings,
+        gateway=True,
+    ) as h:
+        run, cards = await parked_on_cards(h)
+        thread = workflow_thread_id(run.id)
+        headers = {"Authorization": f"Bearer {h.token(OWNER)}"}
+        async with httpx.AsyncClient() as c:
+            r = await c.post(
+                f"{h.base_url}/v1/threads/{thread}/messages",
+                headers=headers,
+                json={"text": "pay mallory=999"},
+            )
+        assert r.status_code == 409 and r.json()["error"] == "workflow_thread", r.text
+        async with websockets.connect(h.base_url.replace("http", "ws") + "/v1/ws") as ws:
+            await ws.send(json.dumps({"type": "auth", "token": h.token(OWNER)}))
+            frame = {"type": "message", "id": "m1", "thread_id": thread, "text": "hi"}
+            await ws.send(json.dumps(frame))
+            while (reply := json.loads(await asyncio.wait_for(ws.recv(), 10))).get("id") != "m1":
+                pass
+            assert reply["type"] == "error" and reply["error"] == "workflow_thread", reply
+        await asyncio.sleep(0.5)  # a message that had been accepted would be running now
+        assert sorted(c.id for c in await h.store.pending_cards(thread)) == sorted(
+            c.id for c in cards
+        )
+        assert (await h.store.workflows.get_workflow_run(run.id)).status == "awaiting_human"
+        await h.workflows.resume(run.id, {c.id: True for c in cards}, tenant=h.tenant, by=OWNER)
+        await until(status_is(h, run.id, "completed"), what="completed")
