@@ -20,6 +20,8 @@ from typing import Any
 from signoff import Message, ModelReply, TextSink, ToolSpec
 from signoff.demo.offline_words import (
     HELP,
+    NEGATED,
+    NOT_ASKED,
     PT,
     TYPED_YES,
     YES,
@@ -104,7 +106,9 @@ def _use(name: str, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def intent(part: str) -> dict[str, Any] | None:
-    """The tool call one request asks for, or None."""
+    """The tool call one request asks for, or None (also for one said in the negative)."""
+    if NEGATED.match(part):
+        return None
     low = part.lower()
     if re.search(r"\bsaldo\b|\bbalance\b", low):
         return _use("get_balance", {})
@@ -209,7 +213,12 @@ class OfflineDemoModel:
         if not uses:
             # What became of the calls the message replaced, then how to go on: typing
             # "sim" under a card replaced it, and the person is told why nothing ran.
-            after = TYPED_YES[lang] if said and YES.match(request) else HELP[lang]
+            if said and YES.match(request):
+                after = TYPED_YES[lang]
+            elif any(NEGATED.match(p) for p in _SPLIT.split(request)):
+                after = NOT_ASKED[lang]
+            else:
+                after = HELP[lang]
             return await self._text(LABEL + " ".join([*said, after]), on_text)
         # No words before the calls: a write's card is shown by the runtime once it
         # exists (a refused call has none), a read's answer comes with its result.

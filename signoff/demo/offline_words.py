@@ -22,7 +22,7 @@ _PT_MARKS = re.compile(
 _EN_MARKS = re.compile(
     r"\b(?:charge|balance|refund|sale|appointment|customer|change|find|search|look|"
     r"to|for|from|the|of|my|what|how|much|please|thanks|hi|hello|help|email|can|you|your|"
-    r"is|are|with|and|this|that|yes|no)\b",
+    r"is|are|with|and|this|that|yes|no|not|never|don't)\b",
     re.IGNORECASE,
 )
 # A message that only says yes ("sim", "ok", "👍"): typed while a card waited, it replaced
@@ -32,6 +32,13 @@ YES = re.compile(
     r"approve|approved|pode|podes|claro|isso|beleza|go|do it|faça|faz)\W*$|^\s*👍\s*$",
     re.IGNORECASE,
 )
+# A request said in the negative ("não cobre o João", "don't refund V001"): nothing is
+# proposed (the hostile probe: a card was made for "não cobre 150 do João").
+NEGATED = re.compile(r"^\W*(?:n[ãa]o|nunca|jamais|don'?t|do not|never|no need to)\b", re.IGNORECASE)
+NOT_ASKED = {
+    PT: "Certo, não vou fazer isso; nada foi proposto.",
+    EN: "OK, I will not do that; nothing was proposed.",
+}
 TYPED_YES = {
     PT: (
         "Uma mensagem não aprova um cartão: use o botão Confirmar no próprio cartão. "

@@ -350,3 +350,26 @@ def test_the_same_outcome_of_several_calls_is_said_once() -> None:
     }
     text = ask([user("charge João 150 and refund sale V002"), calls, results]).content[0]["text"]
     assert text.count("you rejected the card") == 1, text
+
+
+@pytest.mark.parametrize(
+    ("text", "lang"),
+    [
+        ("não cobre 150 do João", "pt"),
+        ("Nao estorne a venda V001", "pt"),
+        ("nunca cancele a consulta A001", "pt"),
+        ("don't charge João 150", "en"),
+        ("do not refund V001", "en"),
+    ],
+)
+def test_a_request_in_the_negative_proposes_nothing(text: str, lang: str) -> None:
+    """The hostile probe: "não cobre 150 do João" made an R$ 150,00 card."""
+    from signoff.demo.offline_model import OfflineDemoModel, intent
+
+    assert intent(text) is None
+    messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+    reply = asyncio.run(OfflineDemoModel().respond(system="", messages=messages, tools=[]))
+    assert reply.tool_uses() == []
+    said = reply.text()
+    assert ("nada foi proposto" if lang == "pt" else "nothing was proposed") in said, said
+    assert intent("cobre 150 do João, não do Zé") is not None  # a "não" later is not one
