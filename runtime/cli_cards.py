@@ -74,6 +74,12 @@ def add_parser(
         choices=["executed", "failed"],
         help="reconcile: what the provider says happened",
     )
+    cd.add_argument(
+        "--force",
+        action="store_true",
+        help="reconcile: a card not flagged that started executing less than a lease and "
+        "a tool deadline ago (its worker may still be calling the provider)",
+    )
     return cd
 
 
@@ -139,7 +145,7 @@ def _error(message: str) -> int:
 
 
 async def run(args: argparse.Namespace, settings: Settings) -> int:
-    from signoff.runtime.errors import NotFound
+    from signoff.runtime.errors import Conflict, NotFound
     from signoff.store.operator import AmbiguousId
     from signoff.store.postgres import PostgresStore
 
@@ -188,9 +194,19 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
             else:
                 print(_shown(card, events))
             return 0
-        card = await store.reconcile(
-            card_id, executed=args.outcome == "executed", actor="operator", note=args.note
-        )
+        # A card not flagged whose execution began within a lease and a tool deadline may
+        # still have a provider call in flight: its answer would contradict the operator's.
+        in_flight = settings.lease_seconds + settings.tool_timeout_seconds
+        try:
+            card = await store.reconcile(
+                card_id,
+                executed=args.outcome == "executed",
+                actor="operator",
+                note=args.note,
+                in_flight_seconds=None if args.force else in_flight,
+            )
+        except Conflict as exc:
+            return _error(exc.message)
         print(f"{card.id} reconciled as {card.status}: {args.note}")
         return 0
     finally:

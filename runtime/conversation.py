@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from signoff.runtime.records import Entry, ToolUseOutcome
+from signoff.runtime.tools import label_text
 
 # What the model is told before every conversation (Agent's default ``system``).
 SYSTEM_PROMPT = (
@@ -39,6 +40,18 @@ NOT_RUN = frozenset({"pending", "superseded", "invalidated", "rejected", "expire
 
 def dangling_result(outcome: ToolUseOutcome | None) -> tuple[str, bool]:
     """The text (and error flag) of the synthetic result of a call left without one."""
+    if outcome is not None and outcome.status in ("approved", "invalidated"):
+        # The person did decide (yes): the model must not say they never confirmed.
+        why = (outcome.result or {}).get("reason") if isinstance(outcome.result, dict) else None
+        said = f" ({label_text(why)})" if why else ""
+        return (
+            "Not completed: the user approved this, but it did not run"
+            f"{said}. Nothing was executed.",
+            True,
+        )
+    if outcome is not None and outcome.status == "rejected":
+        said = f" (reason: {outcome.reason})" if outcome.reason else ""
+        return f"Not completed: the user rejected this{said}. Nothing was executed.", True
     if outcome is None or outcome.status in NOT_RUN:
         return DANGLING, True
     result = msgspec.json.encode(outcome.result).decode() if outcome.result is not None else ""

@@ -325,7 +325,7 @@ class Executor:
                     result, ok, sent = {"error": NOT_SENT}, False, False
                     break
                 log.error("card %s: lease lapsed between attempts; left executing", card.id)
-                return await self.store.get_card(card.id)
+                return await self._left_unknown(card, actor, "the lease lapsed between attempts")
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
                 async with asyncio.timeout(self.tool_timeout):
@@ -339,7 +339,7 @@ class Executor:
                 unknown = True
                 if wait is None:
                     log.error("card %s: outcome still unknown (%s); left executing", card.id, exc)
-                    return await self.store.get_card(card.id)
+                    return await self._left_unknown(card, actor, f"no answer: {exc!r}")
                 log.warning("card %s: no answer (%s); asking again, same key", card.id, exc)
                 await asyncio.sleep(wait)
                 continue
@@ -348,7 +348,7 @@ class Executor:
                     # After an attempt with no answer, a refusal of the repeat (a provider
                     # answering "that key is in use") does not say the first did nothing.
                     log.error("card %s: %r after an unknown outcome; left executing", card.id, exc)
-                    return await self.store.get_card(card.id)
+                    return await self._left_unknown(card, actor, f"{exc!r} after no answer")
                 log.warning("card %s failed: %s", card.id, exc)
                 result, ok = {"error": str(exc)}, False
             break
@@ -380,6 +380,22 @@ class Executor:
         if finished is None and sent:
             await self._late_outcome(card, started.operation_id, ok, result, actor)
         return await self.notify.moved(finished) or await self.store.get_card(card.id)
+
+    async def _left_unknown(self, card: Card, actor: str, why: str) -> Card:
+        """A call this worker made stays unanswered: the card is left `executing` and
+        flagged for an operator now (audited, while this worker holds the run), so that
+        the model's "flagged for an operator" is true and `cards list --reconcile` shows
+        it (the sweeper flagged it only after SIGNOFF_STUCK_AFTER_SECONDS). Never raises:
+        the sweeper flags it later if this cannot."""
+        if self.lease is not None:
+            holder = actor.removeprefix("worker:")
+            reason = f"the provider's answer is unknown ({why[:200]}); nothing was retried"
+            try:
+                if await self.store.flag_elsewhere(card.run_id, holder, [card.id], reason):
+                    COUNTERS.inc("signoff_cards_flagged_total")
+            except Exception as exc:
+                log.warning("card %s: not flagged now (%s); the sweeper will", card.id, exc)
+        return await self.store.get_card(card.id)
 
     async def _late_outcome(
         self, card: Card, operation_id: str, ok: bool, result: dict[str, Any], actor: str

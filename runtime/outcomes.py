@@ -79,10 +79,15 @@ def card_outcome(tool_use_id: str, card: Card) -> dict[str, Any]:
             why = str(result.get("error", "unknown error"))
         return tool_result(tool_use_id, f"{shown}{who} Execution failed: {why}.", error=True)
     if status is Status.EXECUTING:
+        flagged = (
+            "it is flagged for an operator to reconcile"
+            if card.needs_reconciliation
+            else "it is left for an operator to reconcile (flagged if it stays so)"
+        )
         return tool_result(
             tool_use_id,
-            f"{shown}{who} Execution started but its outcome is unknown; it is flagged for an "
-            "operator to reconcile. Do not retry it.",
+            f"{shown}{who} Execution started but its outcome is unknown; {flagged}. "
+            "Do not retry it.",
             error=True,
         )
     return tool_result(tool_use_id, f"{shown} Status: {status}.", error=True)

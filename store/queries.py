@@ -54,6 +54,7 @@ class Queries:
     worker_fence: str
     cards_flag_elsewhere: str
     card_late_outcome: str
+    card_in_flight: str
     run_release: str
     run_adopt: str
     workers_forget: str

@@ -1037,8 +1037,9 @@ RETURNING id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use
 -- Worker $3, holding run $2, gives up waiting on cards $1 found `executing` elsewhere
 -- (design note 49): each still `executing` is flagged for reconciliation, audited, before
 -- its model is told the outcome is unknown, unless the run was taken back meanwhile
--- (`worker_fence`, under the same thread lock: one of the two goes first). Thread, then
--- run, then cards. Returns the ids flagged.
+-- (`worker_fence`, under the same thread lock: one of the two goes first); also by the
+-- holder itself when a call it made stays unanswered. Reason $4 in the audit. Thread,
+-- then run, then cards. Returns the ids flagged.
 WITH lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
     WHERE threads.id = (SELECT runs.thread_id FROM runs WHERE runs.id = $2) FOR NO KEY UPDATE
@@ -1058,7 +1059,7 @@ c AS (
 ev AS (
     INSERT INTO card_events (card_id, from_status, to_status, actor, channel, hash_seen, detail)
     SELECT id, 'executing', 'executing', 'worker:' || $3, NULL, NULL,
-           '{"needs_reconciliation": true, "reason": "started before this continuation (by the run''s previous holder, or a reply that was lost); outcome unknown"}'
+           jsonb_build_object('needs_reconciliation', true, 'reason', $4::text)
     FROM c
 )
 SELECT id::text FROM c;
@@ -1088,6 +1089,13 @@ ev AS (
     FROM c
 )
 SELECT status FROM c;
+
+-- name: card_in_flight
+-- Seconds since card $1 started executing, when it is `executing`, not flagged, and
+-- started less than $2 seconds ago (a provider call may be in flight); no row otherwise.
+SELECT extract(epoch FROM now() - executing_since)::float8 FROM cards
+WHERE id = $1 AND status = 'executing' AND NOT needs_reconciliation
+  AND executing_since > now() - make_interval(secs => $2);
 
 -- name: card_reconcile_flag
 UPDATE cards SET needs_reconciliation = $2 WHERE id = $1;

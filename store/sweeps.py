@@ -6,11 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from signoff.runtime.cards import Card, Status
-from signoff.runtime.errors import CardNotFound, IllegalTransition
+from signoff.runtime.errors import CardNotFound, Conflict, IllegalTransition
 from signoff.store import rows
 from signoff.store.cards import move_in
 from signoff.store.connector import Conn, Connector
 from signoff.store.queries import SQL
+
+ELSEWHERE = (
+    "started before this continuation (by the run's previous holder, or a reply that was "
+    "lost); outcome unknown"
+)
 
 
 class Sweeps:
@@ -51,11 +56,14 @@ class Sweeps:
 
         return await self._db.transaction(go)
 
-    async def flag_elsewhere(self, run_id: str, holder: str, card_ids: list[str]) -> list[str]:
-        """Flag the run's cards still ``executing`` (started by its previous holder) for
-        reconciliation, audited, while ``holder`` holds the run; the ids flagged."""
+    async def flag_elsewhere(
+        self, run_id: str, holder: str, card_ids: list[str], reason: str = ELSEWHERE
+    ) -> list[str]:
+        """Flag the run's cards still ``executing`` (started by its previous holder, or by
+        ``holder`` with a call left unanswered) for reconciliation, audited with
+        ``reason``, while ``holder`` holds the run; the ids flagged."""
         ids = [rows.uuid_of(c) for c in card_ids]
-        found = await self._db.fetch(SQL.cards_flag_elsewhere, ids, run_id, holder)
+        found = await self._db.fetch(SQL.cards_flag_elsewhere, ids, run_id, holder, reason)
         return [r["id"] for r in found]
 
     async def late_outcome(
@@ -68,7 +76,15 @@ class Sweeps:
         )
         return None if found is None else Status(found)
 
-    async def reconcile(self, card_id: str, *, executed: bool, actor: str, note: str) -> Card:
+    async def reconcile(
+        self,
+        card_id: str,
+        *,
+        executed: bool,
+        actor: str,
+        note: str,
+        in_flight_seconds: float | None = None,
+    ) -> Card:
         """An operator settles a card stuck in ``executing`` after checking the provider.
 
         ``executing -> executed|failed`` with the operator and their note in the audit;
@@ -79,6 +95,17 @@ class Sweeps:
         cid = rows.uuid_of(card_id)
 
         async def go(conn: Conn) -> Card:
+            if in_flight_seconds is not None:
+                since = await conn.fetchval(SQL.card_in_flight, cid, in_flight_seconds)
+                if since is not None:
+                    raise Conflict(
+                        f"card {card_id} started executing {since:.0f} s ago and is not "
+                        "flagged: its worker may still be calling the provider (for up to "
+                        f"{in_flight_seconds:g} s: SIGNOFF_LEASE_SECONDS + "
+                        "SIGNOFF_TOOL_TIMEOUT_SECONDS), and its answer would contradict "
+                        "yours. Wait, or reconcile with --force",
+                        card_id=card_id,
+                    )
             moved = await move_in(
                 conn,
                 cid,

@@ -150,6 +150,16 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "The card expired without a decision; nothing was done.",
     ),
     (
+        re.compile(r"the user approved this, but it did not run"),
+        "Foi aprovado, mas não chegou a ser executado (a conversa seguiu antes); nada foi feito.",
+        "It was approved but did not run (the conversation moved on first); nothing was done.",
+    ),
+    (
+        re.compile(r"the user rejected this"),
+        "Certo, não fiz nada: você recusou o cartão.",
+        "OK, nothing was done: you rejected the card.",
+    ),
+    (
         re.compile(r"Superseded|sent a new message before this was decided"),
         "Esse cartão foi substituído pela sua nova mensagem; nada foi feito.",
         "That card was replaced by your newer message; nothing was done.",

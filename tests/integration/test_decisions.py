@@ -13,6 +13,7 @@ from signoff.runtime.config import Settings
 from signoff.runtime.errors import (
     AlreadyDecided,
     CardNotFound,
+    Conflict,
     Expired,
     Forbidden,
     IllegalTransition,
@@ -482,14 +483,26 @@ async def test_stuck_execution_is_flagged_never_retried(database_url: str) -> No
         assert await h.store.begin_execution(card.id, "worker:other") is None  # one winner
         # (The database is shared by the session's tests: other tests' cards are ignored.)
         assert card.id not in {c.id for c in await h.store.flag_stuck(3600)}  # not stuck yet
+        # An operator settling it now, unflagged, started a moment ago: its worker may be
+        # inside the provider call (integrity probe F1: the call then charged a card
+        # settled `failed`). `signoff cards reconcile` passes a lease + a tool deadline.
+        with pytest.raises(Conflict, match="may still be calling the provider"):
+            await h.store.reconcile(
+                card.id, executed=False, actor="operator", note="early", in_flight_seconds=60
+            )
+        assert (await h.store.get_card(card.id)).status is Status.EXECUTING  # unchanged
         flagged = [c for c in await h.store.flag_stuck(0) if c.id == card.id]
         assert [c.id for c in flagged] == [card.id]
         assert flagged[0].needs_reconciliation
         assert flagged[0].status is Status.EXECUTING
         assert card.id not in {c.id for c in await h.store.flag_stuck(0)}  # flagged once
         assert await h.charges() == 0  # nothing retried it
-        done = await h.store.reconcile(
-            card.id, executed=False, actor="operator", note="no charge at the provider"
+        done = await h.store.reconcile(  # flagged: settled at once, however recent
+            card.id,
+            executed=False,
+            actor="operator",
+            note="no charge at the provider",
+            in_flight_seconds=60,
         )
         assert not done.needs_reconciliation
         assert done.status is Status.FAILED
@@ -618,8 +631,14 @@ async def test_an_execution_that_hangs_is_an_unknown_outcome_asked_again_with_it
         await h.decide(card, Decision.APPROVE)
         await h.settle()
         assert keys == [card.operation_id] * 3
-        assert (await h.store.get_card(card.id)).status is Status.EXECUTING
-        assert "outcome is unknown" in (await h.tool_result(card)).content
+        left = await h.store.get_card(card.id)
+        # Flagged at once (integrity probe F2: the model was told "flagged for an
+        # operator" while nothing listed it for SIGNOFF_STUCK_AFTER_SECONDS), audited.
+        assert left.status is Status.EXECUTING and left.needs_reconciliation
+        flag = (await h.store.card_events(card.id))[-1]
+        assert flag.to_status == "executing" and "answer is unknown" in flag.detail["reason"]
+        told = (await h.tool_result(card)).content
+        assert "outcome is unknown" in told and "flagged for an operator" in told
 
 
 async def test_recording_the_outcome_of_a_flagged_card_clears_its_flag(

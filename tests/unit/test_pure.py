@@ -262,8 +262,22 @@ def test_dangling_result_tells_what_became_of_the_call() -> None:
     from signoff.runtime.records import ToolUseOutcome
 
     assert dangling_result(None) == (DANGLING, True)
-    for status in ("pending", "superseded", "invalidated", "rejected", "expired", "approved"):
+    for status in ("pending", "superseded", "expired"):
         assert dangling_result(ToolUseOutcome(status)) == (DANGLING, True)
+    # The person decided these: never "before this was decided" (integrity probe F3).
+    reason = {"en": "a new message arrived first", "pt-BR": "chegou uma mensagem"}
+    text, is_error = dangling_result(ToolUseOutcome("invalidated", {"reason": reason}))
+    assert is_error and text == (
+        "Not completed: the user approved this, but it did not run (a new message arrived "
+        "first). Nothing was executed."
+    )
+    text, _ = dangling_result(ToolUseOutcome("approved"))
+    assert "the user approved this" in text and "before this was decided" not in text
+    text, _ = dangling_result(ToolUseOutcome("rejected", None, "wrong amount"))
+    assert (
+        text
+        == "Not completed: the user rejected this (reason: wrong amount). Nothing was executed."
+    )
     assert dangling_result(ToolUseOutcome("executing")) == (EXECUTING, True)
     text, is_error = dangling_result(ToolUseOutcome("executed", {"id": "pix-1"}))
     assert not is_error and '"pix-1"' in text
