@@ -84,15 +84,20 @@
     return node;
   }
 
+  // The sign-in is the browser's (localStorage): a thread opened in a new tab (each
+  // list line is a link) is signed in too, until the token expires or "Sign out". The
+  // open thread is the tab's own (sessionStorage).
+  function area(key) { return key === TOKEN_KEY ? localStorage : sessionStorage; }
+
   function store(key, value) {
     try {
-      if (value === null || value === undefined) sessionStorage.removeItem(key);
-      else sessionStorage.setItem(key, value);
+      if (value === null || value === undefined) area(key).removeItem(key);
+      else area(key).setItem(key, value);
     } catch (e) { /* storage disabled: the URL still carries the thread */ }
   }
 
   function stored(key) {
-    try { return sessionStorage.getItem(key); } catch (e) { return null; }
+    try { return area(key).getItem(key); } catch (e) { return null; }
   }
 
   function frameId() { return 'c' + (state.nextId++); }

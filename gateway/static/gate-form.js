@@ -28,7 +28,7 @@
   }
 
   function token() {
-    try { return sessionStorage.getItem(TOKEN_KEY); } catch (e) { return null; }
+    try { return localStorage.getItem(TOKEN_KEY); } catch (e) { return null; }
   }
 
   function api(method, path, body) {

@@ -109,7 +109,7 @@ async def test_login_form_phone_width_and_balance(chat: Chat) -> None:
         b = await ui.get_by_role("button", name=name).bounding_box()
         assert b is not None and b["x"] + b["width"] <= 375 and b["height"] >= 40, (name, b)
     await chat.shot("2-card-375")
-    # The token lives in sessionStorage (not in the URL); a reload keeps the session.
+    # The token lives in the browser's storage (not in the URL); a reload keeps the session.
     assert "token" not in page.url
     await page.reload()
     await expect(page.locator("#conn")).to_have_text("Online")
@@ -188,6 +188,26 @@ async def test_a_link_never_swaps_the_signed_in_user_silently(chat: Chat) -> Non
     await page.goto("about:blank")
     await page.goto(chat.url + f"#token={chat.h.token(other)}")
     await expect(page.locator("#who")).to_have_text(f"Signed in as {other}")
+
+
+async def test_a_thread_opened_in_a_new_tab_is_signed_in(chat: Chat) -> None:
+    """The newcomer probe: a thread of the list opened in a new tab (each line is a
+    ``?thread=`` link), or its address pasted into one, asked for a token again (the
+    sign-in was the tab's). It is the browser's now: the new tab opens the thread
+    signed in, and signing out in one tab signs the next page load of any out."""
+    page = chat.page
+    await chat.open()
+    await chat.say("cobre 150 do João")
+    [card] = await chat.wait_cards(1)
+    second = await chat.context.new_page()
+    await second.goto(chat.url + f"?thread={card.thread_id}")
+    await expect(second.locator("#conn")).to_have_text("Online")
+    await expect(second.locator("#who")).to_have_text(f"Signed in as {chat.user}")
+    await expect(second.locator(f"#card-{card.id}")).to_have_attribute("data-status", "pending")
+    await second.get_by_role("button", name="Sign out").click()
+    await page.reload()
+    await expect(page.get_by_role("region", name="Sign in")).to_be_visible()
+    await second.close()
 
 
 async def test_a_link_signs_in_a_tab_whose_session_has_expired(chat: Chat) -> None:
