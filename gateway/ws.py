@@ -373,6 +373,15 @@ class Connection:
                             "text": hint.delta,
                         }
                     )
+                elif hint.notice:  # a run's passing state, ephemeral
+                    await self.send(
+                        {
+                            "type": "notice",
+                            "thread_id": _t,
+                            "run_id": hint.run_id,
+                            "notice": hint.notice,
+                        }
+                    )
                 elif not (hint.entries and await self.deliver(_t, hint.entries)):
                     await self.catch_up(_t)
 

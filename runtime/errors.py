@@ -201,6 +201,13 @@ class ConfigError(SignoffError):
     code = "config"
 
 
+class ModelUnavailable(Unavailable):
+    """The model's API did not answer (unreachable, timed out, overloaded, 5xx): the turn
+    is tried again with backoff, and the chat is told the model cannot be reached."""
+
+    code = "model_unavailable"
+
+
 class ModelRefused(SignoffError):
     """The model's API refused a request for a reason waiting does not change: a wrong or
     revoked API key (401), no access (403), a model name that does not exist (404), a

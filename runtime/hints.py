@@ -36,6 +36,7 @@ class Hint(msgspec.Struct, frozen=True, omit_defaults=True):
     delta: str = ""
     run_id: str = ""
     entries: list[WireEntry] = msgspec.field(default_factory=list)
+    notice: str = ""  # a run's passing state, written by code ("model_unavailable")
 
 
 RELOAD = b'{"seq":-1}'
@@ -64,3 +65,9 @@ def of_entries(entries: Iterable[Entry]) -> bytes:
 
 def of_delta(seq: int, delta: str, run_id: str) -> bytes:
     return _enc.encode(Hint(seq=seq, delta=delta, run_id=run_id))
+
+
+def of_notice(notice: str, run_id: str) -> bytes:
+    """A run's passing state for the chat (ephemeral, never stored): ``notice`` is a code
+    the page words in the person's language."""
+    return _enc.encode(Hint(seq=0, notice=notice, run_id=run_id))

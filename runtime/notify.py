@@ -117,6 +117,21 @@ class Notifier:
             "text delta",
         )
 
+    async def run_notice(self, run_id: str, notice: str) -> bool:
+        """A run's passing state on its thread (``hints.of_notice``), e.g. the model cannot
+        be reached. A hint: never raises."""
+        try:
+            run = await self.runs.get_run(run_id)
+        except Exception as exc:
+            log.debug("notice for run %s not sent: %s", run_id, exc)
+            return False
+        return await quietly(
+            self.bus.publish(
+                self.keys.thread_channel(run.thread_id), hints.of_notice(notice, run_id)
+            ),
+            "run notice",
+        )
+
     async def moved(self, moved: Moved | None) -> Card | None:
         """Hint a committed card change to its thread; the card as it left it (None: no
         change was made)."""

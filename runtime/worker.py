@@ -25,6 +25,7 @@ from signoff.runtime.cards import Card
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import (
     ExecutingElsewhere,
+    ModelUnavailable,
     NotFound,
     RunInactive,
     SignoffError,
@@ -344,8 +345,7 @@ class Worker:
     async def wake(self, run_id: str, attempt: int = 0) -> None:
         try:
             # Bounded: past the pool's size, continuations would only queue for a pooled
-            # connection, and one that waits past the store timeout fails mid-step (after
-            # the provider acted, a card is then left `executing` for an operator).
+            # connection, and one waiting past the store timeout fails mid-step.
             async with self._step_slots:
                 logs.bind(run_id=run_id)  # this task's lines carry the run's id
                 started = time.monotonic_ns()
@@ -362,6 +362,8 @@ class Worker:
             level = logging.INFO if isinstance(exc, ExecutingElsewhere) else logging.WARNING
             log.log(level, "continuing run %s: %s; again in %.1fs", run_id, exc, delay)
             self.wakes.later(run_id, attempt + 1, delay)
+            if isinstance(exc, ModelUnavailable):  # the chat said "working…" and nothing else
+                self.spawn(self.notify.run_notice(run_id, "model_unavailable"))
             return
         except Exception as exc:
             COUNTERS.inc("signoff_handler_errors_total")
@@ -376,12 +378,10 @@ class Worker:
             self.waits.drop_run(run_id)
 
     async def _hand_over(self, run_id: str, exc: UnknownTool, attempt: int = 0) -> None:
-        """An approved card of the run names a tool this worker does not serve: another
-        version of the app proposed it. It is not invalidated for a version skew: the card
-        stays approved and the run goes to a live worker that serves the tool (released:
-        the next worker to adopt takes it; one that does not serve the tool either hands
-        it on again). With no such worker alive, the run stays here and is looked at
-        again later, so a worker of the right version that starts meanwhile gets it."""
+        """An approved card of the run names a tool this worker does not serve (another
+        version of the app proposed it): not invalidated; the run goes to a live worker
+        that serves the tool (released: the next adopter takes it, or hands it on). With
+        none alive, it stays here and is looked at again later (design note 21)."""
         self.waits.drop_run(run_id)
         try:
             handed = await self.store.hand_over_run(

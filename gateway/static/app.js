@@ -348,6 +348,7 @@
       case 'ack': return onAck(f);
       case 'event': return onEvent(f);
       case 'delta': return onDelta(f);
+      case 'notice': return onNotice(f);
       case 'resolved': return onResolved(f);
       case 'error': return onError(f);
       case 'threads': return onThreads(f);
@@ -445,6 +446,7 @@
       el.transcript.appendChild(bubble);
     }
     stream.text += f.text;
+    state.notice = null;  // the model answers again
     var shown = state.finalText.get(f.run_id);
     if (shown !== undefined && shown.indexOf(stream.text) === 0) {
       stream.el.hidden = true;
@@ -455,6 +457,15 @@
     }
     renderThinking();
     scrollToEnd();
+  }
+
+  // A run's passing state (the model cannot be reached: the turn is tried again): said
+  // beside "working…" until the run streams, writes or ends.
+  function onNotice(f) {
+    if (f.thread_id !== state.threadId || state.doneRuns.has(f.run_id)) return;
+    if (f.notice !== 'model_unavailable') return;
+    state.notice = { run: f.run_id, key: 'notice.modelUnavailable' };
+    renderThinking();
   }
 
   function adoptThread(threadId) {
@@ -1155,6 +1166,8 @@
     state.streams.forEach(function (st) { if (!st.el.hidden) streaming = true; });
     var working = !!state.activeRun && !streaming &&
       !pendingCards().some(function (e) { return e.card.run_id === state.activeRun; });
+    if (state.notice && (!working || state.notice.run !== state.activeRun)) state.notice = null;
+    el.thinking.textContent = state.notice ? t('thinking') + ' ' + t(state.notice.key) : t('thinking');
     el.thinking.hidden = !working;
   }
 

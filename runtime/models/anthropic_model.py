@@ -14,7 +14,7 @@ from typing import Any, cast
 import anthropic
 from anthropic.types import ContentBlock, MessageParam, ToolUnionParam
 
-from signoff.runtime.errors import ConfigError, ModelRefused, Unavailable
+from signoff.runtime.errors import ConfigError, ModelRefused, ModelUnavailable
 from signoff.runtime.models.base import Block, Message, ModelReply, TextSink, ToolSpec
 
 __all__ = ["AnthropicModel", "blocks_to_dicts"]
@@ -99,7 +99,7 @@ class AnthropicModel:
         Streaming: every ``text_delta`` goes to ``on_text`` as it arrives.
         Non-streaming: each text block goes to ``on_text`` once, whole.
         SDK connection errors and HTTP statuses a later try may not see again (408, 409,
-        429, 5xx) become :class:`Unavailable` (the step is tried again); the others, a
+        429, 5xx) become :class:`ModelUnavailable` (the step is tried again); the others, a
         wrong key or a request the API will not take, :class:`ModelRefused` (the run
         fails, and says why).
         """
@@ -141,7 +141,7 @@ class AnthropicModel:
                             await on_text(block["text"])
         except anthropic.APIStatusError as exc:
             refused = exc.status_code in REFUSED
-            raise (ModelRefused if refused else Unavailable)(
+            raise (ModelRefused if refused else ModelUnavailable)(
                 f"Anthropic API answered {exc.status_code}: {exc.api_message or exc.message}",
                 status=exc.status_code,
                 error_type=exc.type,
@@ -149,11 +149,11 @@ class AnthropicModel:
                 model=self.model,
             ) from exc
         except anthropic.APIConnectionError as exc:
-            raise Unavailable(
+            raise ModelUnavailable(
                 f"Anthropic API unreachable: {exc.message}", model=self.model
             ) from exc
         except anthropic.APIResponseValidationError as exc:
-            raise Unavailable(
+            raise ModelUnavailable(
                 f"Anthropic API sent an unexpected response: {exc.message}",
                 status=exc.status_code,
                 model=self.model,

@@ -87,3 +87,27 @@ async def test_a_newline_in_a_stored_summary_draws_no_line(chat: Chat) -> None:
     shown = await summary.inner_text()
     assert "\n" not in shown and shown.count("Valor") == 2
     await chat.shot("stored-newline")
+
+
+async def test_a_model_that_does_not_answer_is_said_beside_working(
+    chat_factory: Callable[..., Awaitable[Chat]],
+) -> None:
+    """The newcomer probe: with the model's API unreachable the page said "working…" for
+    ever. The worker's `model_unavailable` notice is shown beside it, in the page's
+    language, until the model answers."""
+    failures = {"left": 4}  # tried again after 0.5, 1, 2 and 4 s
+
+    def responder(body: dict[str, object]) -> ScriptedReply:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("overloaded")  # 500 api_error
+        return ScriptedReply([text("Olá! Em que posso ajudar?")], "end_turn")
+
+    with FakeMessagesServer(responder=responder) as server:
+        chat = await chat_factory(fake=server)
+        await chat.open()
+        await chat.say("oi")
+        thinking = chat.page.locator("#thinking")
+        await expect(thinking).to_contain_text("cannot be reached right now; still trying")
+        await expect(chat.page.locator(".msg.assistant").last).to_contain_text("Em que posso")
+        await expect(thinking).to_be_hidden()

@@ -217,6 +217,55 @@ async def test_a_wrong_api_key_fails_the_run_and_says_so(database_url: str) -> N
             assert f.remaining == 1
 
 
+async def test_a_model_that_does_not_answer_is_said_in_the_chat_while_tried_again(
+    database_url: str,
+) -> None:
+    """The newcomer probe: with the model's API unreachable, the chat showed "working…"
+    for ever (the turn retried without end, the reason only in the server log). Each
+    failed attempt past the first sends the thread a `model_unavailable` notice (never
+    stored); the turn goes on once the API answers."""
+    import asyncio
+
+    from signoff.runtime.hints import decode
+    from signoff.runtime.keys import Keys
+
+    failures = {"left": 3}
+
+    def responder(body: dict[str, Any]) -> ScriptedReply:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("overloaded")  # the fake answers 500 api_error
+        return ScriptedReply([text("oi")], "end_turn")
+
+    with FakeMessagesServer(responder=responder) as f:
+        async with harness(database_url, fake=f) as h:
+            thread = await h.thread("erin")
+            channel = Keys(h.settings.key_prefix).thread_channel(thread)
+            notices: list[str] = []
+
+            async def listen() -> None:
+                async with h.bus.subscribe(channel) as sub:
+                    async for raw in sub:
+                        if (hint := decode(raw)).notice:
+                            notices.append(hint.notice)
+
+            listening = asyncio.create_task(listen())
+            await asyncio.sleep(0.2)
+            try:
+                await h.say(thread, "oi", "erin")
+                for _ in range(200):
+                    run = await h.store.active_run(thread)
+                    if run is None:
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                listening.cancel()
+            assert "model_unavailable" in notices, notices
+            entries = await h.store.entries_after(thread, 0, 100)
+            assert [e.kind for e in entries][-2:] == ["assistant", "run"]
+            assert all(e.kind != "notice" for e in entries)  # never stored
+
+
 async def test_a_sale_refunded_in_full_gets_no_card_of_nothing(database_url: str) -> None:
     """The newcomer's find: refunding a sale already refunded in full proposed a card of
     R$ 0,00, and confirming it "executed" a refund of nothing. It is refused with the
