@@ -27,6 +27,26 @@
     return node;
   }
 
+  // The page's words in the person's language (i18n.js), English if it is not loaded.
+  var I = window.SignoffI18n || null;
+  var EN = {
+    'gate.needed': 'Your decision is needed', 'gate.until': 'until {when}',
+    'gate.submit': 'Submit', 'gate.refused': 'Refused ({status})',
+    'gate.offline': 'Could not reach the server; try again.',
+    'gate.sent': 'Sent: {workflow} goes on.', 'gate.yes': 'Yes', 'gate.no': 'No',
+    'gate.approve': 'Approve', 'gate.reject': 'Reject', 'gate.edit': 'Edit and approve',
+    'gate.region': 'Workflow decisions'
+  };
+  function tr(key, vars) {
+    var text = I ? I.t(key, vars) : key;
+    if (text === key) {
+      text = EN[key] || key;
+      Object.keys(vars || {}).forEach(function (k) { text = text.replace('{' + k + '}', vars[k]); });
+    }
+    return text;
+  }
+  function locale() { return I ? I.locale() : undefined; }
+
   function token() {
     try { return localStorage.getItem(TOKEN_KEY); } catch (e) { return null; }
   }
@@ -52,7 +72,7 @@
     if (!chat) return null;
     box = make('section', 'gates');
     box.id = 'gates';
-    box.setAttribute('aria-label', 'Workflow decisions');
+    box.setAttribute('aria-label', tr('gate.region'));
     box.hidden = true;
     chat.insertBefore(box, chat.firstChild);
     return box;
@@ -69,7 +89,29 @@
     var id = fieldId(runId, name);
     var type = prop.type;
     var input;
-    if (type === 'boolean') {
+    if (type === 'boolean' && required) {
+      // A required yes/no is asked, never defaulted: an unticked box sent `false` (a
+      // rejection) for a person who only pressed Submit.
+      var group = make('fieldset', 'gate-choice');
+      group.appendChild(make('legend', null, labelOf(name, prop) + ' *'));
+      [['true', tr('gate.yes')], ['false', tr('gate.no')]].forEach(function (pair) {
+        var radio = make('input');
+        radio.type = 'radio';
+        radio.name = name;
+        radio.value = pair[0];
+        radio.required = true;
+        radio.id = id + '-' + pair[0];
+        radio.dataset.type = 'boolean-choice';
+        var text = make('label', null, pair[1]);
+        text.htmlFor = radio.id;
+        group.appendChild(radio);
+        group.appendChild(text);
+      });
+      row.appendChild(group);
+      if (prop.description) row.appendChild(make('p', 'gate-help', prop.description));
+      form.appendChild(row);
+      return;
+    } else if (type === 'boolean') {
       input = make('input');
       input.type = 'checkbox';
       input.checked = prop['default'] === true;
@@ -107,6 +149,20 @@
     var row = make('fieldset', 'gate-card');
     row.dataset.cardId = card.id;
     row.appendChild(make('legend', null, card.summary));
+    // The values the tool keeps apart from the summary (a note, an address): the
+    // decision is on them too.
+    var fields = card.impact && card.impact.fields;
+    if (fields && typeof fields === 'object') {
+      var dl = make('dl', 'gate-card-fields');
+      (Array.isArray(fields) ? fields : Object.keys(fields).map(function (k) {
+        return { label: k, value: fields[k] };
+      })).forEach(function (f) {
+        if (!f || typeof f.label !== 'string') return;
+        dl.appendChild(make('dt', null, f.label));
+        dl.appendChild(make('dd', null, String(f.value)));
+      });
+      if (dl.childNodes.length) row.appendChild(dl);
+    }
     var editable = Array.isArray(card.editable) ? card.editable : [];
     var edits = make('div', 'gate-edits');
     edits.hidden = true;
@@ -120,8 +176,7 @@
       input.id = id;
       input.required = true;
       input.addEventListener('change', function () { edits.hidden = choice !== 'edit'; });
-      var label = make('label', null,
-        { approve: 'Approve', reject: 'Reject', edit: 'Edit and approve' }[choice]);
+      var label = make('label', null, tr('gate.' + choice));
       label.htmlFor = id;
       row.appendChild(input);
       row.appendChild(label);
@@ -169,6 +224,7 @@
     form.querySelectorAll('input, select').forEach(function (input) {
       if (!input.name || input.dataset.edit) return;
       var type = input.dataset.type;
+      if (type === 'boolean-choice') { if (input.checked) out[input.name] = input.value === 'true'; return; }
       if (type === 'boolean') { out[input.name] = input.checked; return; }
       if (input.value === '') return; // optional and empty: the schema's default applies
       if (type === 'integer') out[input.name] = Number(input.value);
@@ -184,9 +240,11 @@
     form.dataset.runId = run.id;
     form.dataset.interruptId = gate.id;
     form.setAttribute('aria-label', run.workflow + ': ' + (gate.reason || gate.step_name));
-    form.appendChild(make('h3', 'gate-title', gate.reason || 'Your decision is needed'));
-    form.appendChild(make('p', 'gate-meta', run.workflow + ' · ' + gate.step_name +
-      (gate.deadline ? ' · until ' + new Date(gate.deadline).toLocaleString() : '')));
+    form.appendChild(make('h3', 'gate-title', gate.reason || tr('gate.needed')));
+    var until = gate.deadline
+      ? ' · ' + tr('gate.until', { when: new Date(gate.deadline).toLocaleString(locale()) })
+      : '';
+    form.appendChild(make('p', 'gate-meta', run.workflow + ' · ' + gate.step_name + until));
     var schema = gate.schema || {};
     if (Array.isArray(schema[CARDS_KEY])) {
       schema[CARDS_KEY].forEach(function (card) { addCard(form, run.id, card); });
@@ -199,7 +257,7 @@
     }
     var error = make('p', 'form-error gate-error');
     error.setAttribute('role', 'alert');
-    var submit = make('button', 'confirm', 'Submit');
+    var submit = make('button', 'confirm', tr('gate.submit'));
     submit.type = 'submit';
     form.appendChild(submit);
     form.appendChild(error);
@@ -213,25 +271,40 @@
         .then(function (res) {
           if (res.ok) {
             remove(run.id);
+            said(tr('gate.sent', { workflow: run.workflow }));
             return;
           }
           var d = res.data || {};
-          error.textContent = d.message || ('Refused (' + res.status + ')');
+          error.textContent = d.message || tr('gate.refused', { status: res.status });
           submit.disabled = false;
         })
         .catch(function () {
-          error.textContent = 'Could not reach the server; try again.';
+          error.textContent = tr('gate.offline');
           submit.disabled = false;
         });
     });
     return form;
   }
 
+  // What a submit did, said under the gates for a while (the form itself is gone).
+  function said(text) {
+    var root = container();
+    if (!root) return;
+    var line = make('p', 'gate-sent', text);
+    line.setAttribute('role', 'status');
+    root.appendChild(line);
+    root.hidden = false;
+    window.setTimeout(function () {
+      if (line.parentNode) line.parentNode.removeChild(line);
+      if (box) box.hidden = shown.size === 0 && !box.querySelector('.gate-sent');
+    }, 6000);
+  }
+
   function remove(runId) {
     var entry = shown.get(runId);
     if (entry && entry.form.parentNode) entry.form.parentNode.removeChild(entry.form);
     shown.delete(runId);
-    if (box) box.hidden = shown.size === 0;
+    if (box) box.hidden = shown.size === 0 && !box.querySelector('.gate-sent');
   }
 
   // ------------------------------------------------------------------ polling

@@ -72,14 +72,23 @@ async def test_a_pending_gate_is_a_form_that_resumes_the_run(h: Harness, browser
         await expect(form).to_be_visible()
         await expect(form.get_by_role("heading")).to_have_text("Approve the payout")
         # one control per declared field, typed from the schema
-        await expect(form.get_by_label("approved")).to_have_attribute("type", "checkbox")
+        # A required yes/no is asked (a checkbox left unticked sent a rejection for a
+        # person who only pressed Submit: the newcomer probe).
+        yes, no = form.get_by_label("Yes", exact=True), form.get_by_label("No", exact=True)
+        await expect(yes).to_have_attribute("type", "radio")
+        await expect(yes).not_to_be_checked()
+        await expect(no).not_to_be_checked()
         amount = form.get_by_label("Amount (cents) *")
         await expect(amount).to_have_attribute("type", "number")
         await expect(amount).to_have_attribute("min", "1")
         await expect(form.locator("select[name=rail] option")).to_have_count(2)
         await expect(form.get_by_text("Three capitals.")).to_be_visible()
-        await form.get_by_label("approved").check()
         await amount.fill("1500")
+        await form.get_by_label("code *").fill("ABC")
+        await form.get_by_role("button", name="Submit").click()  # no answer to "approved"
+        still, _ = await h.workflows.get(run.id, tenant=h.tenant, user=user)
+        assert still.status == "awaiting_human"  # the browser asked for it first
+        await yes.check()
         await form.get_by_label("code *").fill("abc")  # the server's schema refuses it
         await form.get_by_role("button", name="Submit").click()
         await expect(form.get_by_role("alert")).to_contain_text("invalid payload")
@@ -89,6 +98,7 @@ async def test_a_pending_gate_is_a_form_that_resumes_the_run(h: Harness, browser
         await form.locator("select[name=rail]").select_option("ted")
         await form.get_by_role("button", name="Submit").click()
         await expect(form).to_have_count(0)
+        await expect(page.locator(".gate-sent")).to_have_text("Sent: payout goes on.")
         done = await wait_status(h, run.id, user, "completed")
         assert {k: done.state[k] for k in ("approved", "amount", "code", "rail", "paid")} == {
             "approved": True,
@@ -184,3 +194,24 @@ async def test_a_workflows_thread_shows_its_cards_and_takes_no_message(
             await expect(page.locator("#text")).to_be_enabled()
         finally:
             await context.close()
+
+
+async def test_a_gate_form_speaks_the_persons_language(h: Harness, browser: Browser) -> None:
+    """The newcomer probe: "Submit", "until …" and the form's messages stayed English on
+    a Portuguese page."""
+    user = unique_user()
+    run = await h.workflows.start("payout", tenant=h.tenant, owner=user)
+    await wait_status(h, run.id, user, "awaiting_human")
+    context = await browser.new_context(locale="pt-BR")
+    try:
+        page = await context.new_page()
+        await page.goto(f"{h.base_url}/#token={h.token(user)}")
+        form = page.locator(f'form.gate[data-run-id="{run.id}"]')
+        await expect(form.get_by_role("button", name="Enviar")).to_be_visible()
+        await expect(form.get_by_label("Sim", exact=True)).to_have_attribute("type", "radio")
+        await expect(form.get_by_label("Não", exact=True)).to_be_visible()
+        await expect(
+            page.get_by_role("region", name="Decisões de fluxos de trabalho")
+        ).to_be_visible()
+    finally:
+        await context.close()
