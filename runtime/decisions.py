@@ -271,7 +271,7 @@ class Decisions:
             # those values would otherwise collide with the card it left (a 409).
             return msgspec.structs.replace(new, request_key=f"{new.request_key}:edit:{card.id}")
         except ToolValidationError as exc:
-            raise InvalidInput(exc.message) from exc
+            raise InvalidInput(exc.message, **exc.detail) from exc
         except (SignoffError, OSError):
             raise  # typed already, or a backing service down (503): not the values' fault
         except Exception as exc:

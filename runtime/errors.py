@@ -29,9 +29,19 @@ class InvalidInput(SignoffError):
 
 
 class ToolValidationError(InvalidInput):
-    """A tool's ``prepare`` refused the model's arguments; the message goes back to the model."""
+    """A tool's ``prepare`` refused the model's arguments; the message goes back to the model.
+
+    ``message`` may be one text per language (``{"pt-BR": "...", "en": "..."}``): the
+    model is told the ``en`` one (else the first), and a person whose edit the tool
+    refused reads theirs (``detail["localized"]``, which the chat page picks from)."""
 
     code = "tool_validation"
+
+    def __init__(self, message: str | dict[str, str], **detail: Any) -> None:
+        if isinstance(message, dict):
+            detail["localized"] = dict(message)
+            message = message.get("en") or next(iter(message.values()), "")
+        super().__init__(message, **detail)
 
 
 class ToolTimedOut(SignoffError):

@@ -537,7 +537,9 @@
   }
 
   function errorText(f) {
-    var msg = f.message || '';
+    // A tool's refusal may come in several languages (detail.localized): the person's.
+    var localized = f.detail && f.detail.localized;
+    var msg = (localized && I.label(localized)) || f.message || '';
     switch (f.error) {
       case 'already_decided': return t('err.already', { msg: msg });
       case 'stale_hash': return t('err.stale');

@@ -12,6 +12,16 @@ MAX_CENTS = 100_000_000  # R$ 1.000.000,00
 _MAX_REAIS = Decimal(MAX_CENTS) / 100
 
 
+_POSITIVE = {"en": "amount must be positive", "pt-BR": "o valor deve ser maior que zero"}
+
+
+def _not_a_number(value: str) -> dict[str, str]:
+    return {
+        "en": f"amount {_shown(value)} is not a number of reais",
+        "pt-BR": f"o valor {_shown(value)} não é um número de reais (ex.: 150 ou 150,00)",
+    }
+
+
 def parse_amount(value: str | int | float) -> int:
     """Reais as the model wrote them -> cents. "150" -> 15000, "1.234,56" -> 123456.
 
@@ -19,28 +29,37 @@ def parse_amount(value: str | int | float) -> int:
     ``ToolValidationError`` (never an ``OverflowError``): 400 nines, ``1e308``, NaN.
     """
     if isinstance(value, bool):
-        raise ToolValidationError("amount must be a number of reais")
+        raise ToolValidationError(
+            {"en": "amount must be a number of reais", "pt-BR": "o valor deve ser em reais"}
+        )
     if isinstance(value, int | float):
         if isinstance(value, float) and not math.isfinite(value):
-            raise ToolValidationError("amount must be a finite number of reais")
+            raise ToolValidationError(
+                {"en": "amount must be a finite number of reais", "pt-BR": "valor inválido"}
+            )
         reais = Decimal(value)  # exact for an int or a float: no overflow, no rounding yet
     else:
         text = value.strip().replace("R$", "").replace(" ", "")
         if not re.fullmatch(r"[0-9.,]+", text or "x"):
-            raise ToolValidationError(f"amount {_shown(value)} is not a number of reais")
+            raise ToolValidationError(_not_a_number(value))
         text = _decimal_point(text)
         try:
             reais = Decimal(text)
         except InvalidOperation as exc:
-            raise ToolValidationError(f"amount {_shown(value)} is not a number of reais") from exc
+            raise ToolValidationError(_not_a_number(value)) from exc
     # Compared before any arithmetic: a Decimal comparison is exact and cannot overflow.
     if reais <= 0:
-        raise ToolValidationError("amount must be positive")
+        raise ToolValidationError(_POSITIVE)
     if reais > _MAX_REAIS:
-        raise ToolValidationError("amount is above the R$ 1.000.000,00 limit")
+        raise ToolValidationError(
+            {
+                "en": "amount is above the R$ 1.000.000,00 limit",
+                "pt-BR": "o valor passa do limite de R$ 1.000.000,00",
+            }
+        )
     cents = int((reais * 100).to_integral_value(rounding=ROUND_HALF_EVEN))
     if cents <= 0:
-        raise ToolValidationError("amount must be positive")
+        raise ToolValidationError(_POSITIVE)
     return cents
 
 

@@ -186,6 +186,11 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "You already rejected exactly this a moment ago; I will not propose it again.",
     ),
     (
+        re.compile(r"Denied by policy: Pix charges above (R\$ [\d.,]+)"),
+        "A política desta conta não permite cobranças Pix acima de {0} pelo chat.",
+        "This account's policy does not allow Pix charges above {0} from chat.",
+    ),
+    (
         re.compile(r"Denied by policy"),
         "A política desta conta não permite isso.",
         "This account's policy does not allow that.",
@@ -231,9 +236,19 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "That is not a valid e-mail address.",
     ),
     (
+        re.compile(r"amount must be positive"),
+        "O valor precisa ser maior que zero.",
+        "The amount must be more than zero.",
+    ),
+    (
+        re.compile(r"amount is above"),
+        "Esse valor passa do limite de R$ 1.000.000,00.",
+        "That amount is above the R$ 1,000,000.00 limit.",
+    ),
+    (
         re.compile(r"amount"),
-        "Esse valor não é válido (use reais, até R$ 1.000.000,00).",
-        "That amount is not valid (reais, up to R$ 1,000,000.00).",
+        "Esse valor não é um número de reais (ex.: 150 ou 150,00).",
+        "That amount is not a number of reais (e.g. 150 or 150.00).",
     ),
 ]
 

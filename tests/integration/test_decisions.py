@@ -194,6 +194,31 @@ async def test_edit_outside_whitelist_refused_allowed_edit_links_new_card(
         assert await h.charges() == 1
 
 
+async def test_an_edit_the_tool_refuses_says_why_in_each_language(database_url: str) -> None:
+    """The newcomer probe: "Inválido: amount 'abc' is not a number of reais" on a
+    Portuguese page. A tool's refusal may be given per language (``ToolValidationError``
+    with a ``Label``); the error carries them all (``detail.localized``) and the English
+    one as its message; nothing changes."""
+    async with harness(database_url, model=Scripted(pix("9"))) as h:
+        card = await one_card(h)
+        from signoff.runtime.decisions import Resolution
+
+        with pytest.raises(InvalidInput) as refused:
+            await h.decisions.resolve(
+                card.id,
+                Resolution(
+                    decision=Decision.EDIT,
+                    snapshot_hash=card.snapshot_hash,
+                    edits={"amount": "abc"},
+                ),
+                principal="alice",
+                channel="test",
+            )
+        assert refused.value.message == "amount 'abc' is not a number of reais"
+        assert "não é um número de reais" in refused.value.detail["localized"]["pt-BR"]
+        assert (await h.store.get_card(card.id)).status is Status.PENDING
+
+
 async def test_an_edit_back_to_the_proposed_values_is_a_new_card(database_url: str) -> None:
     """150 -> 200 -> 150: the person changes their mind back. The third card carries the
     model's original values and is decidable (it was a 409 "an identical card already

@@ -373,3 +373,15 @@ def test_a_request_in_the_negative_proposes_nothing(text: str, lang: str) -> Non
     said = reply.text()
     assert ("nada foi proposto" if lang == "pt" else "nothing was proposed") in said, said
     assert intent("cobre 150 do João, não do Zé") is not None  # a "não" later is not one
+
+
+def test_refusals_name_the_limit_and_the_sign_in_the_persons_language() -> None:
+    """The newcomer probe: "cobre -5" was told "use reais, up to R$ 1.000.000,00" and a
+    charge over the policy's limit "policy does not allow that", with no limit named."""
+    from signoff.demo.offline_words import not_done
+
+    policy = "Denied by policy: Pix charges above R$ 10.000,00 are not allowed from chat"
+    assert "acima de R$ 10.000,00" in not_done(policy, "pt")
+    assert "above R$ 10.000,00" in not_done(policy, "en")
+    assert not_done("amount must be positive", "pt") == "O valor precisa ser maior que zero."
+    assert "limite" in not_done("amount is above the R$ 1.000.000,00 limit", "pt")
