@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from signoff import __version__
 from signoff.gateway.service import BatchIn, MessageIn, ResolveIn
 from signoff.gateway.workflows import EventIn, ResumeIn, StartIn, openapi_paths
 from signoff.runtime.records import ThreadSummary
@@ -80,7 +81,7 @@ def build_openapi() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "signoff",
-            "version": "0.1.0",
+            "version": __version__,
             "description": "Human-in-the-loop runtime: threads, cards, decisions.",
         },
         "components": {

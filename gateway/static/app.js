@@ -992,7 +992,10 @@
     };
     if (extra.reason) frame.reason = extra.reason;
     if (extra.edits) frame.edits = extra.edits;
-    // Disable at once: a second click finds the buttons disabled and the card busy.
+    // Disable at once: a second click finds the buttons disabled and the card busy. The
+    // focus goes to the card itself (a disabled button drops it to the page's start, and a
+    // keyboard user lost their place).
+    if (entry.el.contains(document.activeElement)) entry.el.querySelector('article.card').focus();
     entry.busy = true;
     entry.error = '';
     renderCard(entry);

@@ -91,6 +91,22 @@ def usage(tools: list[ToolSpec]) -> str:
     return "\n".join(lines)
 
 
+def _help(text: str, tools: list[ToolSpec], known: set[str]) -> str:
+    """What to type instead: why the command was not one, then the commands."""
+    head = "No model is configured (set ANTHROPIC_API_KEY to use Claude). "
+    if not tools:
+        return head + "This app has no tools to call as commands."
+    name = text.strip()[1:].partition(" ")[0] if text.strip().startswith("/") else ""
+    if name and name not in known:
+        head += f"There is no tool {name!r}. "
+    elif name:
+        head += (
+            "Its arguments did not parse: write key=value pairs, quoting values with "
+            'spaces (title="Buy milk"), or one JSON object. '
+        )
+    return head + "Call a tool as a command, e.g.:\n" + usage(tools)
+
+
 class CommandModel:
     """Turns ``/tool key=value`` messages into tool calls; says what happened after."""
 
@@ -111,14 +127,11 @@ class CommandModel:
         if results and not texts:
             said = "\n".join(readable(r.get("content", "")) for r in results)
             return await self._text(LABEL + "Tool result: " + said, on_text)
-        command = parse_command(" ".join(texts))
+        said_text = " ".join(texts)
+        command = parse_command(said_text)
         known = {spec["name"] for spec in tools}
         if command is None or command[0] not in known:
-            return await self._text(
-                LABEL + "No model is configured (set ANTHROPIC_API_KEY to use Claude). "
-                "Call a tool as a command, e.g.:\n" + usage(tools),
-                on_text,
-            )
+            return await self._text(LABEL + _help(said_text, tools, known), on_text)
         name, data = command
         intro = LABEL + f"Calling {name}."
         if on_text is not None:

@@ -55,8 +55,11 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     await expect(page.locator("#pending-text")).to_have_text("1 confirmation pending")
     await chat.shot("1-pending")
 
-    await ui.get_by_role("button", name="Confirm").click()
+    await ui.get_by_role("button", name="Confirm").focus()
+    await chat.page.keyboard.press("Enter")
     await expect(ui).to_have_attribute("data-status", "executed")
+    # The focus stays on the card (the disabled button dropped it to the page's start).
+    await expect(ui).to_be_focused()
     await expect(ui.locator(".badge.status")).to_have_text("Executed")
     await expect(ui.locator(".outcome")).to_contain_text(
         "Approved by " + chat.user + " in the chat"
@@ -475,11 +478,16 @@ async def test_another_persons_thread_link_says_so_where_it_is_seen(chat: Chat) 
     word in a screen reader's alert (in English on a Portuguese page)."""
     await chat.open()
     card = await propose_charge(chat)
-    page = await chat.context.new_page()  # a tab of its own, signed in as someone else
-    stranger = f"intruder-{chat.user}"
-    await page.goto(f"{chat.url}?thread={card.thread_id}#token={chat.h.token(stranger)}")
-    await expect(page.locator("#composer-error")).to_have_text(
-        "That conversation does not exist or is not yours: this is a new one."
-    )
-    await expect(page.locator("article.card")).to_have_count(0)
-    assert f"thread={card.thread_id}" not in page.url
+    # Another browser, signed in as someone else (one browser's tabs share a sign-in).
+    elsewhere = await chat.browser.new_context()
+    try:
+        page = await elsewhere.new_page()
+        stranger = f"intruder-{chat.user}"
+        await page.goto(f"{chat.url}?thread={card.thread_id}#token={chat.h.token(stranger)}")
+        await expect(page.locator("#composer-error")).to_have_text(
+            "That conversation does not exist or is not yours: this is a new one."
+        )
+        await expect(page.locator("article.card")).to_have_count(0)
+        assert f"thread={card.thread_id}" not in page.url
+    finally:
+        await elsewhere.close()

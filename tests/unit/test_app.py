@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -287,3 +287,18 @@ def test_the_command_model_says_a_result_in_words_not_raw_json() -> None:
     messages = [{"role": "user", "content": [plain]}]
     said = asyncio.run(model.respond(system="", messages=messages, tools=[])).text()
     assert said.endswith("Tool result: The user REJECTED it; nothing was executed.")
+
+
+def test_the_command_model_says_why_a_command_was_not_one() -> None:
+    """The newcomer probe: `/add_note text=two words` (unquoted) got only the generic
+    help, and an app without tools got "e.g.:" followed by nothing."""
+    model = CommandModel()
+    tools = Registry([AddNote()]).specs()
+
+    def ask(text: str, specs: list[Any]) -> str:
+        messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+        return asyncio.run(model.respond(system="", messages=messages, tools=specs)).text()
+
+    assert 'quoting values with spaces (title="Buy milk")' in ask("/add_note text", tools)
+    assert "There is no tool 'nope'" in ask("/nope a=1", tools)
+    assert ask("hello", []).endswith("This app has no tools to call as commands.")
