@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from signoff.embedded import remove_data
 from signoff.runtime.config import Settings
 from signoff.store.postgres import PostgresStore
 from signoff.testing.servers import EmbeddedServer, start_postgres, start_valkey
@@ -226,6 +227,9 @@ def private_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivatePost
         yield pg
     finally:
         pg.stop()
+        # Its cluster, relocated under /var/tmp when run as root, outlives the test's
+        # folder (a newcomer's test run left one behind).
+        remove_data(pg.data_dir)
 
 
 def fresh_migrated_db(server_url: str) -> str:
