@@ -32,6 +32,11 @@ NO_ANSWER: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.exceptions.PostgresSystemError,
     asyncpg.exceptions.InternalServerError,
+    # Rolled back for a passing reason (a deadlock, a serialization failure, a session
+    # ended idle in its transaction): nothing was written, and asking again with the same
+    # key is what a provider would have the caller do, not an approval lost for good.
+    asyncpg.exceptions.TransactionRollbackError,
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
 )
 
 

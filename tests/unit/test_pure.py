@@ -339,3 +339,25 @@ def test_a_bus_identity_never_carries_a_password(url: str) -> None:
 
     said = bus_identity(url, "so:")
     assert "hun" not in said and "ter2" not in said, said
+
+
+@pytest.mark.parametrize("name", ["DeadlockDetectedError", "SerializationError"])
+def test_a_provider_call_rolled_back_for_a_passing_reason_is_asked_again(name: str) -> None:
+    """The integrity probe's lead: a refund that met a deadlock was recorded `failed` for
+    good (true, nothing written, but the approval was lost to a passing fault). The demo
+    provider says it did not answer (ConnectionError): asked again with the same key."""
+    import asyncio
+
+    import asyncpg
+
+    from signoff.demo.provider import answered
+
+    @answered
+    async def refund() -> None:
+        raise getattr(asyncpg.exceptions, name)("rolled back")
+
+    async def call() -> None:
+        await refund()
+
+    with pytest.raises(ConnectionError, match="did not answer"):
+        asyncio.run(call())
