@@ -1137,6 +1137,8 @@
     var pending = pendingCards();
     var n = pending.length;
     el.pending.hidden = n === 0;
+    // A message now would replace them (design note 17); a workflow thread takes none.
+    el.composerHint.hidden = n === 0 || isWorkflowThread(state.threadId);
     el.pendingText.textContent = n === 1 ? t('pending.one') : t('pending.many', { n: n });
     var busy = pending.some(function (e) { return e.busy; });
     // A card with its edit form open is not confirmed as it stands, one by one or all
@@ -1282,6 +1284,7 @@
     el.empty = $('empty');
     el.thinking = $('thinking');
     el.composer = $('composer');
+    el.composerHint = $('composer-hint');
     el.text = $('text');
     el.send = $('send');
     el.composerError = $('composer-error');

@@ -53,6 +53,10 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     await expect(page.locator("#announcer")).to_contain_text(card.summary)
     assert f"thread={card.thread_id}" in page.url
     await expect(page.locator("#pending-text")).to_have_text("1 confirmation pending")
+    # Said before it happens: a message now would replace the card (newcomer probe).
+    await expect(page.locator("#composer-hint")).to_have_text(
+        "A new message replaces the cards still waiting: nothing of them runs."
+    )
     await chat.shot("1-pending")
 
     await ui.get_by_role("button", name="Confirm").focus()
@@ -69,6 +73,7 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     )
     await expect(ui.get_by_role("button", name="Confirm")).to_be_hidden()
     await expect(page.locator("#pending")).to_be_hidden()
+    await expect(page.locator("#composer-hint")).to_be_hidden()
     # The model's reply about the result arrives as an assistant message.
     await expect(page.locator(".msg.assistant").last).to_contain_text("Cobrança Pix de R$ 150,00")
     await chat.shot("2-executed")
