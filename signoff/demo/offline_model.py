@@ -136,6 +136,23 @@ def intent(part: str) -> dict[str, Any] | None:
     return None
 
 
+def missing(request: str, lang: str) -> str | None:
+    """A charge asked for without who or how much: the question to ask back (the
+    newcomer probe: "cobre 100" got the whole help text)."""
+    if not re.search(r"cobr|\bpix\b|charge", request.lower()):
+        return None
+    name, amount = customer_name(request), amount_of(request)
+    if name and not amount:
+        if lang == PT:
+            return f"Falta o valor: escreva o pedido inteiro, por ex. “cobre 150 do {name}”."
+        return f"The amount is missing: write the whole request, e.g. “charge {name} 150”."
+    if amount and not name:
+        if lang == PT:
+            return f"Falta o cliente: escreva o pedido inteiro, por ex. “cobre {amount} do João”."
+        return f"The customer is missing: write the whole request, e.g. “charge João {amount}”."
+    return None
+
+
 def _user_texts(messages: list[Message]) -> list[str]:
     """The person's written messages, the last first (tool results are not theirs)."""
     out = []
@@ -218,7 +235,7 @@ class OfflineDemoModel:
             elif any(NEGATED.match(p) for p in _SPLIT.split(request)):
                 after = NOT_ASKED[lang]
             else:
-                after = HELP[lang]
+                after = missing(request, lang) or HELP[lang]
             return await self._text(LABEL + " ".join([*said, after]), on_text)
         # No words before the calls: a write's card is shown by the runtime once it
         # exists (a refused call has none), a read's answer comes with its result.

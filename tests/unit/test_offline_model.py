@@ -191,7 +191,7 @@ def test_what_did_not_run_is_said_without_english_internals(
     assert said == LABEL + en
 
 
-@pytest.mark.parametrize(("text", "lang"), [("oi", "pt"), ("hello", "en"), ("cobre do João", "pt")])
+@pytest.mark.parametrize(("text", "lang"), [("oi", "pt"), ("hello", "en"), ("qual é a capital da França?", "pt")])
 def test_what_it_cannot_do_is_help_in_the_persons_language(text: str, lang: str) -> None:
     reply = ask([user(text)])
     assert reply.tool_uses() == []
@@ -385,3 +385,20 @@ def test_refusals_name_the_limit_and_the_sign_in_the_persons_language() -> None:
     assert "above R$ 10.000,00" in not_done(policy, "en")
     assert not_done("amount must be positive", "pt") == "O valor precisa ser maior que zero."
     assert "limite" in not_done("amount is above the R$ 1.000.000,00 limit", "pt")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("cobre 100", "Falta o cliente: escreva o pedido inteiro, por ex. “cobre 100 do João”."),
+        ("cobre do João", "Falta o valor: escreva o pedido inteiro, por ex. “cobre 150 do João”."),
+        ("charge João", "The amount is missing: write the whole request, e.g. “charge João 150”."),
+    ],
+)
+def test_a_charge_missing_who_or_how_much_says_what_is_missing(text: str, expected: str) -> None:
+    """The newcomer probe: "cobre 100" got the whole help text."""
+    from signoff.demo.offline_model import OfflineDemoModel
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+    reply = asyncio.run(OfflineDemoModel().respond(system="", messages=messages, tools=[]))
+    assert reply.tool_uses() == [] and reply.text().endswith(expected), reply.text()
