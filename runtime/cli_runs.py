@@ -49,7 +49,38 @@ def add_parser(
         "completed, failed, cancelled; agent: running, waiting, done, failed, superseded)",
     )
     rp.add_argument("--limit", type=int, default=50, help="at most this many runs (50)")
+    rp.add_argument("--json", action="store_true", help="show: JSON instead of text")
     return rp
+
+
+def _shown(out: dict[str, Any]) -> str:
+    """One run for a person (``--json`` has every field): where it stands, then its gates
+    (a workflow run) or its cards (an agent run)."""
+    run = out["run"]
+    lines = [f"{out['kind']} run {run['id']}"]
+    if out["kind"] == "workflow":
+        lines.append(f"  workflow:  {run['workflow']} (app {run['app']})")
+        lines.append(f"  status:    {run['status']}   {out['where']}")
+    else:
+        lines.append(f"  status:    {run['status']}   thread: {run['thread_id']}")
+    lines.append(f"  owner:     {run['owner']} ({run['tenant']})   holder: {run['holder'] or '-'}")
+    if run.get("error"):
+        lines.append(f"  error:     {run['error']}")
+    if out["kind"] == "workflow":
+        done = [str(s.get("name", "?")) for s in run.get("steps") or []]
+        lines.append(f"  steps done: {', '.join(done) or '-'}")
+        lines.append("  gates:")
+        for i in out["interrupts"]:
+            by = f" by {i['resolved_by']}" if i.get("resolved_by") else ""
+            lines.append(
+                f"    {str(i['created_at'])[:19]}  {i['kind']} at {i['step_name']!r}: "
+                f"{i['status']}{by}" + (f"  ({i['reason']})" if i.get("reason") else "")
+            )
+    else:
+        lines.append("  cards:")
+        for c in out["cards"]:
+            lines.append(f"    {c['id']}  {c['status']:<12} {c['tool']}  {c['summary']}")
+    return "\n".join(lines)
 
 
 def _when(at: datetime) -> str:
@@ -128,7 +159,10 @@ async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
                 "run": msgspec.to_builtins(agent_run),
                 "cards": [c.public() for c in cards],
             }
-        print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
+        if args.json:
+            print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
+        else:
+            print(_shown(out))
         return 0
     finally:
         await store.close()

@@ -115,13 +115,17 @@ async def test_cli_runs_list_and_show(h: Harness) -> None:
     line = next(x for x in listed.stdout.splitlines() if run.id in x)
     assert line.startswith("workflow") and "awaiting_human" in line
     assert "three: waiting at step 1 after 'extract'" in line
-    shown = await asyncio.to_thread(cli, "show", run.id)
+    told = await asyncio.to_thread(cli, "show", run.id)  # text for a person (probe)
+    assert told.returncode == 0, told.stderr
+    assert told.stdout.startswith(f"workflow run {run.id}\n"), told.stdout
+    assert "awaiting_human" in told.stdout and "approve the payout" in told.stdout
+    shown = await asyncio.to_thread(cli, "show", run.id, "--json")
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert data["kind"] == "workflow" and data["run"]["status"] == "awaiting_human"
     assert data["interrupts"][0]["reason"] == "approve the payout"
     # by a unique prefix, as `signoff cards show` (it answered "no run 2c77faa1")
-    by_prefix = await asyncio.to_thread(cli, "show", run.id[:13])
+    by_prefix = await asyncio.to_thread(cli, "show", run.id[:13], "--json")
     assert by_prefix.returncode == 0, by_prefix.stderr
     assert json.loads(by_prefix.stdout)["run"]["id"] == run.id
     missing = await asyncio.to_thread(cli, "show", "00000000-0000-0000-0000-000000000000")

@@ -191,7 +191,9 @@ def test_what_did_not_run_is_said_without_english_internals(
     assert said == LABEL + en
 
 
-@pytest.mark.parametrize(("text", "lang"), [("oi", "pt"), ("hello", "en"), ("qual é a capital da França?", "pt")])
+@pytest.mark.parametrize(
+    ("text", "lang"), [("oi", "pt"), ("hello", "en"), ("qual é a capital da França?", "pt")]
+)
 def test_what_it_cannot_do_is_help_in_the_persons_language(text: str, lang: str) -> None:
     reply = ask([user(text)])
     assert reply.tool_uses() == []
