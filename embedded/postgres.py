@@ -151,6 +151,25 @@ def running_postgres_url(data_dir: Path, database: str = "signoff") -> str | Non
     return _postgres_url(password, int(lines[3]), database)
 
 
+def relocated_home(data_dir: Path) -> Path | None:
+    """The folder under ``/var/tmp`` that holds ``data_dir``'s cluster when it was made as
+    root (``pg.location``), else ``None`` (the cluster is inside ``data_dir``)."""
+    location = Path(data_dir).absolute() / LOCATION_FILE
+    if not location.is_file():
+        return None
+    return validated_home(Path(location.read_text().strip()), location)
+
+
+def running_pid(data_dir: Path) -> int | None:
+    """The pid of a live Postgres running ``data_dir``'s cluster, else ``None``."""
+    home = relocated_home(data_dir) or Path(data_dir).absolute()
+    try:
+        pid = int((home / "pg" / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if _is_live_postgres(pid) else None
+
+
 def remove_data(data_dir: Path) -> None:
     """Delete everything :func:`start_postgres`/:func:`start_valkey` kept for ``data_dir``.
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from signoff.runtime import cli_cards, cli_ops, cli_prune, cli_runs, loops
+from signoff.runtime import cli_cards, cli_clean, cli_ops, cli_prune, cli_runs, cli_token, loops
 from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.dev import DEMO_APP
@@ -63,17 +63,6 @@ def version() -> str:
             return str(tomllib.load(file)["project"]["version"])
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return "unknown"
-
-
-def _positive_seconds(text: str) -> int:
-    """``--ttl``: a token that expires at once (0 or less) is useless, refuse it."""
-    try:
-        seconds = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {seconds}")
-    return seconds
 
 
 class NoApp(ConfigError):
@@ -290,23 +279,6 @@ async def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _token(args: argparse.Namespace) -> int:
-    from signoff.gateway.auth import Tokens, name_problem
-
-    for kind, value in (("--user", args.user), ("--tenant", args.tenant)):
-        problem = name_problem(value) if value is not None else None
-        if problem is not None:
-            print(f"signoff token: {kind} {problem}", file=sys.stderr)
-            return 2
-
-    settings = _settings(args)
-    # (--ttl is refused by argparse, SIGNOFF_TOKEN_TTL_SECONDS by from_env, unless > 0)
-    ttl = args.ttl if args.ttl is not None else settings.token_ttl_seconds
-    tokens = Tokens(cli_ops.data_secret(settings), settings.token_ttl_seconds)
-    print(tokens.issue(args.user, args.tenant or settings.tenant, args.role, ttl))
-    return 0
-
-
 async def _cards(args: argparse.Namespace) -> int:
     return await cli_cards.run(args, _settings(args))
 
@@ -414,23 +386,11 @@ def parser() -> argparse.ArgumentParser:
     )
     mg = sub.add_parser("migrate", help="apply SQL migrations")
     common(mg)
-    tk = sub.add_parser(
-        "token",
-        help="print a signed bearer token (SIGNOFF_SECRET, else the data folder's dev secret)",
-    )
+    cli_token.add_parser(sub)
     cli_runs.add_parser(sub, common)  # signoff runs list|show
-    tk.add_argument("--data-dir", help="local data folder (SIGNOFF_DATA_DIR, .signoff)")
-    tk.add_argument("--user", required=True, help="the user the token authenticates")
-    tk.add_argument("--tenant", help="the user's tenant (SIGNOFF_TENANT, demo)")
-    tk.add_argument("--role", default="user", help="the user's role (user)")
-    tk.add_argument(
-        "--ttl",
-        type=_positive_seconds,
-        default=None,
-        help="lifetime in seconds, more than 0 (SIGNOFF_TOKEN_TTL_SECONDS)",
-    )
     cli_cards.add_parser(sub, common)
     cli_prune.add_parser(sub, common)
+    cli_clean.add_parser(sub)
     cp = sub.add_parser(
         "check-policy", help="list the write tools of --app without an explicit policy rule"
     )
@@ -461,9 +421,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _observe(args)
         if args.command == "token":
-            return _token(args)
+            return cli_token.run(args, _settings(args))
         if args.command == "check-policy":
             return _check_policy(args)
+        if args.command == "clean":
+            return cli_clean.run(_settings(args), args.yes)
         runner = {
             "dev": _dev,
             "gateway": _gateway,
