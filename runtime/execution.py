@@ -203,6 +203,18 @@ class Executor:
             if run == run_id:
                 del self._elsewhere[card_id]
 
+    def _epoch(self) -> int:
+        return self.lease.epoch if self.lease is not None else 0
+
+    def in_flight(self) -> float | None:
+        """How long after a card's `executing_since` a call of this worker's may still be
+        in flight: attempts start within most of a lease of it, each ends by the tool
+        deadline. Kept in the `executing` audit row: a reconcile waits it out (design note
+        49). ``None`` without a lease or a deadline."""
+        if self.lease is None or self.tool_timeout is None:
+            return None
+        return self.lease.seconds + self.tool_timeout
+
     def _may_send(self, epoch: int, since: float | None = None) -> bool:
         """The provider may be called: the lease holds, in the epoch the execution began
         in, and (``since`` given) most of a lease has not passed since it began."""
@@ -298,11 +310,11 @@ class Executor:
             )
             return await self.notify.moved(moved) or await self.store.get_card(card.id)
         began = time.monotonic()  # before the statement: a pause inside it counts too
-        epoch = self.lease.epoch if self.lease is not None else 0
+        epoch = self._epoch()
         # Only while this worker holds the run (a worker's executor): one adopted while
         # it was held up is the adopter's to execute (design note 49).
         holder = actor.removeprefix("worker:") if self.lease is not None else None
-        moved = await self.store.begin_execution(card.id, actor, holder)
+        moved = await self.store.begin_execution(card.id, actor, holder, self.in_flight())
         prompt = self._may_send(epoch, began)  # before the hint: a slow Redis is no pause
         started = await self.notify.moved(moved)
         if started is None:
@@ -316,16 +328,22 @@ class Executor:
         self.faults.hit("execute.after_start")
         unknown = False  # an attempt got no answer: the provider may have acted
         sent = True  # the outcome below is the provider's answer (not "nothing was sent")
+        # Every attempt starts within most of a lease of `executing_since` (the begin, or
+        # the last fence, which restarts it): with the tool deadline, that bounds how long
+        # a call may be in flight, which a reconcile waits out (in_flight()).
+        window = began
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
-            if not (prompt and self._may_send(epoch)) and await self._fenced(card.id):
-                prompt, epoch = True, self.lease.epoch if self.lease is not None else 0
-            if not (prompt and self._may_send(epoch)):
+            if not (prompt and self._may_send(epoch, window)):
+                fenced_at = time.monotonic()
+                if await self._fenced(card.id):
+                    prompt, epoch, window = True, self._epoch(), fenced_at
+            if not (prompt and self._may_send(epoch, window)):
                 if not unknown:  # certain: nothing was sent
                     log.error("card %s: %s; recorded failed", card.id, NOT_SENT)
                     result, ok, sent = {"error": NOT_SENT}, False, False
                     break
-                log.error("card %s: lease lapsed between attempts; left executing", card.id)
-                return await self._left_unknown(card, actor, "the lease lapsed between attempts")
+                log.error("card %s: not confirmed ours between attempts; left executing", card.id)
+                return await self._left_unknown(card, actor, "not confirmed ours between attempts")
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
                 async with asyncio.timeout(self.tool_timeout):
@@ -389,7 +407,7 @@ class Executor:
         the sweeper flags it later if this cannot."""
         if self.lease is not None:
             holder = actor.removeprefix("worker:")
-            reason = f"the provider's answer is unknown ({why[:200]}); nothing was retried"
+            reason = f"the provider's answer is unknown ({why[:200]}); not asked again"
             try:
                 if await self.store.flag_elsewhere(card.run_id, holder, [card.id], reason):
                     COUNTERS.inc("signoff_cards_flagged_total")

@@ -350,7 +350,11 @@ class Store(Protocol):
     ) -> Moved | None: ...
 
     async def begin_execution(
-        self, card_id: str, actor: str, holder: str | None = None
+        self,
+        card_id: str,
+        actor: str,
+        holder: str | None = None,
+        in_flight_seconds: float | None = None,
     ) -> Moved | None: ...
 
     async def finish_execution(

@@ -249,10 +249,17 @@ class Cards:
         return await self._move(SQL.card_move_logged, card_id, src, dst, actor, result, detail)
 
     async def begin_execution(
-        self, card_id: str, actor: str, holder: str | None = None
+        self,
+        card_id: str,
+        actor: str,
+        holder: str | None = None,
+        in_flight_seconds: float | None = None,
     ) -> Moved | None:
         """``approved -> executing`` and the operation row, atomically; ``None`` if we lost
-        (I4), or (``holder`` given) if the card's run is not held by ``holder``."""
+        (I4), or (``holder`` given) if the card's run is not held by ``holder``.
+        ``in_flight_seconds`` (how long after ``executing_since`` the worker's call may
+        still be in flight) goes in the audit row, for a reconcile to wait out."""
+        detail = None if in_flight_seconds is None else {"in_flight_seconds": in_flight_seconds}
         return await self._move(
             SQL.card_begin_execution,
             card_id,
@@ -260,7 +267,7 @@ class Cards:
             Status.EXECUTING,
             actor,
             None,
-            None,
+            detail,
             holder,
         )
 

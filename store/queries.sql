@@ -1091,11 +1091,19 @@ ev AS (
 SELECT status FROM c;
 
 -- name: card_in_flight
--- Seconds since card $1 started executing, when it is `executing`, not flagged, and
--- started less than $2 seconds ago (a provider call may be in flight); no row otherwise.
-SELECT extract(epoch FROM now() - executing_since)::float8 FROM cards
-WHERE id = $1 AND status = 'executing' AND NOT needs_reconciliation
-  AND executing_since > now() - make_interval(secs => $2);
+-- Card $1 when it is `executing`, not flagged, and a provider call may still be in
+-- flight: it started (or was last fenced) less than its worker's in-flight time ago (kept
+-- in the `executing` audit row; at least $2 seconds). Seconds since then and that time;
+-- no row otherwise. Run under the thread's lock (card_lock_thread), as the fence is.
+SELECT extract(epoch FROM now() - c.executing_since)::float8 AS since, w.secs
+FROM cards c
+CROSS JOIN LATERAL (
+    SELECT greatest($2::float8, coalesce(max((e.detail ->> 'in_flight_seconds')::float8), 0))
+        AS secs
+    FROM card_events e WHERE e.card_id = c.id AND e.to_status = 'executing'
+) w
+WHERE c.id = $1 AND c.status = 'executing' AND NOT c.needs_reconciliation
+  AND c.executing_since > now() - make_interval(secs => w.secs);
 
 -- name: card_reconcile_flag
 UPDATE cards SET needs_reconciliation = $2 WHERE id = $1;

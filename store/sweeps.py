@@ -96,12 +96,14 @@ class Sweeps:
 
         async def go(conn: Conn) -> Card:
             if in_flight_seconds is not None:
-                since = await conn.fetchval(SQL.card_in_flight, cid, in_flight_seconds)
-                if since is not None:
+                # Under the thread's lock, as a fence restarting `executing_since` is.
+                await conn.fetchval(SQL.card_lock_thread, cid)
+                row = await conn.fetchrow(SQL.card_in_flight, cid, in_flight_seconds)
+                if row is not None:
                     raise Conflict(
-                        f"card {card_id} started executing {since:.0f} s ago and is not "
-                        "flagged: its worker may still be calling the provider (for up to "
-                        f"{in_flight_seconds:g} s: SIGNOFF_LEASE_SECONDS + "
+                        f"card {card_id} started executing {row['since']:.0f} s ago and is "
+                        "not flagged: its worker may still be calling the provider (for up "
+                        f"to {row['secs']:g} s: the worker's SIGNOFF_LEASE_SECONDS + "
                         "SIGNOFF_TOOL_TIMEOUT_SECONDS), and its answer would contradict "
                         "yours. Wait, or reconcile with --force",
                         card_id=card_id,

@@ -43,8 +43,14 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
             card = await one_card(h)
             begin = h.store.begin_execution
 
-            async def begin_then_cut(card_id: str, actor: str, holder: str | None = None) -> Any:
-                moved = await begin(card_id, actor, holder)  # committed: approved -> executing
+            async def begin_then_cut(
+                card_id: str,
+                actor: str,
+                holder: str | None = None,
+                in_flight_seconds: float | None = None,
+            ) -> Any:
+                # committed: approved -> executing
+                moved = await begin(card_id, actor, holder, in_flight_seconds)
                 proxy.refuse(True)  # Redis is gone from here on
                 proxy.reset()
                 return moved

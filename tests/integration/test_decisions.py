@@ -1143,11 +1143,11 @@ async def test_a_card_another_process_started_first_is_left_to_it(
         )
         real = h.store.begin_execution
 
-        async def beaten(card_id: str, actor: str, holder: str | None = None) -> Any:
+        async def beaten(card_id: str, actor: str, *args: Any) -> Any:
             await h.store.db.execute(  # the other process's start commits first
                 "UPDATE cards SET status = 'executing' WHERE id = $1", card_id
             )
-            return await real(card_id, actor, holder)
+            return await real(card_id, actor, *args)
 
         monkeypatch.setattr(h.store, "begin_execution", beaten)
         with pytest.raises(ExecutingElsewhere, match="started by another process"):
