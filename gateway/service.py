@@ -278,8 +278,11 @@ class GatewayService:
         return card.public()
 
     async def card_audit(self, card_id: str, who: Principal) -> list[dict[str, Any]]:
+        """The card's audit as its owner reads it: what an operator alone should read (a
+        tool's exception text, why a call was flagged, which may name internal hosts or
+        tables) is left out; `signoff cards show` has it all."""
         await self.get_card(card_id, who)
-        return [msgspec.to_builtins(e) for e in await self.store.card_events(card_id)]
+        return [_for_owner(msgspec.to_builtins(e)) for e in await self.store.card_events(card_id)]
 
     async def resolve(self, card_id: str, body: ResolveIn, who: Principal, channel: str) -> Outcome:
         res = Resolution(
@@ -311,3 +314,13 @@ class GatewayService:
         return await self.decisions.resolve_batch(
             run_id, items, principal=who.user, channel=channel, tenant=who.tenant
         )
+
+
+def _for_owner(event: dict[str, Any]) -> dict[str, Any]:
+    detail = event.get("detail")
+    if isinstance(detail, dict) and ("error" in detail or detail.get("needs_reconciliation")):
+        kept = {k: v for k, v in detail.items() if k != "error"}
+        if kept.get("needs_reconciliation"):
+            kept.pop("reason", None)
+        event = {**event, "detail": kept}
+    return event

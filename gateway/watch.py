@@ -41,7 +41,12 @@ class ThreadWatch:
         self.service = service
         self.send = send
         self._threads: dict[str, Listener] = {}
-        self._primed: set[str] = set()  # threads whose first (subscribe) re-read was seen
+        # Subscriptions being added: a re-read hint meanwhile is that subscribe's own
+        # (the feed sends it before `add` returns), not a change. One after `add` returned
+        # comes from a re-subscribe after a drop, which may hide a missed hint: the page
+        # re-lists. (A socket joining a subscription another socket made gets no hint of
+        # its own, so "the first one seen" would swallow a real one.)
+        self._adding: set[str] = set()
         self._user: tuple[str, Listener] | None = None
 
     async def list(self, who: Principal) -> list[dict[str, Any]]:
@@ -51,24 +56,20 @@ class ThreadWatch:
             channel = self.service.quotas.keys.user_channel(who.tenant, who.user)
             key = "user:" + channel  # never a thread id (a UUID)
 
-            primed = False
-
             async def on_user(hint: Hint) -> None:
-                nonlocal primed
-                # The subscription's own first "re-read" comes with the list being sent:
-                # nothing changed. A later one (re-subscribed after a drop) may hide a
-                # missed hint, so the page re-lists.
-                if hint.seq == -1 and not primed:
-                    primed = True
+                if hint.seq == -1 and key in self._adding:
                     return
                 await self._changed("")
 
             self._user = (key, on_user)
+            self._adding.add(key)
             try:
                 await self.feeds.add(key, on_user, channel=channel)
             except BaseException:
                 self._user = None
                 raise
+            finally:
+                self._adding.discard(key)
         wanted = [t["id"] for t in threads[:WATCH_LIMIT]]
         for thread_id in list(self._threads):
             if thread_id not in wanted:
@@ -77,22 +78,21 @@ class ThreadWatch:
             if thread_id not in self._threads:
                 listener = self._listener(thread_id)
                 self._threads[thread_id] = listener
+                self._adding.add(thread_id)
                 try:
                     await self.feeds.add(thread_id, listener)
                 except BaseException:
                     self._threads.pop(thread_id, None)
                     raise
+                finally:
+                    self._adding.discard(thread_id)
         return threads
 
     def _listener(self, thread_id: str) -> Listener:
         async def on_thread(hint: Hint) -> None:
             if hint.seq == -1 and not hint.entries:
-                # (Re)subscribed: the first is this watch's own subscribe, a later one a
-                # dropped subscription that may have missed a change.
-                if thread_id not in self._primed:
-                    self._primed.add(thread_id)
-                    return
-                await self._changed(thread_id)
+                if thread_id not in self._adding:  # re-subscribed after a drop
+                    await self._changed(thread_id)
             elif any(e.kind in _LISTED for e in hint.entries):
                 await self._changed(thread_id)
 
@@ -106,7 +106,6 @@ class ThreadWatch:
 
     def _drop(self, thread_id: str) -> None:
         listener = self._threads.pop(thread_id, None)
-        self._primed.discard(thread_id)
         if listener is not None:
             self.feeds.remove(thread_id, listener)
 

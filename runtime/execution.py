@@ -222,17 +222,19 @@ class Executor:
             return True
         return self.lease.epoch == epoch and self.lease.holds(since)
 
-    async def _fenced(self, card_id: str) -> bool:
+    async def _fenced(self, card_id: str) -> float | None:
         """The clock could not vouch for the lease (a Postgres outage held the renewals
-        up, or a pause): ask the database, renewing the lease in the same statement. True
-        when the card is still `executing`, unflagged, in a run this worker holds, or
-        takes back because its adopter has not acted on it yet (``worker_fence``): then
-        nobody has been told anything about the card, and the renewed lease keeps it so.
-        Asked until the database answers: an outage must not fail an approval whose
-        call was never made (the card stays `executing` meanwhile, and if the process
-        stops first, the log says nothing was sent)."""
+        up, or a pause): ask the database, renewing the lease in the same statement. When
+        the card is still `executing`, unflagged, in a run this worker holds, or takes
+        back because its adopter has not acted on it yet (``worker_fence``), nobody has
+        been told anything about the card and the renewed lease keeps it so: the
+        monotonic time that fence was sent (its answer is vouched for from then), else
+        ``None``. Asked until the database answers in time: an outage, or a fence held up
+        past most of a lease (a lock on the worker's row), must not fail an approval
+        whose call was never made (the card stays `executing` meanwhile, and if the
+        process stops first, the log says nothing was sent)."""
         if self.lease is None:
-            return False
+            return None
         holder = self.actor.removeprefix("worker:")
         attempt = 0
         while True:
@@ -260,7 +262,19 @@ class Executor:
                     raise
                 continue
             self.lease.renewed(sent)
-            return ours
+            if not ours:
+                return None
+            if self.lease.holds(sent):
+                return sent
+            # "Ours", but too late for this clock to vouch for the lease it renewed (the
+            # statement waited past most of a lease): ask again, a prompt answer can.
+            if attempt % 30 == 0:
+                log.warning(
+                    "card %s: lease confirmed only after %.1fs; asking again",
+                    card_id,
+                    time.monotonic() - sent,
+                )
+            attempt += 1
 
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
@@ -334,8 +348,8 @@ class Executor:
         window = began
         for wait in (*UNKNOWN_OUTCOME_RETRIES, None):
             if not (prompt and self._may_send(epoch, window)):
-                fenced_at = time.monotonic()
-                if await self._fenced(card.id):
+                fenced_at = await self._fenced(card.id)
+                if fenced_at is not None:
                     prompt, epoch, window = True, self._epoch(), fenced_at
             if not (prompt and self._may_send(epoch, window)):
                 if not unknown:  # certain: nothing was sent
@@ -440,7 +454,16 @@ class Executor:
                 extra={"card_id": card.id, "operation_id": operation_id},
             )
             return
-        if now is None:  # already recorded with this very answer (a retried record)
+        if now is None:  # recorded with this very answer already (a retried record), or gone
+            log.info(
+                "card %s: the provider answered (%s, operation %s, result %s): already "
+                "recorded, or the card is gone (pruned)",
+                card.id,
+                outcome,
+                operation_id,
+                result,
+                extra={"card_id": card.id, "operation_id": operation_id},
+            )
             return
         contradicts = (now is Status.EXECUTED) != ok
         COUNTERS.inc("signoff_late_outcomes_total")

@@ -325,8 +325,10 @@ FROM unnest($3::uuid[]) AS a(id) LEFT JOIN runs r ON r.id = a.id;
 
 -- name: worker_renew
 -- Worker $1's lease, $2 seconds from now: renewing is one row, however many runs it holds.
+-- (Every renewal counts from when it took the row, `clock_timestamp()`, not from its
+-- transaction's start: one that waited on a lock must not hand back a lapsed lease.)
 INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
-ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until;
+ON CONFLICT (id) DO UPDATE SET lease_until = clock_timestamp() + make_interval(secs => $2);
 
 -- name: worker_lease
 -- Worker $1's lease: when it lapses and how far off that is (seconds, by the database's
@@ -352,7 +354,7 @@ WITH lk AS MATERIALIZED (
 ),
 me AS (
     INSERT INTO workers (id, lease_until) VALUES ($2, now() + make_interval(secs => $3))
-    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+    ON CONFLICT (id) DO UPDATE SET lease_until = clock_timestamp() + make_interval(secs => $3)
 ),
 kc AS MATERIALIZED (
     SELECT k.run_id FROM cards k JOIN lk ON lk.locked = k.thread_id
@@ -391,7 +393,7 @@ DELETE FROM workers WHERE id = $1;
 -- new holder is alive) and is skipped.
 WITH me AS (
     INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
-    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+    ON CONFLICT (id) DO UPDATE SET lease_until = clock_timestamp() + make_interval(secs => $2)
 ),
 lapsed AS (
     SELECT id, worker_id FROM runs
@@ -1410,7 +1412,7 @@ SELECT id::text FROM workflow_runs WHERE worker_id = $1 AND status = 'running' L
 -- Parked runs are not adopted: they need no holder (a resolution goes to the inbox).
 WITH me AS (
     INSERT INTO workers (id, lease_until) VALUES ($1, now() + make_interval(secs => $2))
-    ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+    ON CONFLICT (id) DO UPDATE SET lease_until = clock_timestamp() + make_interval(secs => $2)
 ),
 lapsed AS (
     SELECT r.id, r.worker_id FROM workflow_runs r

@@ -34,7 +34,13 @@ YES = re.compile(
 )
 # A request said in the negative ("não cobre o João", "don't refund V001"): nothing is
 # proposed (the hostile probe: a card was made for "não cobre 150 do João").
-NEGATED = re.compile(r"^\W*(?:n[ãa]o|nunca|jamais|don'?t|do not|never|no need to)\b", re.IGNORECASE)
+# A "não" answered on its own ("Não, cobre 150 do João": a correction) or "não sei" (I
+# do not know) starts no refusal: the request after it stands.
+NEGATED = re.compile(
+    r"^\W*(?:n[ãa]o|nunca|jamais|don'?t|do not|never|no need to)\b"
+    r"(?!\s*[,.;:!?…-])(?!\s+(?:sei|know)\b)",
+    re.IGNORECASE,
+)
 NOT_ASKED = {
     PT: "Certo, não vou fazer isso; nada foi proposto.",
     EN: "OK, I will not do that; nothing was proposed.",

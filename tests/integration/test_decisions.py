@@ -341,7 +341,7 @@ async def test_a_revalidation_that_raises_shows_a_fixed_reason_not_the_error(
     """A tool's ``revalidate`` that raises (a bug, not an unavailable service) invalidates
     the card; the person and the model read a fixed reason, not the exception's text
     (which may name internals: a table, a host); operators find the error in the audit."""
-    async with harness(database_url, model=Scripted(pix("13"))) as h:
+    async with harness(database_url, model=Scripted(pix("13")), gateway=True) as h:
         card = await one_card(h)
         tool = h.worker.agent.tools.get("create_pix_charge")
         assert tool is not None
@@ -362,6 +362,15 @@ async def test_a_revalidation_that_raises_shows_a_fixed_reason_not_the_error(
         assert audit.to_status == "invalidated"
         assert "db-internal-7.example:5432" in str(audit.detail["error"])
         assert await h.charges() == 0
+        # The owner's own read of the audit leaves the error out (a review: it was there).
+        import httpx
+
+        from tests.integration.test_gateway import auth
+
+        async with httpx.AsyncClient() as c:
+            r = await c.get(f"{h.base_url}/v1/cards/{card.id}/events", headers=auth(h, "alice"))
+        assert r.status_code == 200 and r.json()["events"][-1]["to_status"] == "invalidated"
+        assert "db-internal" not in r.text and "reason" in r.json()["events"][-1]["detail"]
 
 
 async def test_two_identical_calls_in_one_turn_are_one_card_reported_once(

@@ -99,6 +99,34 @@ async def test_a_first_list_is_not_followed_by_a_change_nothing_made(h: Harness)
         await ws.close()
 
 
+async def test_a_resubscribe_re_lists_every_socket_of_the_person(h: Harness) -> None:
+    """A review's finding: the watch took the first re-read hint it saw for its own
+    subscribe's; a second socket of the person on the same gateway joins the first one's
+    subscription and gets no such hint, so it swallowed the re-read of a real
+    re-subscribe (after a Redis drop) and its page never re-listed what it missed. The
+    feed's re-read after a re-subscribe (``Hint(seq=-1)``) is dispatched here as the
+    feed does after a drop."""
+    from signoff.runtime.hints import Hint
+
+    thread = await h.thread("alice")
+    sockets = [await ws_connect(h, "alice"), await ws_connect(h, "alice")]
+    try:
+        for n, ws in enumerate(sockets):
+            await ws.send(json.dumps({"type": "threads", "id": f"t{n}"}))
+            await next_frame(ws, "threads")
+        feeds = h.asgi.state.feeds
+        (user_key,) = [k for k in feeds._listeners if k.startswith("user:")]
+        await feeds._dispatch(user_key, Hint(seq=-1))
+        for ws in sockets:
+            assert (await next_frame(ws, "threads_changed"))["thread_id"] is None
+        await feeds._dispatch(thread, Hint(seq=-1))
+        for ws in sockets:
+            assert (await next_frame(ws, "threads_changed"))["thread_id"] == thread
+    finally:
+        for ws in sockets:
+            await ws.close()
+
+
 async def test_ws_thread_list_is_live(h: Harness) -> None:
     listed_thread = await h.thread("alice")
     await h.say(listed_thread, "cobre", "alice")

@@ -377,6 +377,25 @@ def test_a_request_in_the_negative_proposes_nothing(text: str, lang: str) -> Non
     assert intent("cobre 150 do João, não do Zé") is not None  # a "não" later is not one
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Não, cobre 150 do João",
+        "não sei, cobre 150 do João",
+        "Nao. Cobre 150 do João",
+        "no, charge João 150",
+        "Don't know, charge João 150",
+    ],
+)
+def test_a_no_on_its_own_before_a_request_is_no_refusal(text: str) -> None:
+    """A review: "Não, cobre 150 do João" (a correction) was told "Certo, não vou fazer
+    isso", which was false: the request after the "não" stands."""
+    from signoff.demo.offline_model import intent
+
+    use = intent(text)
+    assert use is not None and use["name"] == "create_pix_charge", text
+
+
 def test_refusals_name_the_limit_and_the_sign_in_the_persons_language() -> None:
     """The newcomer probe: "cobre -5" was told "use reais, up to R$ 1.000.000,00" and a
     charge over the policy's limit "policy does not allow that", with no limit named."""

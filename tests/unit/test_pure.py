@@ -361,3 +361,22 @@ def test_a_provider_call_rolled_back_for_a_passing_reason_is_asked_again(name: s
 
     with pytest.raises(ConnectionError, match="did not answer"):
         asyncio.run(call())
+
+
+def test_the_owners_audit_leaves_out_what_operators_alone_read() -> None:
+    """A tool's exception text and a flag's reason may name internal hosts: the owner's
+    `GET /v1/cards/{id}/events` leaves them out (a review); the rest stays."""
+    from signoff.gateway.service import _for_owner
+
+    flagged = {
+        "to_status": "executing",
+        "detail": {
+            "needs_reconciliation": True,
+            "reason": "no answer: ConnectionError('10.0.0.7:5432')",
+        },
+    }
+    assert _for_owner(flagged)["detail"] == {"needs_reconciliation": True}
+    broken = {"to_status": "invalidated", "detail": {"reason": {"en": "r"}, "error": "KeyError"}}
+    assert _for_owner(broken)["detail"] == {"reason": {"en": "r"}}
+    plain = {"to_status": "approved", "detail": {"reason": "ok", "edits": {"amount": 1}}}
+    assert _for_owner(plain) is plain
