@@ -30,6 +30,7 @@ from signoff import (
     Tool,
     ToolContext,
     ToolSpec,
+    ToolValidationError,
     Verdict,
     Workflow,
     WorkflowContext,
@@ -57,6 +58,10 @@ class Pay(Tool):
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         assert isinstance(data, PayIn)
+        if data.amount > 1000:  # a refusal per language, as a person's edit may meet
+            raise ToolValidationError(
+                {"pt-BR": "valor acima do limite de 1000", "en": "amount above the 1000 limit"}
+            )
         return Prepared(
             args={"payee": data.payee, "amount": data.amount},
             summary=f"Pay {data.amount} to {data.payee}",

@@ -274,8 +274,11 @@
             said(tr('gate.sent', { workflow: run.workflow }));
             return;
           }
+          // A tool's refusal may come in several languages (detail.localized): the person's.
           var d = res.data || {};
-          error.textContent = d.message || tr('gate.refused', { status: res.status });
+          var localized = d.detail && d.detail.localized;
+          var msg = (localized && I && I.label) ? I.label(localized) : '';
+          error.textContent = msg || d.message || tr('gate.refused', { status: res.status });
           submit.disabled = false;
         })
         .catch(function () {

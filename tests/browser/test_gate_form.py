@@ -167,6 +167,41 @@ async def test_an_agent_steps_cards_are_decided_in_one_form(
             await context.close()
 
 
+async def test_an_edit_the_tool_refuses_is_said_in_the_persons_language(
+    database_url: str, browser: Browser
+) -> None:
+    """A review: the gate form showed a tool's English refusal on a Portuguese page (the
+    chat's cards already picked ``detail.localized``)."""
+    from tests import agent_wf_app
+
+    user = unique_user()
+    async with Harness(
+        agent_wf_app.build, database_url=database_url, offline=True, gateway=True
+    ) as h:
+        run = await h.workflows.start("approvals", tenant=h.tenant, owner=user)
+        parked = await wait_status(h, run.id, user, "awaiting_human")
+        context = await browser.new_context(locale="pt-BR")
+        try:
+            page = await context.new_page()
+            await page.goto(f"{h.base_url}/#token={h.token(user)}")
+            form = page.locator(f'form.gate[data-run-id="{run.id}"]')
+            for summary, choice in (
+                ("Pay 10 to ana", "Aprovar"),
+                ("Pay 20 to bruno", "Recusar"),
+                ("Pay 30 to carla", "Editar e aprovar"),
+            ):
+                card = form.locator("fieldset.gate-card", has_text=summary)
+                await card.get_by_label(choice, exact=True).check()
+            carla = form.locator("fieldset.gate-card", has_text="Pay 30 to carla")
+            await carla.get_by_label("amount").fill("5000")
+            await form.get_by_role("button", name="Enviar").click()
+            await expect(form.locator(".gate-error")).to_have_text("valor acima do limite de 1000")
+            after = await wait_status(h, run.id, user, "awaiting_human")
+            assert after.step == parked.step and after.state == parked.state  # nothing applied
+        finally:
+            await context.close()
+
+
 async def test_a_workflows_thread_shows_its_cards_and_takes_no_message(
     database_url: str, browser: Browser
 ) -> None:
