@@ -250,6 +250,10 @@ def build_app(
         middleware=[Middleware(Total)],
         exception_handlers={HTTPException: http_error},
     )
+    # No redirect to the path with a slash added: Starlette builds its Location from the
+    # request's Host header, which a client chooses (a hostile probe: `/static` with
+    # `Host: evil.example` answered 307 to http://evil.example/static/). A typed 404.
+    app.router.redirect_slashes = False
     app.state.feeds = feeds
     app.state.service = service
     app.state.workflows = workflows

@@ -117,7 +117,7 @@ class HttpApi:
     async def list_threads(self, request: Request, who: Principal) -> Response:
         raw = request.query_params.get("limit", "50")
         if not (raw.isascii() and raw.isdigit()):  # "²" is a digit to isdigit, not to int
-            raise InvalidInput("limit must be an integer")
+            raise InvalidInput("limit must be a whole number from 1 to 200")
         return json_response({"threads": await self.service.list_threads(who, int(raw[:4]))})
 
     async def get_thread(self, request: Request, who: Principal) -> Response:

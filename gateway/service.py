@@ -212,7 +212,7 @@ class GatewayService:
     async def list_threads(self, who: Principal, limit: int = 50) -> list[dict[str, Any]]:
         """The person's threads, the most recently active first (an empty one too)."""
         if not 1 <= limit <= 200:
-            raise InvalidInput("limit must be between 1 and 200")
+            raise InvalidInput("limit must be a whole number from 1 to 200")
         found = await self.store.list_threads(who.tenant, who.user, limit)
         return [msgspec.to_builtins(t) for t in found]
 

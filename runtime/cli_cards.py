@@ -18,6 +18,7 @@ import msgspec
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.cli_ops import duration, operator_settings
 from signoff.runtime.config import Settings
+from signoff.runtime.text import one_line, terminal_safe
 
 STATUSES = [s.value for s in Status]
 
@@ -119,7 +120,7 @@ def _shown(card: Any, events: list[Any]) -> str:
         f"card {card.id}  {card.tool} ({card.risk})",
         f"  status:    {card.status}"
         + (flag if card.needs_reconciliation else "")
-        + (f" ({card.reason})" if card.reason else ""),
+        + (f" ({one_line(card.reason, 500)})" if card.reason else ""),
         f"  summary:   {card.summary}",
         f"  thread:    {card.thread_id}   run: {card.run_id}",
         f"  owner:     {card.owner} ({card.tenant})   operation: {card.operation_id}",
@@ -178,7 +179,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
                 if args.json:
                     print(json.dumps([c.public() for c in cards], indent=2, default=str))
                 elif cards:
-                    print(_table(cards))
+                    print(terminal_safe(_table(cards)))
                 else:
                     print("no cards match")
                 return 0
@@ -192,7 +193,7 @@ async def run(args: argparse.Namespace, settings: Settings) -> int:
                 out = {"card": card.public(), "events": msgspec.to_builtins(events)}
                 print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
             else:
-                print(_shown(card, events))
+                print(terminal_safe(_shown(card, events)))
             return 0
         # A card not flagged whose execution began within a lease and a tool deadline may
         # still have a provider call in flight: its answer would contradict the operator's.

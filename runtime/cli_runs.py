@@ -17,6 +17,7 @@ import msgspec
 
 from signoff.runtime import config as cfg
 from signoff.runtime.errors import InvalidInput, NotFound, WorkflowNotFound
+from signoff.runtime.text import terminal_safe
 
 NO_DATABASE = "set SIGNOFF_DATABASE_URL or --database-url (or run `signoff dev` on this --data-dir)"
 KINDS = ("workflow", "agent")
@@ -135,7 +136,7 @@ async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
             rows.sort(key=lambda x: x[0], reverse=True)
             print(f"{'KIND':<9} {'ID':<36}  {'STATUS':<15} {'OWNER':<12} WHERE (UPDATED)")
             for at, line in rows[: args.limit]:
-                print(f"{line}  ({_when(at)})")
+                print(terminal_safe(f"{line}  ({_when(at)})"))
             return 0
         out: dict[str, Any]
         try:
@@ -162,7 +163,7 @@ async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
         if args.json:
             print(json.dumps(out, indent=2, ensure_ascii=False, default=str))
         else:
-            print(_shown(out))
+            print(terminal_safe(_shown(out)))
         return 0
     finally:
         await store.close()

@@ -53,6 +53,13 @@ class Keys:
         return f"{self.prefix}quota:turns:{len(tenant)}:{tenant}:{user}"
 
     @property
+    def owner(self) -> str:
+        """Which app (on which database) uses this prefix on this Redis: its processes
+        renew it, PX = a few beats (runtime/prefix_owner.py). Two apps on one prefix
+        would take each other's inbox messages."""
+        return f"{self.prefix}owner"
+
+    @property
     def inbox(self) -> str:
         """Stream of user messages to run (consumer group ``workers``)."""
         return f"{self.prefix}inbox"

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from signoff.runtime import presence, retention
+from signoff.runtime import prefix_owner, presence, retention
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus
 from signoff.runtime.bus.memory import MemoryBus
@@ -160,6 +160,16 @@ async def running(
                 roles,
                 allow_skew=settings.allow_app_skew,
                 bus=presence.bus_identity(settings.redis_url, settings.key_prefix),
+            )
+        )
+        # One app, on one database, per key prefix of a Redis (else workers take another
+        # app's messages): refused when another holds it.
+        await stack.enter_async_context(
+            prefix_owner.hold(
+                bus,
+                prefix_owner.owner_of(app.name, settings.database_url),
+                where=presence.bus_identity(settings.redis_url, settings.key_prefix),
+                allow_skew=settings.allow_app_skew,
             )
         )
         if app.setup is not None:

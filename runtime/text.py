@@ -40,3 +40,10 @@ def one_line(text: str, limit: int) -> str:
     if len(line) <= limit:
         return line
     return line[: limit - 1].rstrip() + ELLIPSIS
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` for a terminal: every control and format character but the newline
+    removed (an operator's terminal obeys escapes, carriage returns and bidi overrides
+    found in a value a person typed, e.g. a rejection's reason), the rest untouched."""
+    return "".join(ch for ch in text if ch == "\n" or unicodedata.category(ch) not in _DROPPED)

@@ -229,7 +229,9 @@ GENERATED: dict[str, tuple[str, str]] = {
         "A proposal ($1 id, $2 thread, $3 run, $4 tenant, $5 owner, $6 tool, $7 tool_use_id,\n"
         "-- $8 risk, $9 input, $10 args_snapshot, $11 summary, $12 impact, $13 snapshot_hash,\n"
         "-- $14 request_key, $15 operation_id, $16 editable, $17 ttl seconds) with its audit\n"
-        "-- row and its 'card' log entry; no row when the request already has its card (I5).",
+        "-- row and its 'card' log entry; no row when the request already has its card (I5),\n"
+        "-- or when run $3 is no longer active (superseded or ended while its step ran: a\n"
+        "-- card proposed then could never run; a hostile probe's racing messages left one).",
         logged(
             """\
 INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk, input,
@@ -237,7 +239,8 @@ INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk
                        editable, status, expires_at)
     SELECT $1, lk.locked, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
            'pending', now() + make_interval(secs => $17)
-    FROM lk
+    FROM lk JOIN runs ON runs.id = $3 AND runs.thread_id = lk.locked
+    WHERE runs.status IN ('running', 'waiting')
     ON CONFLICT (request_key) DO NOTHING""",
             src="NULL",
             actor="'system'",

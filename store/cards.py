@@ -21,6 +21,7 @@ from signoff.runtime.errors import (
     Expired,
     IllegalTransition,
     NotOwner,
+    RunInactive,
     StaleCard,
     UnknownTool,
 )
@@ -79,7 +80,11 @@ class Cards:
             moved = rows.moved(row, "card")
             return moved.card, moved.entry
         row = await self._db.fetchrow(SQL.card_by_request_key, new.request_key)
-        return rows.card(rows.some(row)), None
+        if row is None:  # no card, and none inserted: the run is no longer active
+            raise RunInactive(
+                f"run {new.run_id} is no longer active; no card proposed", run_id=new.run_id
+            )
+        return rows.card(row), None
 
     async def get_card(self, card_id: str) -> Card:
         row = await self._db.fetchrow(SQL.card_get, rows.uuid_of(card_id))

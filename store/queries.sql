@@ -427,7 +427,9 @@ WHERE w.lease_until < now() - make_interval(secs => $1)
 -- A proposal ($1 id, $2 thread, $3 run, $4 tenant, $5 owner, $6 tool, $7 tool_use_id,
 -- $8 risk, $9 input, $10 args_snapshot, $11 summary, $12 impact, $13 snapshot_hash,
 -- $14 request_key, $15 operation_id, $16 editable, $17 ttl seconds) with its audit
--- row and its 'card' log entry; no row when the request already has its card (I5).
+-- row and its 'card' log entry; no row when the request already has its card (I5),
+-- or when run $3 is no longer active (superseded or ended while its step ran: a
+-- card proposed then could never run; a hostile probe's racing messages left one).
 WITH lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
     WHERE threads.id = ($2::uuid) FOR NO KEY UPDATE
@@ -438,7 +440,8 @@ c AS (
                        editable, status, expires_at)
     SELECT $1, lk.locked, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
            'pending', now() + make_interval(secs => $17)
-    FROM lk
+    FROM lk JOIN runs ON runs.id = $3 AND runs.thread_id = lk.locked
+    WHERE runs.status IN ('running', 'waiting')
     ON CONFLICT (request_key) DO NOTHING
     RETURNING cards.*, jsonb_build_object(
         'id', cards.id,

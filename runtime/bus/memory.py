@@ -72,6 +72,9 @@ class MemoryBus:
     async def heartbeat(self, worker_id: str, ttl_ms: int) -> None:
         self._beats[worker_id] = time.monotonic() + ttl_ms / 1000
 
+    async def claim_owner(self, owner: str, ttl_ms: int) -> str:
+        return owner  # one process: nobody else on this bus
+
     async def alive(self, worker_id: str) -> bool:
         return self._beats.get(worker_id, 0.0) > time.monotonic()
 

@@ -133,6 +133,9 @@ class RedisBus:
     async def alive(self, worker_id: str) -> bool:
         return await self.tokens.alive(worker_id)
 
+    async def claim_owner(self, owner: str, ttl_ms: int) -> str:
+        return await self.tokens.claim_owner(owner, ttl_ms)
+
     # -- the inbox -----------------------------------------------------------------------
 
     async def enqueue(self, job: Job) -> str:

@@ -56,3 +56,23 @@ class WaitTokens:
         """Whether the worker's heartbeat key is still there."""
         key = self._keys.worker(worker_id)
         return bool(await self._client.call("EXISTS", lambda: self._client.redis.exists(key)))
+
+    async def claim_owner(self, owner: str, ttl_ms: int) -> str:
+        """The prefix's owner (``Keys.owner``) after claiming it for ``owner``: set when
+        free (or ours, then its expiry renewed), else whoever holds it."""
+        key, ttl = self._keys.owner, max(ttl_ms, 1)
+
+        async def claim() -> str:
+            redis = self._client.redis
+            for _ in range(3):  # a key expiring between SET NX and GET: try again
+                if await redis.set(key, owner, px=ttl, nx=True):
+                    return owner
+                held = await redis.get(key)
+                if held is None:
+                    continue
+                if text(held) == owner:
+                    await redis.pexpire(key, ttl)
+                return text(held)
+            return owner
+
+        return await self._client.call("SET", claim)

@@ -118,6 +118,20 @@ async def test_http_refusals(h: Harness) -> None:
         assert r.json()["detail"]["status"] in ("approved", "executing", "executed")
 
 
+async def test_no_redirect_is_built_from_the_clients_host_header(h: Harness) -> None:
+    """A hostile probe: ``GET /static`` with ``Host: evil.example`` answered ``307`` to
+    ``http://evil.example/static/`` (Starlette's added slash); a cache passing any Host
+    through would serve that redirect to others. No redirect: a typed 404."""
+    async with httpx.AsyncClient() as c:
+        for path in ("/static", "/v1/threads/"):
+            r = await c.get(
+                f"{h.base_url}{path}", headers={**auth(h, "alice"), "Host": "evil.example"}
+            )
+            assert r.status_code == 404 and "location" not in r.headers, path
+            assert r.json()["error"] == "not_found", path
+        assert (await c.get(f"{h.base_url}/static/app.js")).status_code == 200
+
+
 async def test_http_thread_flow_and_ownership(h: Harness) -> None:
     async with httpx.AsyncClient() as c:
         r = await c.post(f"{h.base_url}/v1/threads", headers=auth(h, "alice"))

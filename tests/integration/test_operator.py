@@ -51,3 +51,32 @@ async def _cli(*args: str) -> int:
     import asyncio
 
     return await asyncio.to_thread(cli.main, list(args))
+
+
+async def test_a_reason_a_person_typed_cannot_drive_the_operators_terminal(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hostile probe: a rejection's reason printed raw by `signoff cards show` cleared
+    the operator's screen, set the terminal's title and overwrote the line (``\\r``)."""
+    from signoff.runtime.cards import Decision
+
+    async with harness(database_url, model=Scripted(pix())) as h:
+        card = await one_card(h)
+        reason = "ok\x1b[2J\x1b]0;PWNED\x07\x1b[31mRED\rFAKE LINE\u202eevil\nstatus: approved"
+        await h.store.decide(
+            card.id,
+            principal="alice",
+            decision=Decision.REJECT,
+            snapshot_hash=card.snapshot_hash,
+            channel="test",
+            reason=reason,
+        )
+        capsys.readouterr()
+        for args in (("cards", "show", card.id), ("cards", "list"), ("runs", "show", card.run_id)):
+            assert await _cli(*args, "--database-url", database_url) == 0, args
+            out = capsys.readouterr().out
+            assert not any(ch in out for ch in "\x1b\x07\r\u202e"), (args, out)
+        assert await _cli("cards", "show", card.id, "--database-url", database_url) == 0
+        shown = capsys.readouterr().out
+        assert "ok[2J]0;PWNED[31mRED FAKE LINEevil status: approved" in shown
+        assert "\nstatus: approved" not in shown

@@ -190,7 +190,11 @@ async def test_a_card_committed_while_it_waited_for_the_lock_sends_it_to_start_r
         holder_pid = await holder.fetchval("SELECT pg_backend_pid()")
         task = asyncio.ensure_future(quiet(store, thread_id))
         await blocked_on(probe, holder_pid, task)
+        # A card proposed just before its run ended, committed meanwhile (card_propose
+        # writes a card only for an active run: the run ends in the same transaction).
+        await holder.execute("UPDATE runs SET status = 'running' WHERE id = $1", old_run.id)
         assert await holder.fetchrow(SQL.card_propose, *_values(card, card_id, str(uuid.uuid4())))
+        await holder.execute("UPDATE runs SET status = 'done' WHERE id = $1", old_run.id)
         await tx.commit()
         assert await asyncio.wait_for(task, 10) is None
     finally:

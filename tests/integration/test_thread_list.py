@@ -67,6 +67,7 @@ async def test_http_lists_only_my_threads_most_recent_first_with_pending(h: Harn
     ):
         r = await listed(h, "alice", bad)
         assert r.status_code == 422 and r.json()["error"] == "invalid_input", bad
+        assert r.json()["message"] == "limit must be a whole number from 1 to 200", bad
     async with httpx.AsyncClient() as c:
         assert (await c.get(f"{h.base_url}/v1/threads")).status_code == 401
         spec = (await c.get(f"{h.base_url}/openapi.json")).json()

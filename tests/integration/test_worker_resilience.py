@@ -13,6 +13,7 @@ both called the model, and the one that lost the run could run the card.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -435,7 +436,7 @@ async def test_a_hanging_app_teardown_does_not_hold_a_stop(
         {
             "SIGNOFF_DATABASE_URL": own_database,
             "SIGNOFF_REDIS_URL": services.redis_url(),
-            "SIGNOFF_KEY_PREFIX": "teardown:",
+            "SIGNOFF_KEY_PREFIX": f"teardown-{uuid.uuid4().hex[:8]}:",  # its database's own
         }
     )
     async with node_module.running(settings, the_app, worker=True, gateway=False):

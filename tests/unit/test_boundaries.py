@@ -40,6 +40,8 @@ COMPOSITION_ROOT = frozenset(
         "runtime/cli_ops.py",
         "runtime/cli_prune.py",
         "runtime/cli_runs.py",
+        "runtime/cli_token.py",
+        "runtime/cli_clean.py",
     }
 )
 

@@ -15,6 +15,8 @@ COMPOSITION_ROOT = {
     "cli_ops.py",
     "cli_prune.py",
     "cli_runs.py",
+    "cli_token.py",
+    "cli_clean.py",
 }
 BACKENDS = ("signoff.store", "signoff.embedded")
 

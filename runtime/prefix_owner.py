@@ -1,0 +1,106 @@
+"""One app, on one database, per key prefix of a Redis.
+
+Gateways enqueue a user message on the prefix's inbox and any worker reading that inbox
+takes it. Two apps with their own databases but one Redis and one ``SIGNOFF_KEY_PREFIX``
+(a newcomer probe, following "give each app its own database") therefore took each
+other's messages: a worker whose database has no such thread acknowledged the entry, and
+the message accepted with a ``202`` was never run. Presence (runtime/presence.py) is
+recorded per database, so neither side could see the other.
+
+Every gateway and worker claims the prefix in Redis for its app and database
+(``Keys.owner``, expiring after :data:`TTL_SECONDS` unless renewed every
+:data:`BEAT_SECONDS`). A process that finds it held for another app or database refuses
+to start (``SIGNOFF_ALLOW_APP_SKEW`` lets it start with a warning, for renaming an app
+in a rolling deploy); one that loses it while running says so at ERROR. Redis away at
+start is no refusal: the claim is renewed once it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
+
+from signoff.runtime.bus.protocol import Bus
+from signoff.runtime.errors import ConfigError, SignoffError
+
+log = logging.getLogger("signoff.presence")
+
+BEAT_SECONDS = 5.0
+TTL_SECONDS = 4 * BEAT_SECONDS
+
+
+class PrefixTaken(ConfigError):
+    """The Redis key prefix is used by another app, or by this app on another database."""
+
+    code = "prefix_taken"
+
+
+def database_identity(url: str | None) -> str:
+    """A database named without credentials: host:port/name (``<unparsed>`` when the URL
+    cannot be read without risking its password)."""
+    if not url:
+        return "<none>"
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "localhost").lower()
+        port = parts.port or 5432
+    except ValueError:
+        return "<unparsed>"
+    return f"{host}:{port}/{parts.path.strip('/') or '<default>'}"
+
+
+def owner_of(app: str, database_url: str | None) -> str:
+    return f"app {app!r} on database {database_identity(database_url)}"
+
+
+@asynccontextmanager
+async def hold(
+    bus: Bus, owner: str, *, where: str, allow_skew: bool = False
+) -> AsyncIterator[None]:
+    """The prefix claimed for ``owner`` for the duration of the block (or refused)."""
+    ttl_ms = int(TTL_SECONDS * 1000)
+    try:
+        held = await bus.claim_owner(owner, ttl_ms)
+    except SignoffError as exc:  # Redis away: the renewals claim it when it is back
+        log.warning("key prefix not claimed yet (%s): claimed once Redis answers", exc)
+        held = owner
+    if held != owner:
+        text = (
+            f"the Redis bus {where} is used by {held}, and this process serves {owner}: "
+            "each app (and each database) needs its own SIGNOFF_KEY_PREFIX or Redis, or "
+            "its workers take the other's messages"
+        )
+        if not allow_skew:
+            raise PrefixTaken(
+                text + f" (a stopped process's claim lapses {TTL_SECONDS:.0f}s after it stops)"
+            )
+        log.warning("%s (allowed: SIGNOFF_ALLOW_APP_SKEW)", text)
+    task = asyncio.create_task(_renew(bus, owner, ttl_ms, where), name="signoff-prefix-owner")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _renew(bus: Bus, owner: str, ttl_ms: int, where: str) -> None:
+    while True:
+        await asyncio.sleep(BEAT_SECONDS)
+        try:
+            held = await bus.claim_owner(owner, ttl_ms)
+        except Exception as exc:  # Redis away: the next beat tries again
+            log.warning("key prefix claim not renewed: %s", exc)
+            continue
+        if held != owner:
+            log.error(
+                "the Redis bus %s is used by %s too, and this process serves %s: their "
+                "workers take each other's messages; give each its own SIGNOFF_KEY_PREFIX",
+                where,
+                held,
+                owner,
+            )
