@@ -40,7 +40,7 @@ from signoff.runtime.proposal import new_card
 from signoff.runtime.records import ACTIVE_RUN, Entry, Run, RunStatus
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
-from signoff.runtime.tools import Registry, ToolContext
+from signoff.runtime.tools import Registry, ToolContext, label_text
 
 log = logging.getLogger("signoff.agent")
 
@@ -309,7 +309,7 @@ class Agent:
                 verdict = self.policy.evaluate(tool, raw, tenant=run.tenant, role=run.role)
                 if verdict.verdict is Verdict.DENY:
                     return outcomes.tool_result(
-                        use_id, f"Denied by policy: {verdict.reason}", error=True
+                        use_id, f"Denied by policy: {label_text(verdict.reason)}", error=True
                     )
                 return outcomes.tool_result(use_id, await self.executor.read(tool, raw, ctx))
             prepared = await self.executor.prepare(tool, data, ctx)
@@ -327,7 +327,8 @@ class Agent:
             )
         verdict = self.policy.evaluate(tool, prepared.args, tenant=run.tenant, role=run.role)
         if verdict.verdict is Verdict.DENY:
-            return outcomes.tool_result(use_id, f"Denied by policy: {verdict.reason}", error=True)
+            why = label_text(verdict.reason)
+            return outcomes.tool_result(use_id, f"Denied by policy: {why}", error=True)
         if verdict.verdict is Verdict.ALLOW:
             op = f"{run.id}:{use_id}"
             try:

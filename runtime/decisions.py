@@ -37,7 +37,7 @@ from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry, NewCard
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span, traceparent
-from signoff.runtime.tools import Registry, ToolContext
+from signoff.runtime.tools import Registry, ToolContext, label_text
 
 log = logging.getLogger("signoff.decisions")
 
@@ -254,7 +254,9 @@ class Decisions:
             prepared = await tool.prepare(args, ctx)
             verdict = self.policy.evaluate(tool, prepared.args, tenant=card.tenant, role=run.role)
             if verdict.verdict is Verdict.DENY:
-                raise Forbidden(f"policy denies the edited action: {verdict.reason}")
+                why = verdict.reason
+                localized = {"localized": dict(why)} if isinstance(why, dict) else {}
+                raise Forbidden(f"policy denies the edited action: {label_text(why)}", **localized)
             new = new_card(
                 tool,
                 prepared,

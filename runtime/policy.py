@@ -23,7 +23,7 @@ from typing import Any
 
 from signoff.runtime.cards import Risk
 from signoff.runtime.errors import ConfigError
-from signoff.runtime.tools import Registry, Tool
+from signoff.runtime.tools import Label, Registry, Tool
 
 
 class Verdict(enum.StrEnum):
@@ -46,7 +46,9 @@ class Rule:
     tenant: str | None = None
     role: str | None = None
     when: Predicate | None = None
-    reason: str = ""
+    # Why, for a DENY: one text, or one per language (a Label): the model reads English,
+    # a person whose edit it refuses reads theirs.
+    reason: Label = ""
     ttl: timedelta | None = None
 
     def __post_init__(self) -> None:
@@ -68,7 +70,7 @@ class Rule:
 @dataclass(frozen=True)
 class Outcome:
     verdict: Verdict
-    reason: str = ""
+    reason: Label = ""
     rule: Rule | None = None
     ttl: timedelta | None = None  # set by a matching rule; None: the tool's own
 

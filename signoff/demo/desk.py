@@ -29,7 +29,10 @@ def demo_policy(card_ttl: timedelta | None = None) -> Policy:
                 Verdict.DENY,
                 tool="create_pix_charge",
                 when=lambda a: int(a.get("amount_cents", 0)) > PIX_LIMIT_CENTS,
-                reason="Pix charges above R$ 10.000,00 are not allowed from chat",
+                reason={
+                    "pt-BR": "a política não permite cobranças Pix acima de R$ 10.000,00 pelo chat",
+                    "en": "Pix charges above R$ 10.000,00 are not allowed from chat",
+                },
             ),
             Rule(Verdict.ASK, tool="create_pix_charge", ttl=card_ttl),
             Rule(Verdict.ASK, tool="refund_sale", ttl=card_ttl),

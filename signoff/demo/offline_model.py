@@ -19,6 +19,7 @@ from typing import Any
 
 from signoff import Message, ModelReply, TextSink, ToolSpec
 from signoff.demo.offline_words import (
+    CANNOT_SEND,
     HELP,
     NEGATED,
     NOT_ASKED,
@@ -67,6 +68,35 @@ _SPLIT = re.compile(
 )
 
 
+# "cobre 150 do João e 30 da Maria", "charge Maria 20 and João 30": a second charge said
+# without its verb (the newcomer probe: only the first got a card, the second was dropped).
+_MORE = re.compile(
+    r"(?:,\s+|\s+(?:e|and)\s+)(?=(?:R\$\s*)?\d+(?:[.,]\d+)?\s+(?!centavos?\b)\S"
+    r"|[A-ZÀ-Ý][\w\u00C0-\u017F]*\s+(?:R\$\s*)?\d)"
+)
+_CHARGE = re.compile(r"cobr|charge", re.IGNORECASE)
+_CENTS = re.compile(r"^\s*(?:reais|real)\s+e\s+(\d{1,2})\s+centavos?\b", re.IGNORECASE)
+# Sending money is not what the demo does: "manda um pix de 150 pro João" asked for a
+# charge card (money asked *from* João) in the newcomer probe.
+SEND = re.compile(
+    r"\b(?:mand|envi|fa[zç]|pag|transf|send|pay|transfer|wire)\w*\b.*\bpix\b", re.IGNORECASE
+)
+
+
+def requests(text: str) -> list[str]:
+    """The requests of a message: split before each verb (``_SPLIT``), and a charge's
+    verb carried over to the charges listed after it without one."""
+    out: list[str] = []
+    for part in _SPLIT.split(text):
+        pieces = _MORE.split(part) if _CHARGE.search(part) and not SEND.search(part) else [part]
+        verb = _CHARGE.search(pieces[0])
+        out.append(pieces[0])
+        for piece in pieces[1:]:
+            lead = "cobre " if verb is not None and verb.group(0).lower() == "cobr" else "charge "
+            out.append(piece if _CHARGE.search(piece) else lead + piece)
+    return out
+
+
 def customer_name(part: str) -> str | None:
     """The customer a request names: a capitalised word that is not a command word, or
     the word after "do/para/to/for/o" ("cobra o joão em 150")."""
@@ -93,6 +123,9 @@ def amount_of(part: str) -> str | None:
     rest = text[found.end(1) :]
     if rest[:1].isalnum() and not _UNIT.match(rest):
         return text[found.start(1) :].split(None, 1)[0]
+    cents = _CENTS.match(rest)  # "150 reais e 50 centavos" is 150,50 (it was 150,00)
+    if cents is not None and not re.search(r"[.,]\d{1,2}$", found.group(1)):
+        return f"{found.group(1)},{int(cents.group(1)):02d}"
     return found.group(1)
 
 
@@ -107,7 +140,7 @@ def _use(name: str, data: dict[str, Any]) -> dict[str, Any]:
 
 def intent(part: str) -> dict[str, Any] | None:
     """The tool call one request asks for, or None (also for one said in the negative)."""
-    if NEGATED.match(part):
+    if NEGATED.match(part) or (SEND.search(part) and not _CHARGE.search(part)):
         return None
     low = part.lower()
     if re.search(r"\bsaldo\b|\bbalance\b", low):
@@ -226,7 +259,7 @@ class OfflineDemoModel:
         if results and not texts:
             return await self._text(LABEL + " ".join(said), on_text)
         request = " ".join(texts)
-        uses = [u for u in (intent(p) for p in _SPLIT.split(request)) if u is not None]
+        uses = [u for u in (intent(p) for p in requests(request)) if u is not None]
         if not uses:
             # What became of the calls the message replaced, then how to go on: typing
             # "sim" under a card replaced it, and the person is told why nothing ran.
@@ -234,6 +267,8 @@ class OfflineDemoModel:
                 after = TYPED_YES[lang]
             elif any(NEGATED.match(p) for p in _SPLIT.split(request)):
                 after = NOT_ASKED[lang]
+            elif any(SEND.search(p) and not _CHARGE.search(p) for p in _SPLIT.split(request)):
+                after = CANNOT_SEND[lang]
             else:
                 after = missing(request, lang) or HELP[lang]
             return await self._text(LABEL + " ".join([*said, after]), on_text)

@@ -21,7 +21,7 @@ _PT_MARKS = re.compile(
 )
 _EN_MARKS = re.compile(
     r"\b(?:charge|balance|refund|sale|appointment|customer|change|find|search|look|"
-    r"to|for|from|the|of|my|what|how|much|please|thanks|hi|hello|help|email|can|you|your|"
+    r"to|for|from|the|of|my|what|how|much|please|thanks|hi|hello|help|email|can|you|your|pay|send|via|"
     r"is|are|with|and|this|that|yes|no|not|never|don't)\b",
     re.IGNORECASE,
 )
@@ -41,6 +41,16 @@ NEGATED = re.compile(
     r"(?!\s*[,.;:!?…-])(?!\s+(?:sei|know)\b)",
     re.IGNORECASE,
 )
+CANNOT_SEND = {
+    PT: (
+        "Eu não envio Pix nem pago ninguém: só gero cobranças Pix (pedir um valor a um "
+        "cliente, por ex. “cobre 150 do João”) e faço estornos. Nada foi proposto."
+    ),
+    EN: (
+        "I do not send Pix payments or pay anyone: I only create Pix charges (asking a "
+        "customer for an amount, e.g. “charge João 150”) and refunds. Nothing was proposed."
+    ),
+}
 NOT_ASKED = {
     PT: "Certo, não vou fazer isso; nada foi proposto.",
     EN: "OK, I will not do that; nothing was proposed.",
@@ -225,6 +235,11 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         re.compile(r"appointment (\S+) is (\w+)"),
         "A consulta {0} não está agendada.",
         "Appointment {0} is not scheduled.",
+    ),
+    (
+        re.compile(r"sale (\S+) is already refunded in full"),
+        "A venda {0} já foi estornada por inteiro; não há o que estornar.",
+        "Sale {0} is already refunded in full; there is nothing left to refund.",
     ),
     (
         re.compile(r"only (R\$ [\d.,]+) of sale (\S+) can be refunded"),

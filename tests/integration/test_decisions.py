@@ -168,8 +168,11 @@ async def test_edit_outside_whitelist_refused_allowed_edit_links_new_card(
             await h.decide(card, Decision.EDIT, edits={"customer": "Maria"})
         with pytest.raises(InvalidInput):  # editable field, invalid value: prepare refuses
             await h.decide(card, Decision.EDIT, edits={"amount": "-3"})
-        with pytest.raises(Forbidden):  # policy runs again: above the limit is DENY
+        with pytest.raises(Forbidden) as denied:  # policy runs again: above the limit: DENY
             await h.decide(card, Decision.EDIT, edits={"amount": "20000"})
+        # In the person's language too (a newcomer probe: English on a Portuguese page).
+        assert "R$ 10.000,00" in denied.value.message
+        assert denied.value.detail["localized"]["pt-BR"].startswith("a política não permite")
         assert (await h.store.get_card(card.id)).status is Status.PENDING
 
         out = await h.decide(card, Decision.EDIT, edits={"amount": "200"})

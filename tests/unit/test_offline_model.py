@@ -423,3 +423,46 @@ def test_a_charge_missing_who_or_how_much_says_what_is_missing(text: str, expect
     messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
     reply = asyncio.run(OfflineDemoModel().respond(system="", messages=messages, tools=[]))
     assert reply.tool_uses() == [] and reply.text().endswith(expected), reply.text()
+
+
+@pytest.mark.parametrize(
+    ("text", "charges"),
+    [
+        ("cobre 150 do João e 30 da Maria", [("João", "150"), ("Maria", "30")]),
+        ("cobre 150 do João, 30 da Maria", [("João", "150"), ("Maria", "30")]),
+        ("Charge Maria 20 and João 30", [("Maria", "20"), ("João", "30")]),
+        ("cobre R$ 1.500,00 do João e 30 da Maria", [("João", "1.500,00"), ("Maria", "30")]),
+        ("cobre 150 reais e 50 centavos do João", [("João", "150,50")]),
+    ],
+)
+def test_every_charge_of_a_list_is_a_call_and_cents_count(
+    text: str, charges: list[tuple[str, str]]
+) -> None:
+    """The newcomer probe: "cobre 150 do João e 30 da Maria" made one card and dropped
+    the second charge without a word; "150 reais e 50 centavos" was R$ 150,00."""
+    reply = ask([user(text)])
+    assert [(u["input"]["customer"], u["input"]["amount"]) for u in reply.tool_uses()] == charges
+
+
+@pytest.mark.parametrize(
+    ("text", "lang"),
+    [
+        ("manda um pix de 150 pro João", "pt"),
+        ("faz um pix de 150 pro João", "pt"),
+        ("pay João 150 via pix", "en"),
+    ],
+)
+def test_sending_a_pix_is_not_a_charge(text: str, lang: str) -> None:
+    """The newcomer probe: "manda um pix de 150 pro João" (send João money) made a card
+    charging João R$ 150,00."""
+    reply = ask([user(text)])
+    assert reply.tool_uses() == []
+    said = reply.text()
+    assert ("não envio Pix" if lang == "pt" else "do not send Pix") in said, said
+    assert ask([user("gere um pix de 150 para o João")]).tool_uses() != []  # a charge
+
+
+def test_a_sale_refunded_in_full_is_said_in_the_persons_language() -> None:
+    assert not_done("sale V002 is already refunded in full", "pt") == (
+        "A venda V002 já foi estornada por inteiro; não há o que estornar."
+    )
