@@ -102,6 +102,10 @@ def app() -> App:
         workflows=[review],
         offline_model=ContractModel(),
         # Not a chat app: a review starts from the API, and its gates show up here.
-        hint="a review started with POST /v1/workflows/contract_review/runs; its clauses "
-        "and sign-off come here as forms",
+        hint={
+            "en": "a review started with POST /v1/workflows/contract_review/runs; its clauses "
+            "and sign-off come here as forms",
+            "pt-BR": "uma revisão iniciada com POST /v1/workflows/contract_review/runs; suas "
+            "cláusulas e a assinatura chegam aqui como formulários",
+        },
     )

@@ -21,6 +21,17 @@ RISKS: list[tuple[str, str, str]] = [
     (r"exclusive", "low", "exclusivity limits other suppliers"),
 ]
 CLAUSE = re.compile(r"^\s*(C\d+)[:.]\s*(.+)$", re.M)
+PORTUGUESE = re.compile(r"[ãõçáéíóúâê]|\b(?:o que|voc[eê]|ol[aá]|oi|qual|como)\b", re.I)
+ABOUT_EN = (
+    "I review contracts: a review is started with POST /v1/workflows/contract_review/runs, "
+    "and its risky clauses and sign-off come to this chat as cards and forms. Nothing was "
+    "analysed from this message."
+)
+ABOUT_PT = (
+    "Eu reviso contratos: uma revisão começa com POST /v1/workflows/contract_review/runs, "
+    "e as cláusulas de risco e a assinatura chegam a este chat como cartões e formulários. "
+    "Nada foi analisado a partir desta mensagem."
+)
 _ids = itertools.count(1)
 
 
@@ -68,7 +79,13 @@ class ContractModel:
                     done.append(str(data.get("card", "")))
             text = f"Risk analysis done: {len(done)} clause(s) flagged."
             return ModelReply(content=[{"type": "text", "text": text}], stop_reason="end_turn")
-        flags = risky(_text(last["content"]))
+        prompt = _text(last["content"])
+        if not CLAUSE.search(prompt):
+            # A chat message, not a review's prompt: nothing was analysed (a newcomer
+            # probe: "olá, o que você faz?" was told "Risk analysis done").
+            text = ABOUT_PT if PORTUGUESE.search(prompt) else ABOUT_EN
+            return ModelReply(content=[{"type": "text", "text": text}], stop_reason="end_turn")
+        flags = risky(prompt)
         if not flags:
             text = "Risk analysis done: no risky clause found."
             return ModelReply(content=[{"type": "text", "text": text}], stop_reason="end_turn")

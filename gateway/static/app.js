@@ -673,7 +673,11 @@
   function addMessage(role, text, ev) {
     var li = make('li', 'msg ' + role);
     li.dataset.seq = ev.seq;
-    var who = make('span', 'msg-who', role === 'user' ? t('msg.you') : t('msg.assistant'));
+    // On a workflow's thread the "user" message is the agent step's prompt, written by
+    // the workflow, not by the person (a newcomer probe: it said "You").
+    var mine = role === 'user' && !isWorkflowThread(state.threadId);
+    var who = make('span', 'msg-who',
+      mine ? t('msg.you') : role === 'user' ? t('msg.workflow') : t('msg.assistant'));
     var time = make('time', 'msg-time', timeOf(ev.at));
     time.dateTime = ev.at || '';
     var meta = make('div', 'msg-meta');

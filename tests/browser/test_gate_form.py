@@ -222,6 +222,10 @@ async def test_a_workflows_thread_shows_its_cards_and_takes_no_message(
             thread = workflow_thread_id(run.id)
             await page.goto(f"{h.base_url}/?thread={thread}#token={h.token(user)}")
             await expect(page.locator("article.card")).to_have_count(3)
+            # The step's prompt is the workflow's, not the person's (a newcomer probe).
+            prompt = page.locator("li.msg.user").first
+            await expect(prompt.locator(".msg-who")).to_have_text("Workflow")
+            await expect(page.locator("li.msg .msg-who", has_text="You")).to_have_count(0)
             await expect(page.locator("#text")).to_be_disabled()
             await expect(page.locator("#send")).to_be_disabled()
             await expect(page.locator("#composer")).to_contain_text("belongs to a workflow")

@@ -64,6 +64,17 @@ def test_the_offline_model_flags_the_risky_clauses() -> None:
     assert [(f["clause"], f["level"]) for f in flags] == [("C2", "high"), ("C3", "medium")]
 
 
+async def test_a_chat_message_is_told_what_the_contracts_app_does() -> None:
+    """A newcomer probe: "olá, o que você faz?" in a chat of the contracts app was told
+    "Risk analysis done: no risky clause found" (nothing had been analysed)."""
+    async with Harness(contracts.app, offline=True) as h:
+        for text, words in (("olá, o que você faz?", "Eu reviso contratos"), ("hi", "I review")):
+            thread = await h.thread(REVIEWER)
+            await h.say(thread, text, REVIEWER)
+            reply = await h.last_reply(thread)
+            assert words in reply and "Risk analysis done" not in reply, reply
+
+
 async def reviewed_to_sign_off(h: Harness) -> WorkflowRun:
     """Start a review, decide the agent's two flags (approve one, edit the other)."""
     run = await h.workflows.start("contract_review", CONTRACT, tenant=h.tenant, owner=REVIEWER)
