@@ -244,10 +244,10 @@ class Agent:
                         )
                     ]
                 await self.notify.thread(run.thread_id, written)
-                results: dict[str, dict[str, Any]] = {}
+                results = outcomes.beyond_the_limit(uses)
                 waiting: dict[str, str] = {}
                 proposed: dict[str, Card] = {}
-                for use in uses:
+                for use in uses[: outcomes.MAX_USES_PER_REPLY]:
                     outcome = await self._handle_tool_use(run, use, tools)
                     if isinstance(outcome, Card) and outcome.id not in proposed:
                         waiting[use["id"]] = outcome.id

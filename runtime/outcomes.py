@@ -23,6 +23,25 @@ def tool_result(
     return block
 
 
+# Calls of one model reply that run (and may each become a card): a hostile probe's one
+# message made the offline model ask for 300 charges, 300 cards in one run. The rest are
+# told to the model as not run, to ask for once these are decided.
+MAX_USES_PER_REPLY = 25
+
+
+def beyond_the_limit(uses: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The results of the calls past :data:`MAX_USES_PER_REPLY` (not run)."""
+    return {
+        use["id"]: tool_result(
+            use["id"],
+            f"Not run: at most {MAX_USES_PER_REPLY} actions are taken from one reply. Tell "
+            "the user which were left out, to ask for them once these are decided.",
+            error=True,
+        )
+        for use in uses[MAX_USES_PER_REPLY:]
+    }
+
+
 def _changes(card: Card) -> str:
     changes = (card.result or {}).get("changes") or []
     parts = [

@@ -237,6 +237,11 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "Appointment {0} is not scheduled.",
     ),
     (
+        re.compile(r"Not run: at most (\d+) actions"),
+        "Faço no máximo {0} pedidos de uma vez; peça o resto depois de decidir estes.",
+        "I take at most {0} requests at a time; ask for the rest once these are decided.",
+    ),
+    (
         re.compile(r"sale (\S+) is already refunded in full"),
         "A venda {0} já foi estornada por inteiro; não há o que estornar.",
         "Sale {0} is already refunded in full; there is nothing left to refund.",
