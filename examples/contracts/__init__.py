@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -45,8 +45,8 @@ class Contract(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SignOff(msgspec.Struct):
-    approved: bool
-    note: str = ""
+    approved: Annotated[bool, msgspec.Meta(title="Approve the contract")]
+    note: Annotated[str, msgspec.Meta(title="Note for the legal team")] = ""
 
 
 async def extract(ctx: WorkflowContext) -> dict[str, Any]:

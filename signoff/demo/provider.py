@@ -7,6 +7,7 @@ count that each approved charge exists exactly once at the provider (I4).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import os
 from collections.abc import Awaitable, Callable
@@ -202,8 +203,12 @@ class Provider:
                     f"{tenant}:{cid}",
                     amount,
                 )
+            # Appointments ahead of the day the demo is first run (fixed dates went by,
+            # and the demo offered to cancel appointments already past: a newcomer probe).
+            today = datetime.date.today()
+            ahead = [(1, "c-joao", "14:00"), (2, "c-ana", "09:30")]
             for i, (cid, at) in enumerate(
-                [("c-joao", "2026-12-02 14:00"), ("c-ana", "2026-12-03 09:30")], start=1
+                [(c, f"{today + datetime.timedelta(days=d)} {hm}") for d, c, hm in ahead], start=1
             ):
                 await conn.execute(
                     "INSERT INTO demo_appointments (id, tenant, customer_id, at) "
