@@ -158,8 +158,13 @@ class WorkflowService:
         run, created = await self._create(run_id or str(uuid.uuid4()), tenant, owner, name, data)
         if not created:
             same = (run.tenant, run.owner, run.workflow, run.input) == (tenant, owner, name, data)
-            if not same:
+            if not same and (run.tenant, run.owner) == (tenant, owner):
                 raise Conflict(f"run {run.id} exists and is another start", run_id=run.id)
+            if not same:  # another person's (or tenant's) run: nothing said about it
+                raise Conflict(
+                    f"run_id {run.id} cannot be used: leave it out, or choose another",
+                    run_id=run.id,
+                )
             return run  # a retried start: its first hint went out (or adoption has it)
         await self._hint(run)
         return run

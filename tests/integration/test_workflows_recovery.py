@@ -312,10 +312,13 @@ async def test_a_start_with_a_client_run_id_is_idempotent_under_a_race(h: Harnes
     await until(status_is(h, run_id, "awaiting_human"))
     await asyncio.sleep(0.3)
     assert calls(run_id, "extract") == 1
-    with pytest.raises(Conflict):  # the same id for another start
+    with pytest.raises(Conflict, match="exists and is another start"):  # the same id
         await h.workflows.start("timed", tenant=h.tenant, owner=OWNER, run_id=run_id)
-    with pytest.raises(Conflict):
-        await h.workflows.start("three", tenant=h.tenant, owner="eve", run_id=run_id)
+    # Another person's (a hostile probe: another tenant's) run is not described to them.
+    for tenant, owner in ((h.tenant, "eve"), ("other-tenant", OWNER)):
+        with pytest.raises(Conflict) as taken:
+            await h.workflows.start("three", tenant=tenant, owner=owner, run_id=run_id)
+        assert "exists" not in taken.value.message and "cannot be used" in taken.value.message
     with pytest.raises(InvalidInput):
         await h.workflows.start("three", tenant=h.tenant, owner=OWNER, run_id="nope")
 
