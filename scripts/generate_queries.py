@@ -97,17 +97,19 @@ def logged(
     also: str = "",
     kind: str = "card_update",
     lock: str | None = None,
+    before: str = "",
 ) -> str:
     """One statement for one card transition: ``update`` (the conditional ``UPDATE cards``,
     or the proposal's ``INSERT``; it joins ``lk``, the card's thread locked first, and has
     no RETURNING), its ``card_events`` row and its thread-log entry. Returns the card's
     columns plus ``body``, ``log_seq``, ``log_at`` and ``holder`` (the worker holding the
     card's run); no row when ``update`` matched nothing, and then nothing was written.
-    ``also``: further CTEs over ``c`` (the moved card), e.g. the operation row."""
+    ``also``: further CTEs over ``c`` (the moved card), e.g. the operation row;
+    ``before``: CTEs between the lock and ``c`` (each ending with a comma)."""
     return f"""\
 WITH lk AS MATERIALIZED (
     {lock or card_thread_lock()}
-),
+),{before}
 c AS (
     {update}
     RETURNING cards.*, {card_json("cards", "    ")} AS body
@@ -239,8 +241,7 @@ INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk
                        editable, status, expires_at)
     SELECT $1, lk.locked, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
            'pending', now() + make_interval(secs => $17)
-    FROM lk JOIN runs ON runs.id = $3 AND runs.thread_id = lk.locked
-    WHERE runs.status IN ('running', 'waiting')
+    FROM lk JOIN r ON r.thread_id = lk.locked
     ON CONFLICT (request_key) DO NOTHING""",
             src="NULL",
             actor="'system'",
@@ -249,6 +250,14 @@ INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk
             detail="'{}'::jsonb",
             kind="card",
             lock=thread_lock("$2::uuid"),
+            # The run read locked, after the thread's lock: a supersede committed while
+            # this waited for it is seen (the statement's snapshot predates the wait).
+            before="""
+r AS MATERIALIZED (
+    SELECT runs.id, runs.thread_id FROM runs JOIN lk ON runs.thread_id = lk.locked
+    WHERE runs.id = $3 AND runs.status IN ('running', 'waiting')
+    FOR SHARE OF runs
+),""",
         ),
     ),
     "card_decide_logged": (

@@ -219,7 +219,9 @@ class Cards:
             created_row = await conn.fetchrow(
                 SQL.card_propose, *_values(new, new_id, operation_id(new_id))
             )
-            if created_row is None:
+            if created_row is None:  # nothing of this transaction is kept
+                if await conn.fetchrow(SQL.card_by_request_key, new.request_key) is None:
+                    raise RunInactive(f"run {new.run_id} is no longer active", card_id=card_id)
                 raise Conflict("an identical card already exists in this run", card_id=card_id)
             created = rows.card(created_row)
             old = rows.card(rows.some(await conn.fetchrow(SQL.card_set_superseded_by, cid, new_id)))

@@ -434,14 +434,18 @@ WITH lk AS MATERIALIZED (
     SELECT threads.id AS locked FROM threads
     WHERE threads.id = ($2::uuid) FOR NO KEY UPDATE
 ),
+r AS MATERIALIZED (
+    SELECT runs.id, runs.thread_id FROM runs JOIN lk ON runs.thread_id = lk.locked
+    WHERE runs.id = $3 AND runs.status IN ('running', 'waiting')
+    FOR SHARE OF runs
+),
 c AS (
     INSERT INTO cards (id, thread_id, run_id, tenant, owner, tool, tool_use_id, risk, input,
                        args_snapshot, summary, impact, snapshot_hash, request_key, operation_id,
                        editable, status, expires_at)
     SELECT $1, lk.locked, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
            'pending', now() + make_interval(secs => $17)
-    FROM lk JOIN runs ON runs.id = $3 AND runs.thread_id = lk.locked
-    WHERE runs.status IN ('running', 'waiting')
+    FROM lk JOIN r ON r.thread_id = lk.locked
     ON CONFLICT (request_key) DO NOTHING
     RETURNING cards.*, jsonb_build_object(
         'id', cards.id,

@@ -43,7 +43,8 @@ _NOT_NAMES = frozenset(
     search look cancel cancele cancela cancelar please por favor o a os as um uma the of to
     for from do da de dos das para em e and then depois i me my meu minha email e-mail new
     novo nova what qual quanto how show mostre propose proponha again novamente valor
-    oi olá ola bom boa dia tarde noite hi hey hello hola obrigado obrigada thanks""".split()
+    oi olá ola bom boa dia tarde noite hi hey hello hola obrigado obrigada thanks
+    sim não nao no yes ok okay agora então entao now so well bem ah don know sei""".split()
 )
 _CAPITAL = re.compile(r"(?<![\w@.])([A-ZÀ-Ý][a-zà-ÿ]+)(?:'s)?\b")
 _AFTER = re.compile(
@@ -71,8 +72,9 @@ _SPLIT = re.compile(
 # "cobre 150 do João e 30 da Maria", "charge Maria 20 and João 30": a second charge said
 # without its verb (the newcomer probe: only the first got a card, the second was dropped).
 _MORE = re.compile(
-    r"(?:,\s+|\s+(?:e|and)\s+)(?=(?:R\$\s*)?\d+(?:[.,]\d+)?\s+(?!centavos?\b)\S"
-    r"|[A-ZÀ-Ý][\w\u00C0-\u017F]*\s+(?:R\$\s*)?\d)"
+    r"(?:,\s+|;\s*|\.\s+(?:e\s+|and\s+)?|\s+(?:e|and)\s+(?:depois\s+|then\s+)?)"
+    r"(?=(?:R\$\s*)?\d[\d.,]*\s+(?!centavos?\b)\S"
+    r"|(?:d[aoe]s?\s+|o\s+|a\s+)?[A-ZÀ-Ý][\w\u00C0-\u017F]*\s+(?:em\s+)?(?:R\$\s*)?\d)"
 )
 _CHARGE = re.compile(r"cobr|charge", re.IGNORECASE)
 _CENTS = re.compile(r"^\s*(?:reais|real)\s+e\s+(\d{1,2})\s+centavos?\b", re.IGNORECASE)

@@ -394,6 +394,8 @@ def test_a_no_on_its_own_before_a_request_is_no_refusal(text: str) -> None:
 
     use = intent(text)
     assert use is not None and use["name"] == "create_pix_charge", text
+    assert use["input"]["customer"] == "João", use  # not "Não" (a review)
+    assert use["input"]["customer"] == "João", use  # not "Não" (a review)
 
 
 def test_refusals_name_the_limit_and_the_sign_in_the_persons_language() -> None:
@@ -433,6 +435,14 @@ def test_a_charge_missing_who_or_how_much_says_what_is_missing(text: str, expect
         ("Charge Maria 20 and João 30", [("Maria", "20"), ("João", "30")]),
         ("cobre R$ 1.500,00 do João e 30 da Maria", [("João", "1.500,00"), ("Maria", "30")]),
         ("cobre 150 reais e 50 centavos do João", [("João", "150,50")]),
+        ("cobre 150 do João e R$ 1.500,00 da Maria", [("João", "150"), ("Maria", "1.500,00")]),
+        ("cobre 1.500 do João e 2.000,50 da Maria", [("João", "1.500"), ("Maria", "2.000,50")]),
+        ("cobre 150 do João e depois 30 da Maria", [("João", "150"), ("Maria", "30")]),
+        ("cobre do João 150 e da Maria 30", [("João", "150"), ("Maria", "30")]),
+        ("cobre o João em 150 e a Maria em 30", [("João", "150"), ("Maria", "30")]),
+        ("cobre 150 do João; 30 da Maria", [("João", "150"), ("Maria", "30")]),
+        ("cobre 150 do João. E 30 da Maria", [("João", "150"), ("Maria", "30")]),
+        ("cobre 150 do João, referente ao aluguel", [("João", "150")]),
     ],
 )
 def test_every_charge_of_a_list_is_a_call_and_cents_count(
