@@ -14,12 +14,15 @@ and without ``--yes`` when no terminal can confirm.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from signoff.embedded.accounts import RELOCATED_PARENT, RELOCATED_PREFIX
 from signoff.runtime.cli_ops import RECORD, SECRET, read_record
 from signoff.runtime.config import Settings, data_path
 from signoff.runtime.errors import ConfigError
@@ -82,9 +85,33 @@ def places(folder: Path) -> list[Path]:
         )
     found = [folder]
     home = relocated_home(embedded)
-    if home is not None and home.exists():
+    if home is not None and _made_for(home, embedded):
         found.append(home)
     return found
+
+
+def _made_for(home: Path, embedded: Path) -> bool:
+    """``home`` (named by the folder's ``pg.location``) is a cluster folder signoff made
+    under ``/var/tmp`` for this very folder: a real root-owned folder there, not a link,
+    whose name is this folder's digest (a copied checkout's ``pg.location`` names the
+    original's cluster, which is not this folder's to remove)."""
+    try:
+        st = home.lstat()
+    except FileNotFoundError:
+        return False
+    digest = hashlib.sha256(str(embedded.resolve()).encode()).hexdigest()[:12]
+    ours = (
+        stat.S_ISDIR(st.st_mode)
+        and st.st_uid == 0
+        and home.parent.resolve() == RELOCATED_PARENT.resolve()
+        and home.name == f"{RELOCATED_PREFIX}{digest}"
+    )
+    if not ours:
+        print(
+            f"note: {embedded / 'pg.location'} names {home}, which is not the cluster signoff "
+            "made for this folder (a copied folder?): left alone"
+        )
+    return ours
 
 
 def run(settings: Settings, yes: bool) -> int:

@@ -167,8 +167,9 @@ async def running(
         await stack.enter_async_context(
             prefix_owner.hold(
                 bus,
-                prefix_owner.owner_of(app.name, settings.database_url),
+                prefix_owner.owner_of(app.name, await store.installation_id()),
                 where=presence.bus_identity(settings.redis_url, settings.key_prefix),
+                database=prefix_owner.database_identity(settings.database_url),
                 allow_skew=settings.allow_app_skew,
             )
         )

@@ -53,13 +53,15 @@ def database_identity(url: str | None) -> str:
     return f"{host}:{port}/{parts.path.strip('/') or '<default>'}"
 
 
-def owner_of(app: str, database_url: str | None) -> str:
-    return f"app {app!r} on database {database_identity(database_url)}"
+def owner_of(app: str, installation: str) -> str:
+    """Who claims a prefix: the app's name and its database's own id (migration 0014:
+    the same through PgBouncer, a proxy or another host name)."""
+    return f"app {app!r} on database {installation}"
 
 
 @asynccontextmanager
 async def hold(
-    bus: Bus, owner: str, *, where: str, allow_skew: bool = False
+    bus: Bus, owner: str, *, where: str, database: str = "", allow_skew: bool = False
 ) -> AsyncIterator[None]:
     """The prefix claimed for ``owner`` for the duration of the block (or refused)."""
     ttl_ms = int(TTL_SECONDS * 1000)
@@ -70,7 +72,9 @@ async def hold(
         held = owner
     if held != owner:
         text = (
-            f"the Redis bus {where} is used by {held}, and this process serves {owner}: "
+            f"the Redis bus {where} is used by {held}, and this process serves {owner}"
+            + (f" (reached at {database})" if database else "")
+            + ": "
             "each app (and each database) needs its own SIGNOFF_KEY_PREFIX or Redis, or "
             "its workers take the other's messages"
         )

@@ -46,6 +46,11 @@ class Apps:
         """Renew ``process``'s row (written again if it was forgotten)."""
         await self._db.execute(SQL.app_process_upsert, *_values(process))
 
+    async def installation_id(self) -> str:
+        """This database's own random id (migration 0014): the same through any URL."""
+        value = await self._db.fetchval(SQL.installation_id)
+        return str(value)
+
     async def leave_app(self, process_id: str) -> None:
         await self._db.execute(SQL.app_process_leave, process_id)
 

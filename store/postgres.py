@@ -107,6 +107,7 @@ class PostgresStore:
         self.join_app = apps.join_app
         self.beat_app = apps.beat_app
         self.leave_app = apps.leave_app
+        self.installation_id = apps.installation_id
         self.app_processes = apps.app_processes
         self.hand_over_run = apps.hand_over_run
 

@@ -92,6 +92,7 @@ class Queries:
     app_processes_live: str
     app_process_upsert: str
     app_process_leave: str
+    installation_id: str
     app_processes_forget: str
     run_hand_over: str
     # the WhatsApp channel (store/whatsapp.py)

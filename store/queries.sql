@@ -1032,11 +1032,14 @@ WHERE c.status = 'approved' AND c.decided_at < now() - make_interval(secs => $1)
 ORDER BY c.decided_at LIMIT $2;
 
 -- name: cards_stuck_executing
--- Cards in executing for more than $1 seconds are flagged for reconciliation by a person
--- (never retried: I4).
+-- Cards in executing for more than $1 seconds (and more than their worker's in-flight
+-- time, kept in the `executing` audit row: its call may still be answered) are flagged
+-- for reconciliation by a person (never retried: I4).
 UPDATE cards SET needs_reconciliation = true
 WHERE status = 'executing' AND NOT needs_reconciliation
-  AND executing_since < now() - make_interval(secs => $1)
+  AND executing_since < now() - make_interval(secs => greatest($1::float8, coalesce((
+      SELECT max((e.detail ->> 'in_flight_seconds')::float8) FROM card_events e
+      WHERE e.card_id = cards.id AND e.to_status = 'executing'), 0)))
 RETURNING id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk,
     input, args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text,
     editable, status, expires_at, decided_at, decided_by, channel, reason,
@@ -1149,6 +1152,13 @@ ON CONFLICT (id) DO UPDATE SET app = EXCLUDED.app, fingerprint = EXCLUDED.finger
 -- name: app_process_leave
 -- A process stopping cleanly forgets its row.
 DELETE FROM app_processes WHERE id = $1;
+
+-- name: installation_id
+-- This database's own random id (migration 0014), made now if its row went missing.
+WITH made AS (
+    INSERT INTO signoff_installation DEFAULT VALUES ON CONFLICT (one) DO NOTHING RETURNING id
+)
+SELECT id::text FROM made UNION ALL SELECT id::text FROM signoff_installation LIMIT 1;
 
 -- name: app_processes_forget
 -- Rows of processes gone for a day: nobody reads them any more.

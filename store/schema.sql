@@ -129,6 +129,14 @@ CREATE TABLE app_processes (
     bus          text NOT NULL DEFAULT ''  -- Redis location and key prefix (migration 0013)
 );
 
+-- This database's own random id (migration 0014): what an app's processes claim their
+-- Redis key prefix with (runtime/prefix_owner.py).
+CREATE TABLE signoff_installation (
+    id          uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    one         boolean NOT NULL DEFAULT true UNIQUE CHECK (one),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
 -- The WhatsApp channel (migration 0006, gateway/channels/whatsapp).
 CREATE TABLE wa_contacts (
     tenant           text NOT NULL,

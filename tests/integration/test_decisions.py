@@ -689,7 +689,9 @@ async def test_recording_the_outcome_of_a_flagged_card_clears_its_flag(
         await h.decide(card, Decision.APPROVE)
         await h.settle()
         await h.store.db.execute(  # as if the worker had paused right after `executing`
-            "UPDATE cards SET status = 'executing', result = NULL WHERE id = $1", card.id
+            "UPDATE cards SET status = 'executing', result = NULL, "
+            "executing_since = now() - interval '1 hour' WHERE id = $1",
+            card.id,
         )
         assert card.id in {c.id for c in await h.store.flag_stuck(0)}
         done = await h.store.finish_execution(

@@ -45,3 +45,36 @@ async def test_an_approval_survives_a_lease_row_locked_past_most_of_a_lease(
         assert await h.charges() == 1
         run = await h.store.get_run(card.run_id)
         assert run.holder in (None, h.worker.worker_id)
+
+
+async def test_a_database_that_stays_that_slow_gets_the_certain_outcome(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a fence answering "ours" late every time was asked again for ever, the
+    card held `executing` (unflagged, each fence restarting its clock). After
+    ``LATE_FENCES`` late answers nothing is sent and the card is recorded `failed`."""
+    from signoff.runtime import execution
+
+    monkeypatch.setattr(execution, "LATE_FENCES", 3)
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=5.0)
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        card = await one_card(h)
+        real = h.store.execution_fence
+        fences = 0
+
+        async def slow(card_id: str, holder: str, seconds: float) -> bool:
+            nonlocal fences
+            fences += 1
+            await asyncio.sleep(0.85)  # past 0.8 of the 1 s lease, every time
+            return await real(card_id, holder, seconds)
+
+        monkeypatch.setattr(h.store, "execution_fence", slow)
+        executor = h.worker.agent.executor
+        assert executor.lease is not None
+        executor.lease.until = 0.0  # the clock stopped vouching (renewals held up)
+        monkeypatch.setattr(executor.lease, "renewed", lambda sent: None)
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        final = await h.store.get_card(card.id)
+        assert final.status is Status.FAILED and "not sent" in str(final.result), final
+        assert fences == 3 and await h.charges() == 0

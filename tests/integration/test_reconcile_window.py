@@ -83,6 +83,9 @@ async def test_the_cli_refuses_an_unflagged_card_in_flight_unless_forced(
         )
         # A worker whose lease + tool deadline is 600 s started it a moment ago.
         assert await h.store.begin_execution(card.id, "worker:busy", None, 600.0) is not None
+        # Nor does the sweeper flag it (inviting a reconcile) within that time (a review:
+        # it flagged after SIGNOFF_STUCK_AFTER_SECONDS, whatever the tool deadline).
+        assert card.id not in {c.id for c in await h.store.flag_stuck(0)}
         args = ["cards", "reconcile", card.id, "--outcome", "failed", "--note", "not seen"]
         rc = await asyncio.to_thread(cli.main, [*args, "--database-url", database_url])
         err = capsys.readouterr().err
@@ -92,3 +95,24 @@ async def test_the_cli_refuses_an_unflagged_card_in_flight_unless_forced(
         assert rc == 0, capsys.readouterr().err
         done = await h.store.get_card(card.id)
         assert done.status is Status.FAILED and not done.needs_reconciliation
+
+
+async def test_the_sweeper_flags_a_card_once_its_in_flight_time_is_over(
+    database_url: str,
+) -> None:
+    async with harness(database_url, model=Scripted(pix("6"))) as h:
+        card = await one_card(h)
+        await h.store.decide(
+            card.id,
+            principal="alice",
+            decision=Decision.APPROVE,
+            snapshot_hash=card.snapshot_hash,
+            channel="test",
+        )
+        assert await h.store.begin_execution(card.id, "worker:busy", None, 600.0) is not None
+        assert card.id not in {c.id for c in await h.store.flag_stuck(0)}
+        await h.store.db.execute(
+            "UPDATE cards SET executing_since = now() - interval '601 seconds' WHERE id = $1",
+            card.id,
+        )
+        assert card.id in {c.id for c in await h.store.flag_stuck(0)}

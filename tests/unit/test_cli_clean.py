@@ -3,6 +3,7 @@ while a ``signoff dev`` uses them."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -19,9 +20,12 @@ from signoff.runtime.cli_ops import DevRecord
 
 
 @pytest.fixture
-def relocated() -> Iterator[Path]:
-    """A folder of the relocated kind under /var/tmp (this test's own, removed after)."""
-    home = Path("/var/tmp") / f"signoff-pg-test{secrets.token_hex(6)}"
+def relocated(tmp_path: Path) -> Iterator[Path]:
+    """The cluster folder signoff would make under /var/tmp for ``tmp_path/.signoff`` when
+    run as root (its name is the digest of the folder's ``embedded``), removed after."""
+    embedded = tmp_path / ".signoff" / "embedded"
+    digest = hashlib.sha256(str(embedded.resolve()).encode()).hexdigest()[:12]
+    home = Path("/var/tmp") / f"signoff-pg-{digest}"
     (home / "pg").mkdir(parents=True)
     (home / "pg" / "PG_VERSION").write_text("18\n")
     yield home
@@ -101,3 +105,24 @@ def test_clean_refuses_while_the_folders_postgres_runs(tmp_path: Path) -> None:
 
 def test_clean_of_a_missing_folder_says_so(tmp_path: Path) -> None:
     assert main(["clean", "--data-dir", str(tmp_path / "none"), "--yes"]) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cluster folders under /var/tmp are root's")
+def test_a_location_naming_another_folders_cluster_is_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review: `pg.location` was trusted, so a copied checkout's (naming the original's
+    cluster) or one walking out of /var/tmp had that folder removed."""
+    others = [Path("/var/tmp") / f"signoff-pg-other{secrets.token_hex(4)}"]
+    outside = tmp_path / "elsewhere" / f"signoff-pg-{secrets.token_hex(4)}"
+    try:
+        for i, home in enumerate([*others, Path(f"/var/tmp/../..{outside}")]):
+            real = Path(os.path.normpath(home))
+            (real / "pg").mkdir(parents=True)
+            folder = _data_folder(tmp_path / f"copy{i}", home)
+            assert main(["clean", "--data-dir", str(folder), "--yes"]) == 0
+            assert "left alone" in capsys.readouterr().out
+            assert not folder.exists() and (real / "pg").is_dir(), home
+    finally:
+        for home in [*others, outside]:
+            shutil.rmtree(home, ignore_errors=True)
