@@ -87,6 +87,7 @@ class Client:
                 return
 
 
+@pytest.mark.slow  # 12-16 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_sigterm_moves_200_sockets_to_the_other_gateway_losing_no_event(
     database_url: str, tmp_path: Path
 ) -> None:

@@ -54,6 +54,7 @@ async def charge_keys(db: asyncpg.Connection, tenant: str) -> list[str]:
     return [r["idempotency_key"] for r in rows]
 
 
+@pytest.mark.slow  # 12-16 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_worker_frozen_after_provider_accepted_then_thawed(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:
@@ -131,6 +132,7 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
             await db.close()
 
 
+@pytest.mark.slow  # 12-16 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_worker_frozen_after_starting_execution_calls_nothing_when_thawed(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:

@@ -438,6 +438,7 @@ async def test_reauth_as_another_user_drops_every_subscription(w: WsTarget) -> N
     await renewed.close()
 
 
+@pytest.mark.slow  # 12-16 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_a_message_is_acked_or_refused_never_half_stored(
     database_url: str, tmp_path: Path, invariants: Invariants
 ) -> None:
