@@ -69,6 +69,7 @@ async def test_a_second_apps_process_on_the_same_prefix_refuses_to_start(
         "SIGNOFF_DATABASE_URL": database_url,
         "SIGNOFF_REDIS_URL": services.redis_url(),
         "SIGNOFF_KEY_PREFIX": prefix,
+        "SIGNOFF_DB_STATEMENT_CACHE_SIZE": "0",  # the suite's PgBouncer pass too
     }
     settings = from_env(env)
     # The same database reached by another name (a proxy, PgBouncer, localhost): the same
