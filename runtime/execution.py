@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from signoff.runtime.begin import begin
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import ExecutingElsewhere, ToolTimedOut, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
@@ -336,17 +337,21 @@ class Executor:
         # Only while this worker holds the run (a worker's executor): one adopted while
         # it was held up is the adopter's to execute (design note 49).
         holder = actor.removeprefix("worker:") if self.lease is not None else None
-        moved = await self.store.begin_execution(card.id, actor, holder, self.in_flight())
+        # A begin whose answer was lost is told from another's by its token (note 50).
+        begun = await begin(self.store, card.id, actor, holder, self.in_flight())
         prompt = self._may_send(epoch, began)  # before the hint: a slow Redis is no pause
-        started = await self.notify.moved(moved)
-        if started is None:
-            now = await self.store.get_card(card.id)
-            if now.status is Status.EXECUTING:
+        if begun.moved is not None:
+            await self.notify.moved(begun.moved)
+        elif begun.ours:
+            await self.notify.thread(card.thread_id)
+        if not begun.ours:
+            if begun.card.status is Status.EXECUTING:
                 # Another process started it first: a holder held up while the run was
                 # adopted, whose statement predates the adoption. Left to it for a lease,
                 # as a card found `executing` is (design note 49), not told unknown now.
                 raise ExecutingElsewhere(f"card {card.id} was started by another process")
-            return now
+            return begun.card
+        started = begun.card
         self.faults.hit("execute.after_start")
         unknown = False  # an attempt got no answer: the provider may have acted
         sent = True  # the outcome below is the provider's answer (not "nothing was sent")

@@ -115,6 +115,8 @@ class Counters:
         "executing past SIGNOFF_STUCK_AFTER_SECONDS, or found executing in an adopted run "
         "whose previous holder did not come back within a lease and a tool call "
         "(design note 49).",
+        "signoff_begin_answers_lost_total": "Card executions whose begin committed while "
+        "its answer was lost, recognised by the begin's own token and sent (design note 50).",
         "signoff_late_outcomes_total": "Provider answers that came after their card was "
         "settled (an operator reconciled it while the call was in flight): written to the "
         "card's audit, logged as an ERROR when they disagree with the settled status.",

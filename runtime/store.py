@@ -355,7 +355,10 @@ class Store(Protocol):
         actor: str,
         holder: str | None = None,
         in_flight_seconds: float | None = None,
+        attempt: str | None = None,
     ) -> Moved | None: ...
+
+    async def execution_attempt(self, card_id: str) -> tuple[Card, str | None]: ...
 
     async def finish_execution(
         self, card_id: str, *, ok: bool, result: dict[str, Any], actor: str

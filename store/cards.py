@@ -92,6 +92,14 @@ class Cards:
             raise CardNotFound(f"card {card_id} not found", card_id=card_id)
         return rows.card(row)
 
+    async def execution_attempt(self, card_id: str) -> tuple[Card, str | None]:
+        """The card, and the ``attempt`` token of the begin that last moved it to
+        ``executing`` (``None``: none, or one written without a token)."""
+        row = await self._db.fetchrow(SQL.card_execution_attempt, rows.uuid_of(card_id))
+        if row is None:
+            raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+        return rows.card(row), row["attempt"]
+
     async def card_input(self, card_id: str) -> dict[str, Any]:
         """The model's original (parsed) input, which an edit starts from."""
         row = await self._db.fetchrow(SQL.card_input, rows.uuid_of(card_id))
@@ -261,12 +269,19 @@ class Cards:
         actor: str,
         holder: str | None = None,
         in_flight_seconds: float | None = None,
+        attempt: str | None = None,
     ) -> Moved | None:
         """``approved -> executing`` and the operation row, atomically; ``None`` if we lost
         (I4), or (``holder`` given) if the card's run is not held by ``holder``.
         ``in_flight_seconds`` (how long after ``executing_since`` the worker's call may
-        still be in flight) goes in the audit row, for a reconcile to wait out."""
-        detail = None if in_flight_seconds is None else {"in_flight_seconds": in_flight_seconds}
+        still be in flight) goes in the audit row, for a reconcile to wait out; so does
+        ``attempt``, a token of this very call (:meth:`execution_attempt` reads it back
+        when the answer was lost)."""
+        detail: dict[str, Any] = {}
+        if in_flight_seconds is not None:
+            detail["in_flight_seconds"] = in_flight_seconds
+        if attempt is not None:
+            detail["attempt"] = attempt
         return await self._move(
             SQL.card_begin_execution,
             card_id,

@@ -61,6 +61,7 @@ class Queries:
     # cards
     card_propose: str
     card_get: str
+    card_execution_attempt: str
     card_by_request_key: str
     card_input: str
     cards_of_run: str

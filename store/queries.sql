@@ -513,6 +513,19 @@ SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id
     needs_reconciliation, created_at
 FROM cards WHERE id = $1;
 
+-- name: card_execution_attempt
+-- Card $1 as it stands, and the attempt token of the begin that last moved it to
+-- `executing` (NULL: none, or begun by a version that wrote none): a worker whose begin
+-- got no answer tells its own commit from another process's (design note 50).
+SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
+    args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
+    status, expires_at, decided_at, decided_by, channel, reason, superseded_by::text, result,
+    needs_reconciliation, created_at,
+    (SELECT e.detail ->> 'attempt' FROM card_events e
+     WHERE e.card_id = cards.id AND e.to_status = 'executing'
+     ORDER BY e.id DESC LIMIT 1) AS attempt
+FROM cards WHERE id = $1;
+
 -- name: card_by_request_key
 SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
     args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,

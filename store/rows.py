@@ -14,7 +14,7 @@ from signoff.runtime.records import Entry, Moved, Run, Thread
 from signoff.store.connector import Row
 
 # Columns some card statements return besides the card's own.
-_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder", "run_active", "ord")
+_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder", "run_active", "ord", "attempt")
 
 
 def uuid_of(value: str) -> str:

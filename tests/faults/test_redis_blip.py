@@ -48,9 +48,10 @@ async def test_redis_cut_between_executing_and_the_provider_call_executes_once(
                 actor: str,
                 holder: str | None = None,
                 in_flight_seconds: float | None = None,
+                attempt: str | None = None,
             ) -> Any:
                 # committed: approved -> executing
-                moved = await begin(card_id, actor, holder, in_flight_seconds)
+                moved = await begin(card_id, actor, holder, in_flight_seconds, attempt)
                 proxy.refuse(True)  # Redis is gone from here on
                 proxy.reset()
                 return moved

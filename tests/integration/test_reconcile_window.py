@@ -66,7 +66,7 @@ async def test_retries_start_within_a_lease_of_executing_since_and_reconcile_wai
         assert max(ages) < settings.lease_seconds, ages  # each within a lease of its window
         assert len(refused) == 1 and "up to 1.3 s" in refused[0], refused
         (begun,) = [e for e in await h.store.card_events(card.id) if e.to_status == "executing"]
-        assert begun.detail == {"in_flight_seconds": 1.3}
+        assert begun.detail["in_flight_seconds"] == 1.3 and len(begun.detail["attempt"]) == 32
 
 
 async def test_the_cli_refuses_an_unflagged_card_in_flight_unless_forced(

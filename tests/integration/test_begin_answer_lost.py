@@ -1,0 +1,147 @@
+"""A begin whose answer is lost (design note 50; an integrity probe: a proxy held the
+reply of `card_begin_execution` past the store's timeout). The statement committed
+`approved -> executing`, the worker saw Unavailable, and the run's next step took the
+card for a previous holder's: flagged a lease and a tool deadline later, the provider
+never called, the approval lost. Each begin now carries a token of its own call; the
+worker reads the card back and sends what it began itself, once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from signoff.runtime.cards import Decision, Status
+from signoff.runtime.config import Settings
+from signoff.runtime.errors import Unavailable
+from signoff.runtime.metrics import COUNTERS
+from tests.harness import Harness, harness
+from tests.integration.test_decisions import Scripted, one_card, pix
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+SETTINGS = Settings(lease_seconds=1.0, tool_timeout_seconds=1.0)
+
+
+async def until(h: Harness, card_id: str, done: Callable[[Any], bool], seconds: float) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        card = await h.store.get_card(card_id)
+        if done(card) or loop.time() > deadline:
+            return card
+        await asyncio.sleep(0.05)
+
+
+async def executing_events(h: Harness, card_id: str) -> list[dict[str, Any]]:
+    rows = await h.provider.pool.fetch(
+        "SELECT actor, detail FROM card_events WHERE card_id = $1 AND to_status = 'executing'",
+        card_id,
+    )
+    return [{"actor": r["actor"], "detail": json.loads(r["detail"])} for r in rows]
+
+
+async def test_a_begin_committed_with_its_answer_lost_is_sent_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
+        card = await one_card(h)
+        real = h.store.begin_execution
+        lost = 0
+
+        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+            nonlocal lost
+            await real(*args, **kwargs)  # committed...
+            lost += 1
+            raise Unavailable("postgres: statement timed out")  # ...the answer never came
+
+        monkeypatch.setattr(h.store, "begin_execution", answer_lost)
+        before = COUNTERS.values.get("signoff_begin_answers_lost_total", 0)
+        await h.decide(card, Decision.APPROVE)
+        final = await until(
+            h, card.id, lambda c: c.status not in (Status.APPROVED, Status.EXECUTING), 15
+        )
+        assert final.status is Status.EXECUTED, final
+        assert not final.needs_reconciliation
+        assert lost == 1 and await h.charges() == 1
+        assert COUNTERS.values.get("signoff_begin_answers_lost_total", 0) == before + 1
+        (event,) = await executing_events(h, card.id)
+        assert len(event["detail"]["attempt"]) == 32
+
+
+async def test_a_read_back_that_fails_a_while_is_asked_again(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
+        card = await one_card(h)
+        real_begin, real_read = h.store.begin_execution, h.store.execution_attempt
+        reads = 0
+
+        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+            await real_begin(*args, **kwargs)
+            raise Unavailable("connection lost")
+
+        async def flaky_read(card_id: str) -> Any:
+            nonlocal reads
+            reads += 1
+            if reads <= 3:
+                raise Unavailable("postgres unreachable")
+            return await real_read(card_id)
+
+        monkeypatch.setattr(h.store, "begin_execution", answer_lost)
+        monkeypatch.setattr(h.store, "execution_attempt", flaky_read)
+        await h.decide(card, Decision.APPROVE)
+        final = await until(
+            h, card.id, lambda c: c.status not in (Status.APPROVED, Status.EXECUTING), 15
+        )
+        assert final.status is Status.EXECUTED, final
+        assert reads == 4 and await h.charges() == 1
+
+
+async def test_a_begin_lost_before_it_committed_is_begun_again_later(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
+        card = await one_card(h)
+        real = h.store.begin_execution
+        calls = 0
+
+        async def lost_first(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise Unavailable("connection refused")  # nothing reached Postgres
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(h.store, "begin_execution", lost_first)
+        await h.decide(card, Decision.APPROVE)
+        final = await until(h, card.id, lambda c: c.status is Status.EXECUTED, 20)
+        assert final.status is Status.EXECUTED, final
+        assert calls >= 2 and await h.charges() == 1
+        assert len(await executing_events(h, card.id)) == 1
+
+
+async def test_a_card_begun_by_another_call_is_not_sent_on_a_lost_answer(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token tells this call's commit from another's: a card another process began
+    (here: committed under another token, the answer to this call lost) is left to
+    that process, never sent by this one."""
+    async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
+        card = await one_card(h)
+        real = h.store.begin_execution
+
+        async def someone_elses(
+            card_id: str, actor: str, holder: str | None, in_flight: Any, attempt: Any
+        ) -> Any:
+            await real(card_id, actor, holder, in_flight, "another-process-token")
+            raise Unavailable("postgres: statement timed out")
+
+        monkeypatch.setattr(h.store, "begin_execution", someone_elses)
+        await h.decide(card, Decision.APPROVE)
+        await asyncio.sleep(1.5)  # more than a lease: time enough to have sent it
+        now = await h.store.get_card(card.id)
+        assert now.status is Status.EXECUTING and await h.charges() == 0
