@@ -160,6 +160,8 @@ def build_app(
 
     async def readyz(request: Request) -> Response:
         """Ready: not stopping (gateway/drain.py), Postgres and Redis both answer."""
+        if getattr(request.app.state, "prefix_lost", False):  # stopping (prefix_owner.py)
+            return json_response({"ok": False, "error": "key prefix held by another app"}, 503)
         if getattr(request.app.state, "draining", False):
             return json_response({"ok": False, "error": "draining"}, 503)
         ping_bus = getattr(bus, "ping", None)

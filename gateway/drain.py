@@ -117,5 +117,11 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_later, max(self.drain_seconds, 0.0), self._exit
         )
 
+    def stop_now(self) -> None:
+        """Fail /readyz and stop without the drain delay (requests in flight still get
+        uvicorn's graceful shutdown): this process must not take more work."""
+        self.state.draining = True
+        self.should_exit = True
+
     def _exit(self) -> None:
         self.should_exit = True

@@ -470,7 +470,7 @@ class Agent:
 
         An approved card of a tool this worker does not serve (another app version proposed
         it) stops the continuation before anything runs: :class:`UnknownTool`, the card
-        left approved for a worker that serves it (``Worker._hand_over``); so does a card
+        left approved for a worker that serves it (``runtime/handover.py``); so does a card
         found `executing`, for a while (``Executor.settle_elsewhere``)."""
         results: dict[str, dict[str, Any]] = dict(run.state.get("results", {}))
         for use_id in run.state.get("order", []):

@@ -12,11 +12,20 @@ import signal
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from signoff.runtime import cli_cards, cli_clean, cli_ops, cli_prune, cli_runs, cli_token, loops
+from signoff.runtime import (
+    cli_cards,
+    cli_clean,
+    cli_ops,
+    cli_prune,
+    cli_runs,
+    cli_token,
+    loops,
+    prefix_owner,
+)
 from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.dev import DEMO_APP
@@ -245,7 +254,11 @@ async def _worker(args: argparse.Namespace) -> int:
             f"metrics: {_metrics_where(settings, metrics)}",
             flush=True,
         )
-        await stop.wait()
+        claim = getattr(node, "claim", None)
+        lost = claim.lost if claim is not None else asyncio.Event()
+        await _first(stop.wait(), lost.wait())
+        if claim is not None and lost.is_set():  # the prefix is another's: exit non-zero
+            raise prefix_owner.PrefixLost(claim.why)
         # Counted before the stop: Worker.stop drops them from memory as it releases them.
         parked = len(node.worker.waits.parked_runs()) if node.worker is not None else 0
         log.info(  # a SIGTERM is the normal way out (a deploy, a scale-down)
@@ -262,6 +275,16 @@ async def _worker(args: argparse.Namespace) -> int:
         parked,
     )
     return 0
+
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Until the first of ``waits`` ends (the others cancelled)."""
+    tasks = [asyncio.create_task(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _migrate(args: argparse.Namespace) -> int:

@@ -117,6 +117,8 @@ class Counters:
         "(design note 49).",
         "signoff_begin_answers_lost_total": "Card executions whose begin committed while "
         "its answer was lost, recognised by the begin's own token and sent (design note 50).",
+        "signoff_prefix_lost_total": "Times this process found its Redis key prefix held by "
+        "another app or database after it started (then it stops).",
         "signoff_late_outcomes_total": "Provider answers that came after their card was "
         "settled (an operator reconciled it while the call was in flight): written to the "
         "card's audit, logged as an ERROR when they disagree with the settled status.",

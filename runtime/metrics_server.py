@@ -118,10 +118,15 @@ def worker_gauges(worker: Any) -> list[tuple[str, str, float]]:
     ]
 
 
-async def worker_ready(worker: Any, store: Any, bus: Any, timeout: float = 2.0) -> str | None:
-    """Why ``worker`` cannot take work now (stopping, a loop of it ended, Postgres or Redis
-    not answering within ``timeout``), or None. Dependencies are named, never their
-    errors' text (hosts, ports): the log has that."""
+async def worker_ready(
+    worker: Any, store: Any, bus: Any, claim: Any = None, timeout: float = 2.0
+) -> str | None:
+    """Why ``worker`` cannot take work now (its Redis key prefix held by another app,
+    stopping, a loop of it ended, Postgres or Redis not answering within ``timeout``), or
+    None. Dependencies are named, never their errors' text (hosts, ports): the log has
+    that."""
+    if claim is not None and claim.lost.is_set():
+        return "key prefix held by another app"
     if worker.draining:
         return "draining"
     ended = sorted(t.get_name() for t in (*worker.loops, *worker.ticks.tasks) if t.done())

@@ -47,6 +47,8 @@ class Node:
     decisions: Decisions | None = None
     workflows: WorkflowService | None = None  # what gateways call for workflow runs
     closers: list[Any] = field(default_factory=list)
+    # Its hold on the Redis key prefix: ``claim.lost`` set means stop (prefix_owner.py).
+    claim: prefix_owner.Claim | None = None
 
 
 def dev_secret(settings: Settings) -> str:
@@ -164,7 +166,7 @@ async def running(
         )
         # One app, on one database, per key prefix of a Redis (else workers take another
         # app's messages): refused when another holds it.
-        await stack.enter_async_context(
+        node.claim = await stack.enter_async_context(
             prefix_owner.hold(
                 bus,
                 prefix_owner.owner_of(app.name, await store.installation_id()),
@@ -247,7 +249,7 @@ async def start_metrics(node: Node) -> Any:
         inbox = InboxStats(node.bus)
         server.add(inbox.gauges)
         server.refreshers.append(inbox.refresh)
-        server.ready = lambda: worker_ready(worker, node.store, node.bus)
+        server.ready = lambda: worker_ready(worker, node.store, node.bus, node.claim)
     from signoff.gateway.timeouts import http_protocol
 
     await server.start(s.metrics_host or s.host, s.metrics_port, http_protocol(s))
@@ -307,8 +309,22 @@ async def serve_gateway(
     whatsapp = getattr(app.state, "whatsapp", None)
     courier = asyncio.create_task(whatsapp.courier.run()) if whatsapp is not None else None
     task.add_done_callback(lambda _: courier.cancel() if courier is not None else None)
+    # Another app or database holding the key prefix (found after start): /readyz fails
+    # and the server stops at once, no drain delay (each message taken meanwhile would
+    # go to the other app's workers); the command exits non-zero (prefix_owner.py).
+    claim = node.claim
+    watch = asyncio.create_task(_stop_when_lost(claim, app.state, server)) if claim else None
+    task.add_done_callback(lambda _: watch.cancel() if watch is not None else None)
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if started is not None:
         started.set()
     await task
+    if claim is not None and claim.lost.is_set():
+        raise prefix_owner.PrefixLost(claim.why)
+
+
+async def _stop_when_lost(claim: prefix_owner.Claim, state: Any, server: Any) -> None:
+    await claim.lost.wait()
+    state.prefix_lost = True
+    server.stop_now()

@@ -11,8 +11,13 @@ Every gateway and worker claims the prefix in Redis for its app and database
 (``Keys.owner``, expiring after :data:`TTL_SECONDS` unless renewed every
 :data:`BEAT_SECONDS`). A process that finds it held for another app or database refuses
 to start (``SIGNOFF_ALLOW_APP_SKEW`` lets it start with a warning, for renaming an app
-in a rolling deploy); one that loses it while running says so at ERROR. Redis away at
-start is no refusal: the claim is renewed once it answers.
+in a rolling deploy). Redis away at start is no refusal: the claim is made once it
+answers. A process that then finds the prefix held by another app or database (it
+started while Redis was away, or its claim lapsed during a long outage and another took
+it) stops: :attr:`Claim.lost` is set, its worker takes no more messages and its command
+exits non-zero, and ``/readyz`` fails meanwhile (an operator probe: it was only logged,
+and the two apps went on taking each other's messages). A restart then refuses with
+:class:`PrefixTaken`, which names both.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from signoff.runtime.bus.protocol import Bus
 from signoff.runtime.errors import ConfigError, SignoffError
+from signoff.runtime.metrics import COUNTERS
 
 log = logging.getLogger("signoff.presence")
 
@@ -37,6 +44,22 @@ class PrefixTaken(ConfigError):
     """The Redis key prefix is used by another app, or by this app on another database."""
 
     code = "prefix_taken"
+
+
+@dataclass
+class Claim:
+    """A process's hold on its prefix: ``lost`` is set (and ``why`` says by whom) when
+    another app or database turns out to hold it; the process must stop."""
+
+    owner: str
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    why: str = ""
+
+
+class PrefixLost(ConfigError):
+    """The key prefix turned out, after start, to be held by another app or database."""
+
+    code = "prefix_lost"
 
 
 def database_identity(url: str | None) -> str:
@@ -59,52 +82,70 @@ def owner_of(app: str, installation: str) -> str:
     return f"app {app!r} on database {installation}"
 
 
+def _taken(where: str, held: str, owner: str, database: str) -> str:
+    return (
+        f"the Redis bus {where} is used by {held}, and this process serves {owner}"
+        + (f" (reached at {database})" if database else "")
+        + ": each app (and each database) needs its own SIGNOFF_KEY_PREFIX or Redis, or "
+        "its workers take the other's messages"
+    )
+
+
 @asynccontextmanager
 async def hold(
     bus: Bus, owner: str, *, where: str, database: str = "", allow_skew: bool = False
-) -> AsyncIterator[None]:
+) -> AsyncIterator[Claim]:
     """The prefix claimed for ``owner`` for the duration of the block (or refused)."""
     ttl_ms = int(TTL_SECONDS * 1000)
+    claim = Claim(owner)
     try:
         held = await bus.claim_owner(owner, ttl_ms)
     except SignoffError as exc:  # Redis away: the renewals claim it when it is back
-        log.warning("key prefix not claimed yet (%s): claimed once Redis answers", exc)
+        log.warning(
+            "key prefix not claimed yet (%s): claimed once Redis answers (this process "
+            "stops then if another app or database holds it)",
+            exc,
+        )
         held = owner
     if held != owner:
-        text = (
-            f"the Redis bus {where} is used by {held}, and this process serves {owner}"
-            + (f" (reached at {database})" if database else "")
-            + ": "
-            "each app (and each database) needs its own SIGNOFF_KEY_PREFIX or Redis, or "
-            "its workers take the other's messages"
-        )
+        text = _taken(where, held, owner, database)
         if not allow_skew:
             raise PrefixTaken(
                 text + f" (a stopped process's claim lapses {TTL_SECONDS:.0f}s after it stops)"
             )
         log.warning("%s (allowed: SIGNOFF_ALLOW_APP_SKEW)", text)
-    task = asyncio.create_task(_renew(bus, owner, ttl_ms, where), name="signoff-prefix-owner")
+    task = asyncio.create_task(
+        _renew(bus, claim, ttl_ms, where, database, allow_skew), name="signoff-prefix-owner"
+    )
     try:
-        yield
+        yield claim
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
 
-async def _renew(bus: Bus, owner: str, ttl_ms: int, where: str) -> None:
+async def _renew(
+    bus: Bus, claim: Claim, ttl_ms: int, where: str, database: str, allow_skew: bool
+) -> None:
+    warned = False
     while True:
         await asyncio.sleep(BEAT_SECONDS)
         try:
-            held = await bus.claim_owner(owner, ttl_ms)
+            held = await bus.claim_owner(claim.owner, ttl_ms)
         except Exception as exc:  # Redis away: the next beat tries again
             log.warning("key prefix claim not renewed: %s", exc)
             continue
-        if held != owner:
-            log.error(
-                "the Redis bus %s is used by %s too, and this process serves %s: their "
-                "workers take each other's messages; give each its own SIGNOFF_KEY_PREFIX",
-                where,
-                held,
-                owner,
-            )
+        if held == claim.owner:
+            continue
+        text = _taken(where, held, claim.owner, database)
+        if allow_skew:
+            if not warned:  # once: a rename in a rolling deploy holds it for a while
+                log.warning("%s (allowed: SIGNOFF_ALLOW_APP_SKEW)", text)
+                warned = True
+            continue
+        COUNTERS.inc("signoff_prefix_lost_total")
+        claim.why = text
+        log.error("stopping: %s", text)
+        claim.lost.set()
+        return

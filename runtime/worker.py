@@ -17,7 +17,7 @@ from contextvars import Context
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.runtime import logs, presence, telemetry
+from signoff.runtime import logs, telemetry
 from signoff.runtime.agent import Agent
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
@@ -35,6 +35,7 @@ from signoff.runtime.errors import (
 )
 from signoff.runtime.execution import LeaseClock
 from signoff.runtime.faults import Faults
+from signoff.runtime.handover import hand_over
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.models.base import Model
@@ -56,10 +57,8 @@ START_RETRIES = (0.2, 0.5, 1.0, 2.0)
 # A continuation that raised anything but Unavailable is tried this many more times (it
 # may have lost a race), then its run is settled as failed with the error for the client.
 WAKE_ERROR_RETRIES = 2
-# A run whose approved card names a tool no live worker serves is looked at again after
-# these many seconds (doubling up to the maximum): a worker that serves it may start.
-HAND_OVER_RETRY_SECONDS = 5.0
-HAND_OVER_RETRY_MAX_SECONDS = 60.0
+# A worker whose subscription is not live within this long (Redis away) does not start.
+SUBSCRIBE_SECONDS = 10.0
 # A stopping worker lets each periodic loop finish its tick for up to this long.
 STOP_GRACE_SECONDS = 5.0
 
@@ -121,7 +120,14 @@ class Worker:
         self.draining = False
         self.workflows.reopen()
         self.loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
-        await asyncio.wait_for(self._subscribed.wait(), 10)
+        try:  # no decision can reach it without its bus: said, not a traceback
+            await asyncio.wait_for(self._subscribed.wait(), SUBSCRIBE_SECONDS)
+        except TimeoutError:
+            raise Unavailable(
+                f"Redis did not answer within {SUBSCRIBE_SECONDS:.0f}s: a worker does not "
+                "start without its bus (the log above says why); start it again once "
+                "Redis answers"
+            ) from None
         with contextlib.suppress(SignoffError):  # else the lease tick renews it
             await self._renew()
         self.agent.executor.lease = self.lease
@@ -378,31 +384,8 @@ class Worker:
             self.waits.drop_run(run_id)
 
     async def _hand_over(self, run_id: str, exc: UnknownTool, attempt: int = 0) -> None:
-        """An approved card of the run names a tool this worker does not serve (another
-        version of the app proposed it): not invalidated; the run goes to a live worker
-        that serves the tool (released: the next adopter takes it, or hands it on). With
-        none alive, it stays here and is looked at again later (design note 21)."""
-        self.waits.drop_run(run_id)
-        try:
-            handed = await self.store.hand_over_run(
-                run_id, self.worker_id, exc.tool, presence.LIVE_SECONDS
-            )
-        except SignoffError as err:
-            log.warning("run %s: could not hand it over (%s)", run_id, err)
-            handed = False
-        if handed:
-            COUNTERS.inc("signoff_runs_handed_over_total")
-            log.warning("%s: run %s handed to the workers that serve it", exc.message, run_id)
-            return
-        delay = min(HAND_OVER_RETRY_SECONDS * 2**attempt, HAND_OVER_RETRY_MAX_SECONDS)
-        log.error(
-            "%s, and no live worker serves it: the card stays approved; run %s is looked "
-            "at again in %.0fs",
-            exc.message,
-            run_id,
-            delay,
-        )
-        self.wakes.later(run_id, attempt + 1, delay)
+        self.waits.drop_run(run_id)  # not invalidated: to a worker that serves it (handover.py)
+        await hand_over(self.store, self.worker_id, run_id, exc, attempt, self.wakes.later)
 
     async def _listen(self) -> None:
         """Own the subscription loop: re-subscribe after any drop and re-read Postgres."""

@@ -25,8 +25,7 @@ from signoff import (
 from signoff.demo import demo_policy
 from signoff.demo.tools import ALL_TOOLS
 from signoff.gateway.errors import status_of
-from signoff.runtime import presence
-from signoff.runtime import worker as worker_module
+from signoff.runtime import handover, presence
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.decisions import Decisions
 from signoff.runtime.keys import Keys
@@ -143,8 +142,8 @@ async def test_a_gateway_refuses_to_approve_or_edit_a_card_of_a_tool_it_does_not
 async def test_a_worker_leaves_an_approved_card_of_an_unknown_tool_to_a_worker_that_serves_it(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "HAND_OVER_RETRY_SECONDS", 0.2)
-    monkeypatch.setattr(worker_module, "HAND_OVER_RETRY_MAX_SECONDS", 0.5)
+    monkeypatch.setattr(handover, "RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(handover, "RETRY_MAX_SECONDS", 0.5)
     async with harness(database_url, model=Scripted(pix("42"))) as h:
         card = await one_card(h)
         settings = h.settings.with_(lease_seconds=1.0)
