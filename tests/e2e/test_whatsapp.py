@@ -402,6 +402,55 @@ async def test_a_button_naming_another_tenants_card_is_ignored_and_the_rest_is_h
         await db.close()
 
 
+async def test_messages_to_another_number_of_the_meta_app_are_not_acted_on(
+    wa: Cluster, graph: FakeGraphAPI, database_url: str
+) -> None:
+    """One Meta app's webhook gets every number's messages, signed with the same secret
+    (a hostile probe: a button sent to another number, 999, approved a card of this
+    channel's number, 100). Acknowledged, and nothing done; the same delivery's change
+    for this number is handled."""
+    me = "5511900000032"
+    async with httpx.AsyncClient(base_url=wa.gateways[0].url, timeout=30) as http:
+        auth = {"Authorization": f"Bearer {wa.token(me)}"}
+        thread = (await http.post("/v1/threads", headers=auth)).json()["thread"]["id"]
+        r = await http.post(
+            f"/v1/threads/{thread}/messages",
+            json={"text": "cobra R$ 13,00 da Maria por pix"},
+            headers=auth,
+        )
+        assert r.status_code in (200, 202), r.text
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        elsewhere = json.loads(
+            delivery(
+                button_message(me, f"pa:approve:{card['id']}", "wamid.other-1"),
+                text_message(me, "cobra R$ 99,00 do João", "wamid.other-2"),
+                phone_number_id="999",
+            )
+        )
+        ours = json.loads(delivery(text_message(me, "saldo", "wamid.ours-1")))
+        elsewhere["entry"].append(ours["entry"][0])
+        body = json.dumps(elsewhere).encode()
+        assert post(wa, body, signed(body, SECRET)).status_code == 200
+        await asyncio.to_thread(graph.wait_for, to(me), 30)  # the "saldo" is answered
+        await asyncio.sleep(1.0)  # room for anything else to happen
+        assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == "pending"
+        assert (
+            await db.fetchval("SELECT count(*) FROM card_events WHERE card_id = $1", card["id"])
+            == 1
+        )
+        said = await db.fetch(
+            "SELECT m.body->'content'->0->>'text' AS text FROM messages m"
+            " JOIN threads t ON t.id = m.thread_id WHERE t.owner = $1 AND m.kind = 'user'",
+            me,
+        )
+        texts = [row["text"] for row in said]
+        assert "saldo" in texts and not any("99" in (t or "") for t in texts), texts
+    finally:
+        await db.close()
+
+
 async def test_a_button_that_cannot_be_taken_now_is_redelivered_and_the_rest_is_handled(
     wa: Cluster, database_url: str
 ) -> None:

@@ -52,7 +52,7 @@ def test_inbound_messages_and_button_ids() -> None:
             text_message("551100001", "oi", "m1"), button_message("551100002", f"pa:approve:{CARD}")
         )
     )
-    got = inbound.messages(body)
+    got = inbound.messages(body, "100")
     assert [(m.message_id, m.wa_id, m.text, m.button_id) for m in got] == [
         ("m1", "551100001", "oi", None),
         (got[1].message_id, "551100002", None, f"pa:approve:{CARD}"),
@@ -65,15 +65,16 @@ def test_inbound_messages_and_button_ids() -> None:
         assert inbound.parse_button(f"pa:approve:{bad}") is None
     statuses = {"object": "whatsapp_business_account", "entry": [{"changes": [{"value": {
         "statuses": [{"id": "s", "status": "read"}]}}]}]}  # fmt: skip
-    assert inbound.messages(statuses) == []
+    assert inbound.messages(statuses, "100") == []
 
 
 def waba(entry: object) -> dict[str, object]:
     return {"object": "whatsapp_business_account", "entry": entry}
 
 
-def one(msg: object) -> dict[str, object]:
-    return waba([{"changes": [{"value": {"messages": [msg]}}]}])
+def one(msg: object, to: object = "100") -> dict[str, object]:
+    value = {"metadata": {"phone_number_id": to}, "messages": [msg]}
+    return waba([{"changes": [{"value": value}]}])
 
 
 @pytest.mark.parametrize(
@@ -99,12 +100,25 @@ def one(msg: object) -> dict[str, object]:
 def test_a_delivery_of_another_shape_is_dropped_not_raised(payload: object) -> None:
     """Each of these answered 500 (Meta redelivers such a delivery for days), or took a
     sender that is no phone number as a user."""
-    assert inbound.messages(payload) == []
+    assert inbound.messages(payload, "100") == []
+
+
+def test_messages_to_another_number_of_the_app_are_dropped() -> None:
+    """Meta signs every number's deliveries with the one app secret: a message written to
+    another number (or naming none) is not this channel's to act on."""
+    msg = {"id": "m", "from": "551100001", "type": "text", "text": {"body": "oi"}}
+    assert [m.text for m in inbound.messages(one(msg), "100")] == ["oi"]
+    for to in ("999", None, 100, "", {"x": 1}):
+        assert inbound.messages(one(msg, to), "100") == [], to
+    assert inbound.messages(waba([{"changes": [{"value": {"messages": [msg]}}]}]), "100") == []
+    mixed = json.loads(delivery(text_message("551100001", "a", "m1"), phone_number_id="999"))
+    mixed["entry"].append(json.loads(delivery(text_message("551100002", "b", "m2")))["entry"][0])
+    assert [m.message_id for m in inbound.messages(mixed, "100")] == ["m2"]
 
 
 def test_text_with_nul_or_a_lone_surrogate_is_cleaned_not_lost() -> None:
     msg = {"id": "m", "from": "551100001", "type": "text", "text": {"body": " sal\x00do\ud800 "}}
-    (item,) = inbound.messages(one(msg))
+    (item,) = inbound.messages(one(msg), "100")
     assert item.text == "saldo?"
 
 

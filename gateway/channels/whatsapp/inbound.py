@@ -3,6 +3,7 @@ message types we do not handle are dropped here (acknowledged, nothing done)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from typing import Any
@@ -11,6 +12,8 @@ import msgspec
 
 from signoff.runtime.cards import Decision
 from signoff.runtime.errors import InvalidInput
+
+log = logging.getLogger("signoff.whatsapp")
 
 BUTTON_PREFIX = "pa"
 
@@ -24,19 +27,37 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
     button_id: str | None = None
 
 
-def messages(payload: Any) -> list[Inbound]:
-    """The text and button messages of a (verified, decoded) webhook payload.
+def messages(payload: Any, phone_number_id: str) -> list[Inbound]:
+    """The text and button messages of a (verified, decoded) webhook payload sent to this
+    channel's number, ``phone_number_id``.
 
     Signed by Meta, yet its shape is checked at every level: an entry, change or message
     of another shape, or a sender that is not a phone number's digits, is dropped like a
     message type we do not handle (the delivery is acknowledged). An exception here would
-    answer 500, and Meta redelivers such a delivery for days."""
+    answer 500, and Meta redelivers such a delivery for days.
+
+    One Meta app's webhook receives the messages of every number of its business
+    accounts, signed with the same app secret: a change whose ``metadata.phone_number_id``
+    is not this channel's (or that names none) was written to another number, whose
+    replies this channel cannot send, and is dropped too (a hostile probe: a button sent
+    to another number approved a card here)."""
     if not isinstance(payload, dict) or payload.get("object") != "whatsapp_business_account":
         raise InvalidInput("not a WhatsApp Business Account webhook")
     found: list[Inbound] = []
     for entry in _list(payload.get("entry")):
         for change in _list(_dict(entry).get("changes")):
-            for msg in _list(_dict(_dict(change).get("value")).get("messages")):
+            value = _dict(_dict(change).get("value"))
+            to = _dict(value.get("metadata")).get("phone_number_id")
+            if to != phone_number_id:
+                if value.get("messages"):
+                    log.info(
+                        "WhatsApp messages to phone number id %.40r ignored: this channel "
+                        "serves %s (SIGNOFF_WHATSAPP_PHONE_NUMBER_ID)",
+                        to,
+                        phone_number_id,
+                    )
+                continue
+            for msg in _list(value.get("messages")):
                 item = _one(msg)
                 if item is not None:
                     found.append(item)

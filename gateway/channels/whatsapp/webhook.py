@@ -140,7 +140,7 @@ class WhatsAppChannel:
                 if not LONE_SURROGATE.search(raw):
                     raise
                 payload = msgspec.json.decode(LONE_SURROGATE.sub(rb"\\ufffd", raw))
-            items = inbound.messages(payload)
+            items = inbound.messages(payload, self.settings.whatsapp_phone_number_id)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
             return error_response(InvalidInput("invalid JSON"))
         except SignoffError as exc:
