@@ -10,6 +10,7 @@ then a run's, never the other way round."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 import weakref
@@ -19,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from signoff.runtime import outcomes
+from signoff.runtime import outcomes, replies
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.conversation import SYSTEM_PROMPT, build_messages, messages_and_open_calls
@@ -212,8 +213,11 @@ class Agent:
                     reply = await self.model.respond(
                         system=self.system, messages=messages, tools=tools.specs(), on_text=on_text
                     )
-                uses = reply.tool_uses()
-                assistant = ("assistant", {"content": reply.content})
+                # Each call's id its own (else not run): the API refuses shared ids.
+                earlier = (e.body.get("content", []) for e in entries if e.kind == "assistant")
+                content, refused = replies.checked(reply.content, replies.used_ids(earlier))
+                uses = [b for b in content if b.get("type") == "tool_use"]
+                assistant = ("assistant", {"content": content})
                 if not uses:
                     # The results, the reply and the end of the turn: one statement, one hint.
                     done = ("run", {"status": str(RunStatus.DONE), "error": None})
@@ -244,18 +248,12 @@ class Agent:
                         )
                     ]
                 await self.notify.thread(run.thread_id, written)
-                results = outcomes.beyond_the_limit(uses)
-                waiting: dict[str, str] = {}
-                proposed: dict[str, Card] = {}
-                for use in uses[: outcomes.MAX_USES_PER_REPLY]:
-                    outcome = await self._handle_tool_use(run, use, tools)
-                    if isinstance(outcome, Card) and outcome.id not in proposed:
-                        waiting[use["id"]] = outcome.id
-                        proposed[outcome.id] = outcome
-                    else:
-                        results[use["id"]] = outcomes.of_call(outcome, use["id"], waiting)
+                results = {**outcomes.beyond_the_limit(uses), **refused}
+                handle = functools.partial(self._handle_tool_use, run, tools=tools)
+                proposed = await replies.answer(uses, results, handle)
                 order = [u["id"] for u in uses]
-                if waiting:
+                if proposed:
+                    waiting = {use_id: card.id for use_id, card in proposed.items()}
                     state = {"order": order, "results": results, "waiting": waiting}
                     run = await self.store.set_run(
                         run.id, RunStatus.WAITING, state, holder=self.worker_id
@@ -443,14 +441,9 @@ class Agent:
         if entries and entries[-1].kind == "assistant" and entries[-1].run_id == run.id:
             uses = [b for b in entries[-1].body.get("content", []) if b.get("type") == "tool_use"]
             if uses:
-                results: dict[str, dict[str, Any]] = {}
-                waiting: dict[str, str] = {}
-                for use in uses:
-                    outcome = await self._handle_tool_use(run, use)
-                    if isinstance(outcome, Card) and outcome.id not in waiting.values():
-                        waiting[use["id"]] = outcome.id
-                    else:
-                        results[use["id"]] = outcomes.of_call(outcome, use["id"], waiting)
+                results = {**outcomes.beyond_the_limit(uses), **replies.refused_in(uses)}
+                cards = await replies.answer(uses, results, lambda u: self._handle_tool_use(run, u))
+                waiting = {use_id: card.id for use_id, card in cards.items()}
                 state = {"order": [u["id"] for u in uses], "results": results, "waiting": waiting}
                 run = await self.store.set_run(
                     run.id, RunStatus.WAITING, state, holder=self.worker_id

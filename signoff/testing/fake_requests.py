@@ -103,6 +103,7 @@ def validate_request(body: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: at least one message is required")
     pending: set[str] = set()  # tool_use ids the previous assistant turn left open
+    seen_ids: set[str] = set()  # every tool_use id so far: the API refuses one used twice
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise BadRequest(f"messages.{i}: Input should be a valid dictionary")
@@ -118,6 +119,14 @@ def validate_request(body: Any) -> None:
             raise BadRequest(f"messages.{i}.content: Input should be a valid string or list")
         for j, block in enumerate(blocks):
             validate_content_block(block, f"messages.{i}.content.{j}")
+        for j, block in enumerate(blocks):
+            if block["type"] == "tool_use":
+                if block.get("id") in seen_ids:
+                    raise BadRequest(
+                        f"messages.{i}.content.{j}: `tool_use` ids must be unique "
+                        f"({block.get('id')!r} is used twice)"
+                    )
+                seen_ids.add(block.get("id"))
         results = {b["tool_use_id"] for b in blocks if b["type"] == "tool_result"}
         if role == "assistant" and results:
             raise BadRequest(f"messages.{i}: tool_result blocks are only allowed in user messages")
