@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from signoff.runtime import outcomes
 from signoff.runtime.begin import begin
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import ExecutingElsewhere, ToolTimedOut, Unavailable, UnknownTool
@@ -374,8 +375,8 @@ class Executor:
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
                 async with asyncio.timeout(self.tool_timeout):
-                    result = await tool.execute(started.args_snapshot, started.operation_id, ctx)
-                ok = True
+                    answer = await tool.execute(started.args_snapshot, started.operation_id, ctx)
+                result, ok = outcomes.storable_result(answer), True
                 self.faults.hit("execute.after_provider")
             except UNKNOWN_OUTCOME as exc:
                 # No answer is not a failure: the provider may have acted. Ask again with the

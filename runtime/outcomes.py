@@ -9,14 +9,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from signoff.runtime.cards import Card, Status
+from signoff.runtime.text import storable
 from signoff.runtime.tools import label_text
 
 
 def tool_result(
     tool_use_id: str, content: str | dict[str, Any], *, error: bool = False
 ) -> dict[str, Any]:
-    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    if not isinstance(content, str):  # a read tool's answer may hold dates, decimals...
+        plain = msgspec.to_builtins(content, enc_hook=repr, str_keys=True)
+        content = json.dumps(plain, ensure_ascii=False)
+    text = content
+    text = storable(text)  # a tool's own text: no NUL, no half surrogate pair
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}
     if error:
         block["is_error"] = True
@@ -40,6 +47,15 @@ def beyond_the_limit(uses: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         )
         for use in uses[MAX_USES_PER_REPLY:]
     }
+
+
+def storable_result(result: Any) -> dict[str, Any]:
+    """A write tool's answer as it can be stored whatever the tool returned: the provider
+    has acted, and a value JSON or Postgres text cannot hold must not lose the outcome
+    (dates, decimals and ids as text, anything else as its repr, under ``value`` when it
+    is not an object; no NUL, no half surrogate pair)."""
+    value = storable(msgspec.to_builtins(result, enc_hook=repr, str_keys=True))
+    return value if isinstance(value, dict) else {"value": value}
 
 
 def _changes(card: Card) -> str:

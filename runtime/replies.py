@@ -1,4 +1,4 @@
-"""A model reply's calls: made fit to keep and to run, then answered.
+"""A model reply: made fit to keep and to run (no NUL, one id per call), then answered.
 
 The Messages API names each call of a reply by an id its ``tool_result`` must answer, and
 refuses a conversation in which two calls share one. A reply that repeats an id (within
@@ -21,6 +21,7 @@ from typing import Any
 
 from signoff.runtime.cards import Card
 from signoff.runtime.outcomes import of_call, tool_result
+from signoff.runtime.text import storable
 
 # What the Messages API accepts as a tool_use id.
 _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -57,11 +58,12 @@ def refused_in(uses: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def checked(
     content: list[dict[str, Any]], used: set[str]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """``content`` with every call's id distinct from the others and from ``used``, and
-    the results (by the new id) of the calls that had to be renamed: not run."""
+    """``content`` fit to store (:func:`~signoff.runtime.text.storable`), with every call's id distinct from the others
+    and from ``used``; and the results (by the new id) of the calls that had to be
+    renamed: not run."""
     seen = set(used)
     out: list[dict[str, Any]] = []
-    for block in content:
+    for block in storable(content):
         if block.get("type") == "tool_use":
             given = block.get("id")
             fine = isinstance(given, str) and _ID.fullmatch(given) is not None

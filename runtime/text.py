@@ -10,7 +10,9 @@ frozen, so the hash binds the cleaned text, which is exactly what the person see
 
 from __future__ import annotations
 
+import re
 import unicodedata
+from typing import Any
 
 # Cc: C0/C1 controls (newlines, tabs, ESC); Cf: format characters (bidi embeddings,
 # overrides and isolates U+202A-202E, U+2066-2069, marks U+200E/200F, zero-width
@@ -47,3 +49,22 @@ def terminal_safe(text: str) -> str:
     removed (an operator's terminal obeys escapes, carriage returns and bidi overrides
     found in a value a person typed, e.g. a rejection's reason), the rest untouched."""
     return "".join(ch for ch in text if ch == "\n" or unicodedata.category(ch) not in _DROPPED)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(value: Any) -> Any:
+    """``value`` with every string in it (keys too) fit for Postgres text and UTF-8: NUL
+    characters removed, lone surrogates (half a pair, from a JSON ``"\\ud800"``) made
+    U+FFFD. What a model or a tool returns is stored; one such character failed the
+    whole write with the driver's words (a hostile probe)."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value.replace("\x00", "") if "\x00" in value else value
+        return _LONE_SURROGATE.sub("\ufffd", value.replace("\x00", ""))
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
