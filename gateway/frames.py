@@ -30,6 +30,7 @@ class Frame(msgspec.Struct, frozen=True):
     snapshot_hash: str | None = None
     reason: str | None = None
     edits: dict[str, Any] | None = None
+    idempotency_key: str | None = None  # a message's (gateway/service.py MessageIn)
 
 
 class ResolveFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

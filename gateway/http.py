@@ -126,7 +126,7 @@ class HttpApi:
     async def post_message(self, request: Request, who: Principal) -> Response:
         body: MessageIn = parse(await self.body(request), MessageIn)
         delivery = await self.service.post_message(
-            request.path_params["thread_id"], body.text, who, "http"
+            request.path_params["thread_id"], body.text, who, "http", body.idempotency_key
         )
         return json_response({"accepted": True, "delivery": delivery}, 202)
 

@@ -22,9 +22,11 @@ from signoff.runtime.errors import (
     CardNotFound,
     Forbidden,
     InvalidInput,
+    MaybeQueued,
     NotFound,
     NotOwner,
     SignoffError,
+    Unavailable,
     WorkflowThread,
 )
 from signoff.runtime.keys import Keys
@@ -50,6 +52,9 @@ async def announce_thread(bus: Bus, keys: Keys, tenant: str, user: str) -> bool:
 
 class MessageIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     text: str
+    # The client's name for this message: sent again with the same key (after a 503, a
+    # dropped connection) it runs at most once.
+    idempotency_key: str | None = None
 
 
 class ResolveIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -80,6 +85,23 @@ def event_of(entry: Entry) -> dict[str, Any]:
         "data": entry.body,
         "at": entry.created_at.isoformat(),
     }
+
+
+_KEY = re.compile(r"[A-Za-z0-9._:-]{1,100}")
+_MESSAGE_NS = uuid.UUID("5b0f7a52-2f4e-4c61-9a57-6d1c0e3f8b21")
+
+
+def check_key(key: str | None) -> None:
+    """An idempotency key: 1-100 letters, digits or ``._:-`` (a UUID fits)."""
+    if key is not None and not _KEY.fullmatch(key):
+        raise InvalidInput("idempotency_key must be 1-100 letters, digits or . _ : - (a UUID fits)")
+
+
+def message_id_for(who: Principal, thread_id: str, key: str) -> uuid.UUID:
+    """The message a client's key names: its user's, on its thread (another user's key,
+    or the same key on another thread, is another message). The run it starts is derived
+    from it (runtime/agent.py), so the same message queued twice runs once (I5)."""
+    return uuid.uuid5(_MESSAGE_NS, "\x1f".join((who.tenant, who.user, thread_id, key)))
 
 
 def message_text(text: str) -> str:
@@ -225,8 +247,13 @@ class GatewayService:
         except (SignoffError, OSError) as exc:
             log.warning("could not discard the empty thread %s: %s", thread_id, exc)
 
-    async def post_message(self, thread_id: str, text: str, who: Principal, channel: str) -> str:
+    async def post_message(
+        self, thread_id: str, text: str, who: Principal, channel: str, key: str | None = None
+    ) -> str:
+        """Queue a message for the thread's next run; its delivery id. ``key``: the
+        client's idempotency key (the same key on the same thread: the same message)."""
         text = message_text(text)
+        check_key(key)
         thread_id = (await self.own_thread(thread_id, who)).id  # the id as Postgres spells it
         run_id = workflow_of_thread(thread_id)
         if run_id is not None:
@@ -237,19 +264,31 @@ class GatewayService:
                 "cards here or at the workflow's gate; it takes no messages",
                 thread_id=thread_id,
             )
-        message_id = str(uuid.uuid4())
+        message_id = str(uuid.uuid4() if key is None else message_id_for(who, thread_id, key))
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
-            return await self.bus.enqueue(
-                Job(
-                    thread_id=thread_id,
-                    text=text,
-                    user=who.user,
-                    tenant=who.tenant,
-                    role=who.role,
-                    channel=channel,
-                    message_id=message_id,
-                )
+            job = Job(
+                thread_id=thread_id,
+                text=text,
+                user=who.user,
+                tenant=who.tenant,
+                role=who.role,
+                channel=channel,
+                message_id=message_id,
             )
+            try:
+                return await self.bus.enqueue(job)
+            except Unavailable as exc:
+                # No answer is not "not queued" (an integrity probe: a reply held past the
+                # timeout, the message stored and run, the client told 503 and sending it
+                # again). Said so, with the thread; the error's own text (hosts) is logged.
+                log.warning("message on thread %s: enqueue unanswered: %s", thread_id, exc)
+                raise MaybeQueued(
+                    "the message may or may not have been queued (the queue did not answer): "
+                    "send it again with the same idempotency_key and it runs at most once, "
+                    "or read the thread to see",
+                    thread_id=thread_id,
+                    idempotency_key=key,
+                ) from None
 
     async def thread_state(self, thread_id: str, who: Principal) -> dict[str, Any]:
         thread = await self.own_thread(thread_id, who)

@@ -29,6 +29,7 @@ from signoff.gateway.service import GatewayService, ResolveIn, event_of, message
 from signoff.gateway.watch import ThreadWatch
 from signoff.runtime.errors import (
     InvalidInput,
+    MaybeQueued,
     OriginRejected,
     RateLimited,
     SignoffError,
@@ -293,14 +294,21 @@ class Connection:
             thread_id = thread.id
             if thread_id not in self._listeners:
                 await self.follow(thread_id, thread.last_seq)
-            delivery = await self.service.post_message(thread_id, frame.text, who, "ws")
+            delivery = await self.service.post_message(
+                thread_id, frame.text, who, "ws", frame.idempotency_key
+            )
         else:
             # A thread made for this message holds it, or is gone: accepted or refused,
-            # never a thread without its message.
+            # never a thread without its message. One whose message may be queued stays,
+            # followed, and its error names it: that message may yet run there.
             thread_id = (await self.service.create_thread(who)).id
             try:
                 await self.follow(thread_id, 0)
-                delivery = await self.service.post_message(thread_id, frame.text, who, "ws")
+                delivery = await self.service.post_message(
+                    thread_id, frame.text, who, "ws", frame.idempotency_key
+                )
+            except MaybeQueued:
+                raise
             except BaseException:
                 self.unfollow(thread_id)
                 await self.service.discard_thread(thread_id)

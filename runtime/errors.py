@@ -193,6 +193,12 @@ class Unavailable(SignoffError):
     code = "unavailable"
 
 
+class MaybeQueued(Unavailable):
+    """A message whose enqueue got no answer: it may be queued (and will run) or not.
+    Sent again with the same ``idempotency_key`` it runs at most once; ``detail``
+    names its thread."""
+
+
 class ExecutingElsewhere(Unavailable):
     """A run's card is `executing` in the run's previous holder (which may come back and
     finish it): its continuation is tried again later (design note 49)."""

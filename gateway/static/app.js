@@ -49,6 +49,7 @@
     token: null,
     user: null,
     threadId: null,
+    retry: null, // {text, key} of a message not known to be taken: sent again as it was
     ws: null,
     ready: false,
     attempt: 0,
@@ -101,6 +102,14 @@
   }
 
   function frameId() { return 'c' + (state.nextId++); }
+
+  function messageKey() {
+    var bytes = new Uint8Array(16);
+    window.crypto.getRandomValues(bytes);
+    return Array.prototype.map.call(bytes, function (b) {
+      return (b < 16 ? '0' : '') + b.toString(16);
+    }).join('');
+  }
 
   function send(frame) {
     var ws = state.ws;
@@ -529,6 +538,22 @@
     }
     if (req && req.kind === 'message') {
       state.awaitingThread = false;
+      var where = f.detail && f.detail.thread_id;
+      if (where && !state.threadId) {
+        // A new thread whose message may be queued: it stays, and may yet run there.
+        state.threadId = where;
+        state.liveFrom = Math.min(state.liveFrom, state.lastSeq);
+        writeLocation();
+        T.setCurrent(where);
+      }
+      if (f.status === 503 || f.status === 429) {
+        // Not taken, or not known to be: the text goes back in the box, to be sent
+        // again under the same key (it cannot run twice).
+        state.retry = { text: req.text, key: req.key };
+        if (!el.text.value.trim()) el.text.value = req.text;
+        message = where && f.status === 503 ? t('composer.maybeQueued')
+          : t('composer.notTaken', { msg: message });
+      }
       el.composerError.textContent = message;
       renderComposer();
       return;
@@ -1232,10 +1257,14 @@
     if (state.awaitingThread) return false;
     if (chars(text) > MAX_TEXT) { renderComposer(); return false; }
     var id = frameId();
-    var frame = { type: 'message', id: id, text: text };
+    // The message's own key: sent again after an unanswered try (the same text), it
+    // runs at most once on the server.
+    var key = (state.retry && state.retry.text === text) ? state.retry.key : messageKey();
+    state.retry = null;
+    var frame = { type: 'message', id: id, text: text, idempotency_key: key };
     if (state.threadId) frame.thread_id = state.threadId;
     else state.awaitingThread = true;
-    state.requests.set(id, { kind: 'message' });
+    state.requests.set(id, { kind: 'message', text: text, key: key });
     el.composerError.textContent = '';
     if (!send(frame)) {
       state.requests.delete(id);

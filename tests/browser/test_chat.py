@@ -9,6 +9,7 @@ Debian's Chromium through Playwright. Screenshots of each state go to
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
@@ -496,3 +497,57 @@ async def test_another_persons_thread_link_says_so_where_it_is_seen(chat: Chat) 
         assert f"thread={card.thread_id}" not in page.url
     finally:
         await elsewhere.close()
+
+
+async def test_a_message_not_known_to_be_taken_is_sent_again_under_its_key(chat: Chat) -> None:
+    """The gateway stored the message but its answer was lost (a 503 naming the thread,
+    an integrity probe's F2): the page says so, puts the text back in the box, and the
+    person's second send carries the same idempotency key to that thread: one run, one
+    card (before, a new key: the charge proposed twice)."""
+    page = chat.page
+    first: dict[str, Any] = {}
+
+    async def handler(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_page(raw: str | bytes) -> None:
+            frame = json.loads(raw)
+            if frame.get("type") == "message" and not first:
+                first.update(frame)
+            server.send(raw)
+
+        def from_server(raw: str | bytes) -> None:
+            frame = json.loads(raw)
+            if frame.get("type") == "ack" and frame.get("id") == first.get("id"):
+                lost = {
+                    "type": "error",
+                    "id": frame["id"],
+                    "status": 503,
+                    "error": "unavailable",
+                    "message": "the message may or may not have been queued",
+                    "detail": {"thread_id": frame["thread_id"], "idempotency_key": "x"},
+                }
+                ws.send(json.dumps(lost))
+                return
+            ws.send(raw)
+
+        ws.on_message(from_page)
+        server.on_message(from_server)
+
+    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    await chat.open()
+    await chat.say("cobre 150 do João")
+    await expect(page.locator("#composer-error")).to_contain_text("will not run twice")
+    box = page.get_by_label(chat.message_label, exact=True)
+    assert await box.input_value() == "cobre 150 do João"
+    [card] = await chat.wait_cards(1)
+    await box.press("Enter")
+    await expect(page.locator("#composer-error")).to_have_text("")
+    sent = [f for f in chat.sent_frames if f.get("type") == "message"]
+    assert len(sent) == 2
+    assert sent[1]["idempotency_key"] == sent[0]["idempotency_key"]
+    assert sent[1]["thread_id"] == card.thread_id and "thread_id" not in sent[0]
+    await asyncio.sleep(1.0)  # room for a second run, were there one
+    assert [c.id for c in await chat.db_cards()] == [card.id]
+    users = [e for e in await chat.h.store.entries_after(card.thread_id, 0) if e.kind == "user"]
+    assert len(users) == 1
