@@ -166,7 +166,9 @@ def build_app(
             return json_response({"ok": False, "error": "draining"}, 503)
         ping_bus = getattr(bus, "ping", None)
         checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [("postgres", store.ping)]
-        if ping_bus is not None:
+        # ?redis=optional: ready without Redis (decisions still commit in Postgres, I6),
+        # for a balancer that would otherwise drop every gateway in a Redis outage.
+        if ping_bus is not None and request.query_params.get("redis") != "optional":
             checks.append(("redis", lambda: asyncio.wait_for(ping_bus(), READY_TIMEOUT)))
         # The answer names the dependency, never its error: the probe is unauthenticated
         # and a driver's message carries hosts and ports; the log has the whole error.

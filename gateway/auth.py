@@ -21,6 +21,11 @@ class Principal(msgspec.Struct, frozen=True):
 
 
 VERIFIED_CACHE = 10_000
+# A token issued up to this long "in the future" is taken: the issuer's clock may run
+# ahead of this gateway's (an operator probe: a token minted on another host was refused
+# for a few seconds, "The token is not yet valid (iat)"). Its expiry is kept exactly.
+CLOCK_SKEW_SECONDS = 60
+PLACEHOLDER = "change-me"  # deploy/kubernetes.yml's placeholder: never a real secret
 MAX_NAME = 256  # characters of a user's or a tenant's name
 
 
@@ -45,6 +50,13 @@ class Tokens:
     def __init__(self, secret: str, ttl_seconds: int = 12 * 3600) -> None:
         if len(secret) < 32:
             raise ConfigError("SIGNOFF_SECRET must be at least 32 characters")
+        if PLACEHOLDER in secret.lower():
+            # Published in the deploy files: anyone could sign tokens with it.
+            raise ConfigError(
+                "SIGNOFF_SECRET is still the deploy file's placeholder (CHANGE-ME...): "
+                'set it to 32+ random characters, e.g. python -c "import secrets; '
+                'print(secrets.token_urlsafe(32))"'
+            )
         self._secret = secret
         self._ttl = ttl_seconds
         self._verified: dict[str, tuple[Principal, float]] = {}
@@ -85,12 +97,20 @@ class Tokens:
                 self._secret,
                 algorithms=["HS256"],
                 issuer=ISSUER,
-                options={"require": ["exp", "sub", "iss"]},
+                options={"require": ["exp", "sub", "iss"], "verify_iat": False},
             )
         except jwt.ExpiredSignatureError as exc:
             raise Unauthenticated("token expired") from exc
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"invalid token: {exc}") from exc
+        iat = claims.get("iat", 0)
+        if isinstance(iat, bool) or not isinstance(iat, int | float):
+            raise Unauthenticated("invalid token: its issue time (iat) is not a number")
+        if iat > time.time() + CLOCK_SKEW_SECONDS:
+            raise Unauthenticated(
+                f"invalid token: issued in the future (clocks more than {CLOCK_SKEW_SECONDS}s "
+                "apart?)"
+            )
         sub, tenant, role = claims.get("sub"), claims.get("tenant"), claims.get("role", "user")
         if not isinstance(sub, str) or not sub or not isinstance(tenant, str):
             raise Unauthenticated("token lacks a user or tenant")

@@ -58,7 +58,7 @@ def typed(exc: Exception) -> e.SignoffError:
 
 
 def error_body(exc: e.SignoffError) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": exc.code, "message": exc.message}
+    body: dict[str, Any] = {"error": exc.code, "message": exc.public}
     if exc.detail:
         body["detail"] = exc.detail
     return body

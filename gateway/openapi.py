@@ -170,7 +170,17 @@ def build_openapi() -> dict[str, Any]:
             },
             "/readyz": {
                 "get": {
-                    "summary": "Readiness (Postgres answers)",
+                    "summary": "Readiness: not stopping, Postgres and Redis answer",
+                    "parameters": [
+                        {
+                            "name": "redis",
+                            "in": "query",
+                            "required": False,
+                            "description": "optional: ready without Redis (decisions "
+                            "still commit in Postgres)",
+                            "schema": {"type": "string", "enum": ["optional"]},
+                        }
+                    ],
                     "responses": {
                         "200": {"description": "ready"},
                         "503": {"description": "not ready"},

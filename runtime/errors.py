@@ -8,7 +8,7 @@ carries a stable ``code``. The gateway maps each class to one HTTP/WS status
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Self
 
 
 class SignoffError(Exception):
@@ -20,6 +20,14 @@ class SignoffError(Exception):
         super().__init__(message)
         self.message = message
         self.detail: dict[str, Any] = detail
+        # What a client is told: the message, unless it carries a driver's words (hosts,
+        # ports, statements), which go to the log alone (:meth:`said_as`).
+        self.public = message
+
+    def said_as(self, public: str) -> Self:
+        """This error, told to clients as ``public`` (the log keeps ``message``)."""
+        self.public = public
+        return self
 
 
 class InvalidInput(SignoffError):
@@ -273,5 +281,5 @@ def error_text(exc: BaseException) -> str:
     """What a client is told when a run fails on an error: a typed error's own message,
     only the kind of anything else (the log has the traceback)."""
     if isinstance(exc, SignoffError):
-        return f"{exc.code}: {exc.message}"
+        return f"{exc.code}: {exc.public}"
     return f"internal error ({type(exc).__name__})"

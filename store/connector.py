@@ -89,6 +89,10 @@ TRANSIENT = (
     asyncpg.exceptions.InternalServerError,
 )
 
+# What a client is told of a Postgres error (the driver's words name hosts, statements
+# and arguments: logged where the error is).
+POSTGRES_UNANSWERED = "the database did not answer; try again"
+
 _json_encode = msgspec.json.Encoder()
 
 
@@ -140,7 +144,7 @@ class Connector:
                 statement_cache_size=statement_cache_size,
             )
         except (OSError, asyncpg.PostgresError) as exc:
-            raise Unavailable(f"cannot reach Postgres: {exc}") from exc
+            raise Unavailable(f"cannot reach Postgres: {exc}").said_as(POSTGRES_UNANSWERED) from exc
         return cls(pool, timeout)
 
     async def close(self) -> None:
@@ -225,18 +229,26 @@ def _translated(exc: Exception) -> Exception | None:
         COUNTERS.inc("signoff_postgres_errors_total")
         # (TimeoutError is an OSError: a statement or pool wait ran past the timeout.)
         # (Exceptions are always true: an empty message read "Postgres unavailable: ".)
-        return Unavailable(f"Postgres unavailable: {str(exc) or type(exc).__name__}")
+        return Unavailable(f"Postgres unavailable: {str(exc) or type(exc).__name__}").said_as(
+            POSTGRES_UNANSWERED
+        )
     if isinstance(exc, asyncpg.DataError):
-        return InvalidInput(f"invalid value: {exc}")
+        return InvalidInput(f"invalid value: {exc}").said_as("a value could not be stored")
     if isinstance(exc, READ_ONLY):
-        return Unavailable(f"Postgres is read-only (a standby?); retry: {exc}", retriable=True)
+        return Unavailable(
+            f"Postgres is read-only (a standby?); retry: {exc}", retriable=True
+        ).said_as(POSTGRES_UNANSWERED)
     if isinstance(exc, TRANSIENT):
         COUNTERS.inc("signoff_postgres_errors_total")
-        return Unavailable(f"Postgres refused the statement; retry: {exc}", retriable=True)
+        return Unavailable(f"Postgres refused the statement; retry: {exc}", retriable=True).said_as(
+            POSTGRES_UNANSWERED
+        )
     if isinstance(exc, RACE):
-        return Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True)
+        return Unavailable(f"lost a race in Postgres; retry: {exc}", retriable=True).said_as(
+            "a concurrent change got there first; try again"
+        )
     if isinstance(exc, PREPARED_LOST):
         COUNTERS.inc("signoff_postgres_errors_total")
         log.error("%s (%s)", POOLER_HINT, exc)
-        return Unavailable(f"{POOLER_HINT} ({exc})")
+        return Unavailable(f"{POOLER_HINT} ({exc})").said_as(POSTGRES_UNANSWERED)
     return None

@@ -51,6 +51,8 @@ TIMEOUTS = (rx.TimeoutError, TimeoutError)
 # fail at once (Unavailable), but for one probe every STALL_PROBE_SECONDS (an ordinary
 # call, with an ordinary call's timeouts); the first answer ends the stall (design note 42).
 STALL_PROBE_SECONDS = 0.5
+# What a client is told of a Redis error (the driver's words name hosts and ports: logged).
+REDIS_UNANSWERED = "Redis did not answer; try again"
 
 
 def _not_answering(what: str) -> Unavailable:
@@ -197,19 +199,23 @@ class Client:
             except TIMEOUTS as exc:
                 self._stall(what, exc)
                 COUNTERS.inc("signoff_redis_errors_total")
-                raise Unavailable(f"Redis {what}: no answer ({exc})", command=what) from exc
+                raise Unavailable(f"Redis {what}: no answer ({exc})", command=what).said_as(
+                    REDIS_UNANSWERED
+                ) from exc
             except RETRYABLE as exc:
                 if delay is None or self.closed:
                     COUNTERS.inc("signoff_redis_errors_total")
                     raise Unavailable(
                         f"Redis {what} failed after {attempt} tries: {exc}", command=what
-                    ) from exc
+                    ).said_as(REDIS_UNANSWERED) from exc
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
                 COUNTERS.inc("signoff_redis_retries_total")
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.RedisError as exc:
                 COUNTERS.inc("signoff_redis_errors_total")
-                raise Unavailable(f"Redis {what} failed: {exc}", command=what) from exc
+                raise Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(
+                    REDIS_UNANSWERED
+                ) from exc
             except UnicodeEncodeError as exc:  # e.g. a str with a lone surrogate
                 raise InvalidInput(f"Redis {what}: an argument cannot be encoded") from exc
         raise AssertionError("unreachable")

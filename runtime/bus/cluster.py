@@ -35,7 +35,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 
-from signoff.runtime.bus.client import RETRYABLE, Client
+from signoff.runtime.bus.client import REDIS_UNANSWERED, RETRYABLE, Client
 from signoff.runtime.bus.pipe import Arg, Pipe
 from signoff.runtime.errors import ConfigError, InvalidInput, Unavailable
 
@@ -164,16 +164,20 @@ class ClusterClient(Client):
                 if delay is None or self.closed:
                     raise Unavailable(
                         f"Redis {what} failed after {attempt} tries: {exc}", command=what
-                    ) from exc
+                    ).said_as(REDIS_UNANSWERED) from exc
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.ResponseError as exc:
                 if not str(exc).startswith(TRANSIENT) or delay is None or self.closed:
-                    raise Unavailable(f"Redis {what} failed: {exc}", command=what) from exc
+                    raise Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(
+                        REDIS_UNANSWERED
+                    ) from exc
                 self._stale = True
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.RedisError as exc:
-                raise Unavailable(f"Redis {what} failed: {exc}", command=what) from exc
+                raise Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(
+                    REDIS_UNANSWERED
+                ) from exc
             except UnicodeEncodeError as exc:
                 raise InvalidInput(f"Redis {what}: an argument cannot be encoded") from exc
         raise AssertionError("unreachable")

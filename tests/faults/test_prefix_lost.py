@@ -161,6 +161,8 @@ def test_a_gateway_started_without_redis_stops_when_another_app_holds_the_prefix
             time.sleep(0.1)
         assert "key prefix not claimed yet" in gateway.output()
         assert _ready(gateway.url)[0] == 503  # Redis away: not ready, but serving
+        lenient = httpx.get(gateway.url + "/readyz?redis=optional", timeout=2)
+        assert lenient.status_code == 200, lenient.text  # what decisions need answers
         client.set(Keys(prefix).owner, OTHER, px=120_000)  # another app took it meanwhile
         redis_proxy.refuse(False)
         bodies = _until_exit(gateway, 30, gateway.url)

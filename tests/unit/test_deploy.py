@@ -133,7 +133,7 @@ def test_kubernetes_pools_scale_apart_drain_and_stay_available() -> None:
             assert {"cpu", "memory"} <= set(c["resources"]["requests"])
             assert {"cpu", "memory"} <= set(c["resources"]["limits"])
     (gw,) = gateway["containers"]
-    assert gw["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert gw["readinessProbe"]["httpGet"]["path"] == "/readyz?redis=optional"
     assert gw["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "preStop" in gw["lifecycle"]
     assert gateway["terminationGracePeriodSeconds"] >= 35  # preStop + the drain
