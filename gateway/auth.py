@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import unicodedata
+from collections.abc import Callable
 
 import jwt
 import msgspec
 
 from signoff.runtime.errors import ConfigError, InvalidInput, Unauthenticated
+from signoff.runtime.metrics import COUNTERS
+
+log = logging.getLogger("signoff.gateway")
 
 ISSUER = "signoff"
 
@@ -25,7 +30,8 @@ VERIFIED_CACHE = 10_000
 # ahead of this gateway's (an operator probe: a token minted on another host was refused
 # for a few seconds, "The token is not yet valid (iat)"). Its expiry is kept exactly.
 CLOCK_SKEW_SECONDS = 60
-PLACEHOLDER = "change-me"  # deploy/kubernetes.yml's placeholder: never a real secret
+PLACEHOLDER = "change-me"
+BAD_SIGNATURE_WARN_SECONDS = 60.0  # at most one warning a minute (forgeries are free)  # deploy/kubernetes.yml's placeholder: never a real secret
 MAX_NAME = 256  # characters of a user's or a tenant's name
 
 
@@ -60,6 +66,8 @@ class Tokens:
         self._secret = secret
         self._ttl = ttl_seconds
         self._verified: dict[str, tuple[Principal, float]] = {}
+        self._warn_due = _warn_every(BAD_SIGNATURE_WARN_SECONDS)
+        self._unsaid = 0  # bad signatures since the last warning
 
     def issue(self, user: str, tenant: str, role: str = "user", ttl: int | None = None) -> str:
         """A token for ``user`` of ``tenant``; InvalidInput for a name no token may carry."""
@@ -77,6 +85,20 @@ class Tokens:
             "exp": now + (ttl if ttl is not None else self._ttl),
         }
         return jwt.encode(claims, self._secret, algorithm="HS256")
+
+    def _bad_signature(self) -> None:
+        """Counted, and said now and then: gateways (or `signoff token`) with different
+        secrets refuse each other's tokens, which an operator saw only as 401s (a probe)."""
+        COUNTERS.inc("signoff_tokens_bad_signature_total")
+        self._unsaid += 1
+        if self._warn_due():
+            log.warning(
+                "%d token(s) refused since the last warning: signature does not verify. "
+                "Forged, or signed with another SIGNOFF_SECRET: every gateway and "
+                "`signoff token` must share one",
+                self._unsaid,
+            )
+            self._unsaid = 0
 
     def verify(self, token: str | None) -> Principal:
         return self.verify_until(token)[0]
@@ -101,6 +123,9 @@ class Tokens:
             )
         except jwt.ExpiredSignatureError as exc:
             raise Unauthenticated("token expired") from exc
+        except jwt.InvalidSignatureError as exc:
+            self._bad_signature()
+            raise Unauthenticated(f"invalid token: {exc}") from exc
         except jwt.PyJWTError as exc:
             raise Unauthenticated(f"invalid token: {exc}") from exc
         iat = claims.get("iat", 0)
@@ -125,6 +150,19 @@ class Tokens:
             until = math.inf
         self._verified[token] = known = (who, until)
         return known
+
+
+def _warn_every(seconds: float) -> Callable[[], bool]:
+    last = [-math.inf]
+
+    def due() -> bool:
+        now = time.monotonic()
+        if now - last[0] < seconds:
+            return False
+        last[0] = now
+        return True
+
+    return due
 
 
 def bearer(header: str | None) -> str | None:

@@ -117,6 +117,14 @@ class Counters:
         "(design note 49).",
         "signoff_begin_answers_lost_total": "Card executions whose begin committed while "
         "its answer was lost, recognised by the begin's own token and sent (design note 50).",
+        "signoff_retention_runs_total": "Scheduled prunes this worker ran (SIGNOFF_RETENTION_*; "
+        "one worker at a time prunes).",
+        "signoff_retention_threads_pruned_total": "Threads the scheduled prunes of this worker "
+        "deleted.",
+        "signoff_retention_failures_total": "Scheduled prunes that failed (tried again at the "
+        "next interval; the log says why).",
+        "signoff_tokens_bad_signature_total": "Bearer tokens refused because their signature "
+        "does not verify: forged, or signed with another SIGNOFF_SECRET than this gateway's.",
         "signoff_prefix_lost_total": "Times this process found its Redis key prefix held by "
         "another app or database after it started (then it stops).",
         "signoff_late_outcomes_total": "Provider answers that came after their card was "

@@ -34,6 +34,7 @@ import msgspec
 from signoff.runtime.config import Settings, data_path
 from signoff.runtime.errors import ConfigError, SignoffError
 from signoff.runtime.faults import Faults
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import PruneCounts, PruneReport
 
 log = logging.getLogger("signoff.retention")
@@ -259,6 +260,8 @@ async def prune_loop(
                 )
             threads = sum(c.threads for c in done.rules.values())
             outbound = sum(c.wa_outbound for c in done.rules.values())
+            COUNTERS.inc("signoff_retention_runs_total")
+            COUNTERS.inc("signoff_retention_threads_pruned_total", threads)
             if threads or outbound or done.deliveries:
                 log.info(
                     "retention: pruned %d threads, %d WhatsApp outbound rows, %d delivery ids (%s)",
@@ -268,6 +271,8 @@ async def prune_loop(
                     msgspec.to_builtins(done),
                 )
         except SignoffError as exc:
+            COUNTERS.inc("signoff_retention_failures_total")
             log.warning("retention: prune failed (%s); trying again later", exc)
         except Exception:
+            COUNTERS.inc("signoff_retention_failures_total")
             log.exception("retention: prune failed; trying again later")

@@ -18,6 +18,7 @@ import pytest
 from signoff.runtime import retention
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.errors import NotFound, SignoffError, Unavailable
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import PruneCounts
 from signoff.store.postgres import PostgresStore
 from tests import pgbouncer
@@ -337,6 +338,13 @@ async def test_one_scheduled_prune_at_a_time(database_url: str) -> None:
         await store.close()
 
 
+RETENTION_COUNTERS = (
+    "signoff_retention_runs_total",
+    "signoff_retention_threads_pruned_total",
+    "signoff_retention_failures_total",
+)
+
+
 async def test_the_workers_prune_on_a_schedule(database_url: str, tmp_path: Path) -> None:
     async with harness(database_url, model=Scripted(pix())) as h:
         thread, card = await executed_thread(h)
@@ -346,16 +354,24 @@ async def test_the_workers_prune_on_a_schedule(database_url: str, tmp_path: Path
             retention_interval_seconds=0.05,
             retention_archive_dir=str(tmp_path),
         )
+        before = {k: COUNTERS.values.get(k, 0) for k in RETENTION_COUNTERS}
         loop = asyncio.create_task(retention.prune_loop(h.store.retention, settings))
         try:
             for _ in range(200):
                 if (await rows_of(h.store, [thread]))["threads"] == 0:
                     break
                 await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # a tick past the one that pruned it
         finally:
             loop.cancel()
         assert (await rows_of(h.store, [thread]))["threads"] == 0
         assert [line["id"] for line in audit_lines(tmp_path)] == [card]
+        # What an operator graphs (an operator probe: a prune that never ran, or failed
+        # every hour, was only in the log).
+        grew = {k: COUNTERS.values.get(k, 0) - before[k] for k in RETENTION_COUNTERS}
+        assert grew["signoff_retention_runs_total"] >= 2, grew
+        assert grew["signoff_retention_threads_pruned_total"] >= 1, grew
+        assert grew["signoff_retention_failures_total"] == 0, grew
 
 
 def test_a_bad_rule_is_a_clear_error() -> None:

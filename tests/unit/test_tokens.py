@@ -50,3 +50,25 @@ def test_an_expired_token_is_refused_without_leeway() -> None:
 def test_the_deploy_files_placeholder_is_no_secret(secret: str) -> None:
     with pytest.raises(ConfigError, match="SIGNOFF_SECRET"):
         Tokens(secret)
+
+
+def test_a_token_of_another_secret_is_counted_and_said_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Gateways with different SIGNOFF_SECRETs refuse each other's tokens: an operator saw
+    only 401s. Counted each time, logged at most once a minute with the count."""
+    from signoff.runtime.metrics import COUNTERS
+
+    ours, theirs = Tokens(SECRET), Tokens("t" * 40)
+    token = theirs.issue("ana", "t")
+    before = COUNTERS.values.get("signoff_tokens_bad_signature_total", 0)
+    caplog.set_level("WARNING", logger="signoff.gateway")
+    for _ in range(3):
+        with pytest.raises(Unauthenticated, match="invalid token"):
+            ours.verify(token)
+    assert COUNTERS.values.get("signoff_tokens_bad_signature_total", 0) == before + 3
+    said = [r.getMessage() for r in caplog.records if "SIGNOFF_SECRET" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 token(s) refused"), said
+    with pytest.raises(Unauthenticated):  # an expired token is no bad signature
+        ours.verify(signed(exp=int(time.time()) - 1))
+    assert COUNTERS.values.get("signoff_tokens_bad_signature_total", 0) == before + 3
