@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from signoff.runtime.bus import Bus
+from signoff.runtime.canonical import canonical_json
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.errors import (
     AlreadyDecided,
@@ -227,6 +228,7 @@ class Decisions:
                 f"fields not editable on this card: {', '.join(outside)}",
                 editable=card.editable,
             )
+        check_edit_size(edits)
         tool = self.tools.get(card.tool)
         if tool is None:
             raise UnknownTool(
@@ -314,3 +316,22 @@ class Decisions:
                     {"card_id": card_id, "ok": False, "error": exc.code, "message": exc.message}
                 )
         return out
+
+
+# A person's edit is a card field, not a document (a hostile probe stored a 100,000
+# character description whole, in the card, its successor and their audit rows).
+MAX_EDIT_CHARS = 2_000
+MAX_EDIT_BYTES = 16_384
+
+
+def check_edit_size(edits: dict[str, Any]) -> None:
+    """Refuse an edit with a text over :data:`MAX_EDIT_CHARS` characters, or over
+    :data:`MAX_EDIT_BYTES` in all (I9: typed, nothing changed)."""
+    long = sorted(k for k, v in edits.items() if isinstance(v, str) and len(v) > MAX_EDIT_CHARS)
+    if long:
+        raise InvalidInput(
+            f"an edited value may be at most {MAX_EDIT_CHARS} characters: {', '.join(long)}",
+            fields=long,
+        )
+    if len(canonical_json(edits).encode("utf-8", "replace")) > MAX_EDIT_BYTES:
+        raise InvalidInput(f"an edit may be at most {MAX_EDIT_BYTES // 1024} KB in all")

@@ -37,7 +37,9 @@ def parse_amount(value: str | int | float) -> int:
             raise ToolValidationError(
                 {"en": "amount must be a finite number of reais", "pt-BR": "valor inválido"}
             )
-        reais = Decimal(value)  # exact for an int or a float: no overflow, no rounding yet
+        # As written: a float's shortest repr, so 0.005 is what "0.005" is (Decimal(0.005)
+        # is 0.00500000000000000010408..., which rounded up to a cent the text refuses).
+        reais = Decimal(value if isinstance(value, int) else repr(value))
     else:
         text = value.strip().replace("R$", "").replace(" ", "")
         if not re.fullmatch(r"[0-9.,]+", text or "x"):
@@ -59,7 +61,9 @@ def parse_amount(value: str | int | float) -> int:
         )
     cents = int((reais * 100).to_integral_value(rounding=ROUND_HALF_EVEN))
     if cents <= 0:
-        raise ToolValidationError(_POSITIVE)
+        raise ToolValidationError(
+            {"en": "amount is less than R$ 0,01", "pt-BR": "o valor é menor que R$ 0,01"}
+        )
     return cents
 
 

@@ -174,6 +174,13 @@ async def test_edit_outside_whitelist_refused_allowed_edit_links_new_card(
         assert "R$ 10.000,00" in denied.value.message
         assert denied.value.detail["localized"]["pt-BR"].startswith("a política não permite")
         assert (await h.store.get_card(card.id)).status is Status.PENDING
+        # A person's edit is a field, not a document (a hostile probe stored 100k chars).
+        with pytest.raises(InvalidInput, match="at most 2000 characters: description"):
+            await h.decide(card, Decision.EDIT, edits={"description": "x" * 100_000})
+        with pytest.raises(InvalidInput, match="at most 16 KB"):
+            await h.decide(card, Decision.EDIT, edits={"description": ["x" * 1000] * 20})
+        assert (await h.store.get_card(card.id)).status is Status.PENDING
+        assert len(await h.store.card_events(card.id)) == 1
 
         out = await h.decide(card, Decision.EDIT, edits={"amount": "200"})
         await h.settle()

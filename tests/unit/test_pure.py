@@ -138,6 +138,15 @@ def test_parse_amount_refuses(raw: Any) -> None:
         parse_amount(raw)
 
 
+@pytest.mark.parametrize("raw", [0.005, "0.005", "0,005", 0.004])
+def test_less_than_a_cent_is_refused_whether_written_as_text_or_number(raw: Any) -> None:
+    """A probe: 0.005 as a JSON number became R$ 0,01 (the float's binary value is a hair
+    over half a cent), as text it was refused."""
+    with pytest.raises(ToolValidationError, match="less than R\\$ 0,01"):
+        parse_amount(raw)
+    assert parse_amount(0.015) == parse_amount("0,015") == 2
+
+
 @pytest.mark.parametrize(
     "raw",
     [
