@@ -409,7 +409,7 @@ async def test_messages_to_another_number_of_the_meta_app_are_not_acted_on(
     (a hostile probe: a button sent to another number, 999, approved a card of this
     channel's number, 100). Acknowledged, and nothing done; the same delivery's change
     for this number is handled."""
-    me = "5511900000032"
+    me = "5511900000041"  # its own number: the module shares one cluster
     async with httpx.AsyncClient(base_url=wa.gateways[0].url, timeout=30) as http:
         auth = {"Authorization": f"Bearer {wa.token(me)}"}
         thread = (await http.post("/v1/threads", headers=auth)).json()["thread"]["id"]
