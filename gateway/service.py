@@ -278,6 +278,8 @@ class GatewayService:
             try:
                 return await self.bus.enqueue(job)
             except Unavailable as exc:
+                if not exc.maybe_applied:
+                    raise  # refused, or never sent: not queued, as before
                 # No answer is not "not queued" (an integrity probe: a reply held past the
                 # timeout, the message stored and run, the client told 503 and sending it
                 # again). Said so, with the thread; the error's own text (hosts) is logged.

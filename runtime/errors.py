@@ -199,6 +199,14 @@ class Unavailable(SignoffError):
     """A backing service (Postgres, Redis) did not answer; retry later (503)."""
 
     code = "unavailable"
+    # The call may have been applied although no answer came (a timeout, a connection
+    # lost after the command went out), as opposed to refused or never sent.
+    maybe_applied = False
+
+    def unanswered(self) -> Self:
+        """This error, marked as maybe applied."""
+        self.maybe_applied = True
+        return self
 
 
 class MaybeQueued(Unavailable):

@@ -168,7 +168,9 @@ class Client:
                 raise  # its caller's cancellation
             self._cut.discard(task)
             task.uncancel()
-            raise _not_answering(what) from None
+            raise Unavailable(  # it was in flight: it may have been applied
+                f"Redis is not answering; {what} cut short", command=what
+            ).unanswered() from None
         finally:
             self._calls.discard(task)
             if probe:
@@ -199,15 +201,21 @@ class Client:
             except TIMEOUTS as exc:
                 self._stall(what, exc)
                 COUNTERS.inc("signoff_redis_errors_total")
-                raise Unavailable(f"Redis {what}: no answer ({exc})", command=what).said_as(
-                    REDIS_UNANSWERED
+                raise (
+                    Unavailable(f"Redis {what}: no answer ({exc})", command=what)
+                    .said_as(REDIS_UNANSWERED)
+                    .unanswered()
                 ) from exc
             except RETRYABLE as exc:
                 if delay is None or self.closed:
                     COUNTERS.inc("signoff_redis_errors_total")
-                    raise Unavailable(
-                        f"Redis {what} failed after {attempt} tries: {exc}", command=what
-                    ).said_as(REDIS_UNANSWERED) from exc
+                    raise (
+                        Unavailable(
+                            f"Redis {what} failed after {attempt} tries: {exc}", command=what
+                        )
+                        .said_as(REDIS_UNANSWERED)
+                        .unanswered()
+                    ) from exc
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
                 COUNTERS.inc("signoff_redis_retries_total")
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))

@@ -162,9 +162,13 @@ class ClusterClient(Client):
                     raise
                 self._stale = True
                 if delay is None or self.closed:
-                    raise Unavailable(
-                        f"Redis {what} failed after {attempt} tries: {exc}", command=what
-                    ).said_as(REDIS_UNANSWERED) from exc
+                    raise (
+                        Unavailable(
+                            f"Redis {what} failed after {attempt} tries: {exc}", command=what
+                        )
+                        .said_as(REDIS_UNANSWERED)
+                        .unanswered()
+                    ) from exc
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.ResponseError as exc:
