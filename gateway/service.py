@@ -97,11 +97,13 @@ def check_key(key: str | None) -> None:
         raise InvalidInput("idempotency_key must be 1-100 letters, digits or . _ : - (a UUID fits)")
 
 
-def message_id_for(who: Principal, thread_id: str, key: str) -> uuid.UUID:
-    """The message a client's key names: its user's, on its thread (another user's key,
-    or the same key on another thread, is another message). The run it starts is derived
-    from it (runtime/agent.py), so the same message queued twice runs once (I5)."""
-    return uuid.uuid5(_MESSAGE_NS, "\x1f".join((who.tenant, who.user, thread_id, key)))
+def message_id_for(who: Principal, thread_id: str, key: str, text: str) -> uuid.UUID:
+    """The message a client's key names: its user's, on its thread, with its text (another
+    user's key, the same key on another thread, or another text under the same key, is
+    another message: a client reusing keys, say its per-socket frame ids after a
+    reconnect, must not have a new message dropped as a repeat). The run it starts is
+    derived from it (runtime/agent.py), so the same message queued twice runs once (I5)."""
+    return uuid.uuid5(_MESSAGE_NS, "\x1f".join((who.tenant, who.user, thread_id, key, text)))
 
 
 def message_text(text: str) -> str:
@@ -264,7 +266,7 @@ class GatewayService:
                 "cards here or at the workflow's gate; it takes no messages",
                 thread_id=thread_id,
             )
-        message_id = str(uuid.uuid4() if key is None else message_id_for(who, thread_id, key))
+        message_id = str(uuid.uuid4() if key is None else message_id_for(who, thread_id, key, text))
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
             job = Job(
                 thread_id=thread_id,
