@@ -253,7 +253,8 @@ class GatewayService:
         self, thread_id: str, text: str, who: Principal, channel: str, key: str | None = None
     ) -> str:
         """Queue a message for the thread's next run; its delivery id. ``key``: the
-        client's idempotency key (the same key on the same thread: the same message)."""
+        client's idempotency key (the same key and text on the same thread: the same
+        message)."""
         text = message_text(text)
         check_key(key)
         thread_id = (await self.own_thread(thread_id, who)).id  # the id as Postgres spells it
@@ -286,10 +287,16 @@ class GatewayService:
                 # timeout, the message stored and run, the client told 503 and sending it
                 # again). Said so, with the thread; the error's own text (hosts) is logged.
                 log.warning("message on thread %s: enqueue unanswered: %s", thread_id, exc)
+                again = (
+                    "send it again with the same idempotency_key and it runs at most once, "
+                    "or read the thread to see"
+                    if key is not None
+                    else "read the thread before sending it again (sent with an "
+                    "idempotency_key, a message can be sent again safely)"
+                )
                 raise MaybeQueued(
                     "the message may or may not have been queued (the queue did not answer): "
-                    "send it again with the same idempotency_key and it runs at most once, "
-                    "or read the thread to see",
+                    + again,
                     thread_id=thread_id,
                     idempotency_key=key,
                 ) from None
