@@ -6,7 +6,6 @@ import logging
 import math
 import time
 import unicodedata
-from collections.abc import Callable
 
 import jwt
 import msgspec
@@ -30,8 +29,8 @@ VERIFIED_CACHE = 10_000
 # ahead of this gateway's (an operator probe: a token minted on another host was refused
 # for a few seconds, "The token is not yet valid (iat)"). Its expiry is kept exactly.
 CLOCK_SKEW_SECONDS = 60
-PLACEHOLDER = "change-me"
-BAD_SIGNATURE_WARN_SECONDS = 60.0  # at most one warning a minute (forgeries are free)  # deploy/kubernetes.yml's placeholder: never a real secret
+PLACEHOLDER = "change-me"  # deploy/kubernetes.yml's placeholder: never a real secret
+BAD_SIGNATURE_WARN_SECONDS = 60.0  # at most one warning a minute (forgeries are free)
 MAX_NAME = 256  # characters of a user's or a tenant's name
 
 
@@ -66,8 +65,8 @@ class Tokens:
         self._secret = secret
         self._ttl = ttl_seconds
         self._verified: dict[str, tuple[Principal, float]] = {}
-        self._warn_due = _warn_every(BAD_SIGNATURE_WARN_SECONDS)
-        self._unsaid = 0  # bad signatures since the last warning
+        self._warned_at = -math.inf  # time.monotonic() of the last bad-signature warning
+        self._unsaid = 0  # bad signatures since then
 
     def issue(self, user: str, tenant: str, role: str = "user", ttl: int | None = None) -> str:
         """A token for ``user`` of ``tenant``; InvalidInput for a name no token may carry."""
@@ -91,7 +90,9 @@ class Tokens:
         secrets refuse each other's tokens, which an operator saw only as 401s (a probe)."""
         COUNTERS.inc("signoff_tokens_bad_signature_total")
         self._unsaid += 1
-        if self._warn_due():
+        now = time.monotonic()
+        if now - self._warned_at >= BAD_SIGNATURE_WARN_SECONDS:
+            self._warned_at = now
             log.warning(
                 "%d token(s) refused since the last warning: signature does not verify. "
                 "Forged, or signed with another SIGNOFF_SECRET: every gateway and "
@@ -150,19 +151,6 @@ class Tokens:
             until = math.inf
         self._verified[token] = known = (who, until)
         return known
-
-
-def _warn_every(seconds: float) -> Callable[[], bool]:
-    last = [-math.inf]
-
-    def due() -> bool:
-        now = time.monotonic()
-        if now - last[0] < seconds:
-            return False
-        last[0] = now
-        return True
-
-    return due
 
 
 def bearer(header: str | None) -> str | None:

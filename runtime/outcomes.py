@@ -22,8 +22,7 @@ def tool_result(
     if not isinstance(content, str):  # a read tool's answer may hold dates, decimals...
         plain = msgspec.to_builtins(content, enc_hook=repr, str_keys=True)
         content = json.dumps(plain, ensure_ascii=False)
-    text = content
-    text = storable(text)  # a tool's own text: no NUL, no half surrogate pair
+    text = storable(content)  # a tool's own text: no NUL, no half surrogate pair
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}
     if error:
         block["is_error"] = True

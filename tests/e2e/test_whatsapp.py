@@ -66,6 +66,15 @@ def to(wa_id: str) -> Any:
     return lambda m: m.get("to") == wa_id
 
 
+async def say_on_the_web(wa: Cluster, user: str, text: str, gw: int = 0) -> None:
+    """A message in a new web thread of ``user`` (through the HTTP API, not WhatsApp)."""
+    async with httpx.AsyncClient(base_url=wa.gateways[gw].url, timeout=30) as http:
+        auth = {"Authorization": f"Bearer {wa.token(user)}"}
+        thread = (await http.post("/v1/threads", headers=auth)).json()["thread"]["id"]
+        r = await http.post(f"/v1/threads/{thread}/messages", json={"text": text}, headers=auth)
+        assert r.status_code in (200, 202), r.text
+
+
 async def pending_card(db: asyncpg.Connection, wa_id: str, timeout: float = 30) -> asyncpg.Record:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -348,15 +357,7 @@ async def test_a_button_naming_another_tenants_card_is_ignored_and_the_rest_is_h
     delivery is handled (the button was a 500 that failed the delivery for good, so Meta's
     redeliveries never handled the message either)."""
     me = "5511900000031"
-    async with httpx.AsyncClient(base_url=wa.gateways[1].url, timeout=30) as http:
-        auth = {"Authorization": f"Bearer {wa.token(me)}"}
-        thread = (await http.post("/v1/threads", headers=auth)).json()["thread"]["id"]
-        r = await http.post(
-            f"/v1/threads/{thread}/messages",
-            json={"text": "cobra R$ 12,00 da Maria por pix"},
-            headers=auth,
-        )
-        assert r.status_code in (200, 202), r.text
+    await say_on_the_web(wa, me, "cobra R$ 12,00 da Maria por pix", gw=1)
     db = await asyncpg.connect(database_url)
     try:
         theirs = await pending_card(db, me)
@@ -410,15 +411,7 @@ async def test_messages_to_another_number_of_the_meta_app_are_not_acted_on(
     channel's number, 100). Acknowledged, and nothing done; the same delivery's change
     for this number is handled."""
     me = "5511900000041"  # its own number: the module shares one cluster
-    async with httpx.AsyncClient(base_url=wa.gateways[0].url, timeout=30) as http:
-        auth = {"Authorization": f"Bearer {wa.token(me)}"}
-        thread = (await http.post("/v1/threads", headers=auth)).json()["thread"]["id"]
-        r = await http.post(
-            f"/v1/threads/{thread}/messages",
-            json={"text": "cobra R$ 13,00 da Maria por pix"},
-            headers=auth,
-        )
-        assert r.status_code in (200, 202), r.text
+    await say_on_the_web(wa, me, "cobra R$ 13,00 da Maria por pix", gw=0)
     db = await asyncpg.connect(database_url)
     try:
         card = await pending_card(db, me)
