@@ -376,7 +376,7 @@ class Executor:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
                 async with asyncio.timeout(self.tool_timeout):
                     answer = await tool.execute(started.args_snapshot, started.operation_id, ctx)
-                result, ok = outcomes.storable_result(answer), True
+                ok = True  # the provider answered: whatever its answer holds, it acted
                 self.faults.hit("execute.after_provider")
             except UNKNOWN_OUTCOME as exc:
                 # No answer is not a failure: the provider may have acted. Ask again with the
@@ -397,6 +397,8 @@ class Executor:
                     return await self._left_unknown(card, actor, f"{exc!r} after no answer")
                 log.warning("card %s failed: %s", card.id, exc)
                 result, ok = {"error": str(exc)}, False
+            else:
+                result = outcomes.storable_result(answer)  # never raises
             break
         # The outcome is known now: recording it must not be lost to a passing store
         # timeout (the move is conditional, so a repeat is harmless).

@@ -20,8 +20,7 @@ def tool_result(
     tool_use_id: str, content: str | dict[str, Any], *, error: bool = False
 ) -> dict[str, Any]:
     if not isinstance(content, str):  # a read tool's answer may hold dates, decimals...
-        plain = msgspec.to_builtins(content, enc_hook=repr, str_keys=True)
-        content = json.dumps(plain, ensure_ascii=False)
+        content = json.dumps(plain(content), ensure_ascii=False)
     text = storable(content)  # a tool's own text: no NUL, no half surrogate pair
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}
     if error:
@@ -53,8 +52,22 @@ def storable_result(result: Any) -> dict[str, Any]:
     has acted, and a value JSON or Postgres text cannot hold must not lose the outcome
     (dates, decimals and ids as text, anything else as its repr, under ``value`` when it
     is not an object; no NUL, no half surrogate pair)."""
-    value = storable(msgspec.to_builtins(result, enc_hook=repr, str_keys=True))
+    value = storable(plain(result))
     return value if isinstance(value, dict) else {"value": value}
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON's types, whatever a tool returned; never raises. Dates, decimals
+    and other objects become their repr; a value that cannot be walked (a key that is
+    None or a tuple, a cycle, a ``__repr__`` that raises) becomes the repr of the whole,
+    or its type's name: the answer of a provider that acted is never lost to its form."""
+    try:
+        return msgspec.to_builtins(value, enc_hook=repr, str_keys=True)
+    except Exception:  # TypeError, RecursionError, whatever a __repr__ raises
+        try:
+            return repr(value)
+        except Exception:
+            return f"<{type(value).__name__} that cannot be shown>"
 
 
 def _changes(card: Card) -> str:

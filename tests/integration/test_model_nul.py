@@ -122,3 +122,67 @@ async def test_tools_answers_that_json_or_postgres_cannot_hold_are_kept(
         assert (await h.store.get_run(run.id)).status == "done"
         told = str(fake.requests[1]["messages"][-1]["content"])
         assert "R$ 1" in told and "2026-12-06" in told
+
+
+class _Opaque:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def _cyclic() -> dict[str, object]:
+    loop: dict[str, object] = {"id": "ch_1"}
+    loop["self"] = loop
+    return loop
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{None: 1, "id": "ch_1"}, {(1, 2): "x"}, _cyclic(), _Opaque()],
+    ids=["none-key", "tuple-key", "cycle", "raising-repr"],
+)
+async def test_a_write_whose_answer_cannot_be_walked_is_executed_not_failed(
+    database_url: str,
+    fake: FakeMessagesServer,
+    monkeypatch: pytest.MonkeyPatch,
+    answer: object,
+) -> None:
+    """A provider that acted and answered with a value msgspec cannot walk (a key that is
+    None or a tuple, a cycle, a repr that raises): its card was recorded ``failed`` and
+    the model told so (it might charge again). Now it is ``executed`` with what can be
+    shown of the answer, and a read tool's such answer does not fail the turn."""
+    from signoff.demo import tools as demo_tools
+
+    charge = demo_tools.CreatePixCharge.execute
+    charged_ids: list[str] = []
+
+    async def charged(self: object, args: object, op: str, ctx: object) -> object:
+        charged_ids.append(op)
+        await charge(self, args, op, ctx)  # type: ignore[arg-type]
+        return answer
+
+    async def balance(self: object, args: object, op: str, ctx: object) -> object:
+        return answer
+
+    monkeypatch.setattr(demo_tools.CreatePixCharge, "execute", charged)
+    monkeypatch.setattr(demo_tools.GetBalance, "execute", balance)
+    read = tool_use("get_balance", {})
+    write = tool_use("create_pix_charge", {"customer": "João", "amount": "150"})
+    fake.add(
+        ScriptedReply([read], "tool_use"),
+        ScriptedReply([write], "tool_use"),
+        ScriptedReply([text("Feito.")], "end_turn"),
+    )
+    async with harness(database_url, fake=fake) as h:
+        thread = await h.thread("alice")
+        run = await h.say(thread, "saldo e cobre 150 do João", "alice")
+        assert run is not None and run.status == "waiting", run
+        (card,) = await h.store.pending_cards(thread)
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        done = await h.store.get_card(card.id)
+        assert done.status == "executed", done
+        assert done.result is not None and done.result != {}
+        assert len(charged_ids) == 1
+        assert (await h.store.get_run(run.id)).status == "done"
+        told = str(fake.requests[2]["messages"][-1]["content"])
+        assert '"status": "executed"' in told or "'status': 'executed'" in told, told
