@@ -191,9 +191,17 @@ class Client:
                 task.cancel()
 
     async def _tries(self, what: str, fn: Callable[[], Awaitable[T]], probe: bool) -> T:
+        # Once an attempt failed in a way that may have followed its command out (a
+        # connection lost, a reset), whatever ends the call later says "may have been
+        # applied": a retry refused, or never sent, does not undo the first.
+        sent = False
+
+        def said(exc: Unavailable) -> Unavailable:
+            return exc.unanswered() if sent else exc
+
         for attempt, delay in enumerate((*RETRY_DELAYS, None), start=1):
             if self.stalled and not probe:
-                raise _not_answering(what)
+                raise said(_not_answering(what))
             try:
                 result = await fn()
                 self.stalled = False
@@ -216,13 +224,16 @@ class Client:
                         .said_as(REDIS_UNANSWERED)
                         .unanswered()
                     ) from exc
+                sent = True
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
                 COUNTERS.inc("signoff_redis_retries_total")
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.RedisError as exc:
                 COUNTERS.inc("signoff_redis_errors_total")
-                raise Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(
-                    REDIS_UNANSWERED
+                raise said(
+                    Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(
+                        REDIS_UNANSWERED
+                    )
                 ) from exc
             except UnicodeEncodeError as exc:  # e.g. a str with a lone surrogate
                 raise InvalidInput(f"Redis {what}: an argument cannot be encoded") from exc

@@ -152,6 +152,7 @@ class ClusterClient(Client):
         way; one server's client fails fast once it stalls instead, ``Client.call``)."""
         if self.closed:
             raise Unavailable("the Redis bus is closed", command=what)
+        sent = False  # an attempt failed after its command may have gone out (client.py)
         for attempt, delay in enumerate((*CLUSTER_RETRY_DELAYS, None), start=1):
             try:
                 if self._stale:
@@ -169,19 +170,17 @@ class ClusterClient(Client):
                         .said_as(REDIS_UNANSWERED)
                         .unanswered()
                     ) from exc
+                # A cluster's own refusal (MOVED, TRYAGAIN, CLUSTERDOWN) applied nothing.
+                sent = sent or not isinstance(exc, CLUSTER_RETRYABLE)
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.ResponseError as exc:
                 if not str(exc).startswith(TRANSIENT) or delay is None or self.closed:
-                    raise Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(
-                        REDIS_UNANSWERED
-                    ) from exc
+                    raise _failed(what, exc, sent) from exc
                 self._stale = True
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             except rx.RedisError as exc:
-                raise Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(
-                    REDIS_UNANSWERED
-                ) from exc
+                raise _failed(what, exc, sent) from exc
             except UnicodeEncodeError as exc:
                 raise InvalidInput(f"Redis {what}: an argument cannot be encoded") from exc
         raise AssertionError("unreachable")
@@ -341,3 +340,10 @@ class ClusterClient(Client):
             pipe.close()
         self._pipes.clear()
         await self.cluster.aclose()
+
+
+def _failed(what: str, exc: Exception, sent: bool) -> Unavailable:
+    """A refusal Redis answered; "may have been applied" when an earlier attempt of the
+    same call failed after its command may have gone out."""
+    error = Unavailable(f"Redis {what} failed: {exc}", command=what).said_as(REDIS_UNANSWERED)
+    return error.unanswered() if sent else error
