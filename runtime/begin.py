@@ -71,7 +71,7 @@ async def _read_back(store: Store, card_id: str, attempt: str, lost: Unavailable
     try:
         while True:
             try:
-                card, token = await store.execution_attempt(card_id)
+                card, token = await store.read_back_begin(card_id, attempt)
                 break
             except Unavailable as exc:
                 if tries % 30 == 0:  # the first, then about every half minute

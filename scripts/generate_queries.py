@@ -157,7 +157,11 @@ _BEGIN = (
     _MOVE
     + """
       AND ($8::text IS NULL OR EXISTS (
-          SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8))"""
+          SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8))
+      -- a begin whose answer was lost and whose card was read back still approved: it
+      -- must change nothing if it runs later (design note 53; the fence is on the row,
+      -- so a begin that waited on the thread's lock rechecks it on the row's new version)
+      AND coalesce(cards.fenced_attempt <> ($7::jsonb ->> 'attempt'), true)"""
 )
 
 

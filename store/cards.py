@@ -92,13 +92,24 @@ class Cards:
             raise CardNotFound(f"card {card_id} not found", card_id=card_id)
         return rows.card(row)
 
-    async def execution_attempt(self, card_id: str) -> tuple[Card, str | None]:
+    async def read_back_begin(self, card_id: str, attempt: str) -> tuple[Card, str | None]:
         """The card, and the ``attempt`` token of the begin that last moved it to
-        ``executing`` (``None``: none, or one written without a token)."""
-        row = await self._db.fetchrow(SQL.card_execution_attempt, rows.uuid_of(card_id))
-        if row is None:
-            raise CardNotFound(f"card {card_id} not found", card_id=card_id)
-        return rows.card(row), row["attempt"]
+        ``executing`` (``None``: none, or one written without a token), read under its
+        thread's lock. Found still approved, ``attempt`` is fenced in the same transaction:
+        the begin carrying it changes nothing if it runs later, so "not committed" is final
+        (design note 53). A begin holding the lock is waited for, until its commit shows."""
+        cid = rows.uuid_of(card_id)
+
+        async def go(conn: Conn) -> tuple[Card, str | None]:
+            await conn.fetchrow(SQL.card_lock_thread, cid)  # lock order: the thread first
+            row = await conn.fetchrow(SQL.card_execution_attempt, cid)
+            if row is None:
+                raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+            if row["status"] == Status.APPROVED:
+                await conn.execute(SQL.card_fence_begin, cid, attempt)
+            return rows.card(row), row["attempt"]
+
+        return await self._db.transaction(go)
 
     async def card_input(self, card_id: str) -> dict[str, Any]:
         """The model's original (parsed) input, which an edit starts from."""
@@ -275,7 +286,7 @@ class Cards:
         (I4), or (``holder`` given) if the card's run is not held by ``holder``.
         ``in_flight_seconds`` (how long after ``executing_since`` the worker's call may
         still be in flight) goes in the audit row, for a reconcile to wait out; so does
-        ``attempt``, a token of this very call (:meth:`execution_attempt` reads it back
+        ``attempt``, a token of this very call (:meth:`read_back_begin` reads it back
         when the answer was lost)."""
         detail: dict[str, Any] = {}
         if in_flight_seconds is not None:

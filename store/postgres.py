@@ -92,7 +92,7 @@ class PostgresStore:
         self.edit = cards.edit
         self.move = cards.move
         self.begin_execution = cards.begin_execution
-        self.execution_attempt = cards.execution_attempt
+        self.read_back_begin = cards.read_back_begin
         self.finish_execution = cards.finish_execution
         self.expire = cards.expire
         self.decided_among = cards.decided_among

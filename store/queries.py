@@ -62,6 +62,7 @@ class Queries:
     card_propose: str
     card_get: str
     card_execution_attempt: str
+    card_fence_begin: str
     card_by_request_key: str
     card_input: str
     cards_of_run: str

@@ -526,6 +526,11 @@ SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id
      ORDER BY e.id DESC LIMIT 1) AS attempt
 FROM cards WHERE id = $1;
 
+-- name: card_fence_begin
+-- The begin carrying token $2 must change nothing if it runs later: card $1 was read
+-- back still approved, under its thread's lock (design note 53).
+UPDATE cards SET fenced_attempt = $2 WHERE id = $1 AND status = 'approved';
+
 -- name: card_by_request_key
 SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
     args_snapshot, summary, impact, snapshot_hash, request_key, operation_id::text, editable,
@@ -806,6 +811,10 @@ c AS (
     WHERE lk.locked = cards.thread_id AND id = $1 AND status = $2
       AND ($8::text IS NULL OR EXISTS (
           SELECT 1 FROM runs WHERE runs.id = cards.run_id AND runs.worker_id = $8))
+      -- a begin whose answer was lost and whose card was read back still approved: it
+      -- must change nothing if it runs later (design note 53; the fence is on the row,
+      -- so a begin that waited on the thread's lock rechecks it on the row's new version)
+      AND coalesce(cards.fenced_attempt <> ($7::jsonb ->> 'attempt'), true)
     RETURNING cards.*, jsonb_build_object(
         'id', cards.id,
         'thread_id', cards.thread_id,

@@ -14,7 +14,17 @@ from signoff.runtime.records import Entry, Moved, Run, Thread
 from signoff.store.connector import Row
 
 # Columns some card statements return besides the card's own.
-_EXTRA = ("is_expired", "body", "log_seq", "log_at", "holder", "run_active", "ord", "attempt")
+_EXTRA = (
+    "is_expired",
+    "body",
+    "log_seq",
+    "log_at",
+    "holder",
+    "run_active",
+    "ord",
+    "attempt",
+    "fenced_attempt",
+)
 
 
 def uuid_of(value: str) -> str:

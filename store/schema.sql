@@ -75,7 +75,8 @@ CREATE TABLE cards (
     result                jsonb,
     executing_since       timestamptz,
     needs_reconciliation  boolean NOT NULL DEFAULT false,
-    created_at            timestamptz NOT NULL DEFAULT now()
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    fenced_attempt        text  -- a begin that must not commit any more (0015)
 );
 CREATE INDEX cards_run ON cards (run_id);
 CREATE INDEX cards_pending_expiry ON cards (expires_at) WHERE status = 'pending';

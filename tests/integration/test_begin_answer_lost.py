@@ -18,6 +18,7 @@ from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.metrics import COUNTERS
+from tests import pgbouncer
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, one_card, pix
 
@@ -77,22 +78,22 @@ async def test_a_read_back_that_fails_a_while_is_asked_again(
 ) -> None:
     async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
         card = await one_card(h)
-        real_begin, real_read = h.store.begin_execution, h.store.execution_attempt
+        real_begin, real_read = h.store.begin_execution, h.store.read_back_begin
         reads = 0
 
         async def answer_lost(*args: Any, **kwargs: Any) -> Any:
             await real_begin(*args, **kwargs)
             raise Unavailable("connection lost")
 
-        async def flaky_read(card_id: str) -> Any:
+        async def flaky_read(card_id: str, attempt: str) -> Any:
             nonlocal reads
             reads += 1
             if reads <= 3:
                 raise Unavailable("postgres unreachable")
-            return await real_read(card_id)
+            return await real_read(card_id, attempt)
 
         monkeypatch.setattr(h.store, "begin_execution", answer_lost)
-        monkeypatch.setattr(h.store, "execution_attempt", flaky_read)
+        monkeypatch.setattr(h.store, "read_back_begin", flaky_read)
         await h.decide(card, Decision.APPROVE)
         final = await until(
             h, card.id, lambda c: c.status not in (Status.APPROVED, Status.EXECUTING), 15
@@ -145,3 +146,90 @@ async def test_a_card_begun_by_another_call_is_not_sent_on_a_lost_answer(
         await asyncio.sleep(1.5)  # more than a lease: time enough to have sent it
         now = await h.store.get_card(card.id)
         assert now.status is Status.EXECUTING and await h.charges() == 0
+
+
+async def test_a_begin_still_waiting_on_the_lock_when_its_answer_is_lost_is_sent_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's finding: the begin waits on its thread's lock (another writer holds it)
+    when its connection drops; Postgres keeps the statement. The read-back saw the card
+    still approved and concluded "not committed"; then the lock freed, the begin
+    committed under this call's token, and nobody sent it (flagged, never charged). The
+    read-back now takes the thread's lock too: it waits for that begin, and finds it."""
+    async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
+        card = await one_card(h)
+        real = h.store.begin_execution
+        locker = await pgbouncer.connect(database_url)
+        held = locker.transaction()
+        abandoned: list[asyncio.Task[Any]] = []
+        calls = 0
+
+        async def dropped_while_waiting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                return await real(*args, **kwargs)
+            await held.start()  # another writer holds the thread's lock a while
+            await locker.execute(
+                "SELECT 1 FROM threads WHERE id = $1::uuid FOR UPDATE", card.thread_id
+            )
+            abandoned.append(asyncio.create_task(real(*args, **kwargs)))
+            await asyncio.sleep(0.3)  # the statement is on the server, waiting on the lock
+            raise Unavailable("connection was closed in the middle of operation")
+
+        try:
+            monkeypatch.setattr(h.store, "begin_execution", dropped_while_waiting)
+            await h.decide(card, Decision.APPROVE)
+            while calls == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(1.0)  # the read-back is under way
+            await held.commit()  # the lock frees: the abandoned begin commits
+        finally:
+            await locker.close()
+        final = await until(
+            h, card.id, lambda c: c.status not in (Status.APPROVED, Status.EXECUTING), 15
+        )
+        assert final.status is Status.EXECUTED, final
+        assert not final.needs_reconciliation
+        assert await h.charges() == 1
+        assert len(await executing_events(h, card.id)) == 1
+        await asyncio.gather(*abandoned, return_exceptions=True)
+
+
+async def test_a_lost_begin_that_runs_after_its_read_back_changes_nothing(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: the read-back found the card approved and fenced the lost begin's
+    token; that statement, reaching Postgres only now, changes nothing. The run begins
+    the card again later, under a new token, and it is executed once."""
+    async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
+        card = await one_card(h)
+        real = h.store.begin_execution
+        first: list[tuple[Any, ...]] = []
+
+        async def never_arrived(*args: Any, **kwargs: Any) -> Any:
+            if not first:
+                first.append(args)
+                raise Unavailable("statement timeout on the client")
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(h.store, "begin_execution", never_arrived)
+        await h.decide(card, Decision.APPROVE)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        fenced = None
+        while fenced is None and loop.time() < deadline:
+            fenced = await h.provider.pool.fetchval(
+                "SELECT fenced_attempt FROM cards WHERE id = $1", card.id
+            )
+            await asyncio.sleep(0.02)
+        (args,) = first
+        assert fenced == args[4], (fenced, args)
+        # the lost statement arrives now: it changes nothing
+        late = await real(*args)
+        assert late is None
+        final = await until(h, card.id, lambda c: c.status is Status.EXECUTED, 20)
+        assert final.status is Status.EXECUTED, final
+        assert await h.charges() == 1
+        (event,) = await executing_events(h, card.id)
+        assert event["detail"]["attempt"] != args[4]
