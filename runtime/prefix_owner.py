@@ -12,7 +12,9 @@ Every gateway and worker claims the prefix in Redis for its app and database
 :data:`BEAT_SECONDS`). A process that finds it held for another app or database refuses
 to start (``SIGNOFF_ALLOW_APP_SKEW`` lets it start with a warning, for renaming an app
 in a rolling deploy). Redis away at start is no refusal: the claim is made once it
-answers. A process that then finds the prefix held by another app or database (it
+answers, tried every :data:`CONFIRM_SECONDS`, and until then the process's inbox is shut
+(``Bus.gate_inbox``: its worker takes nothing, its gateway queues nothing; a review
+found both going on for a beat, another app's messages taken meanwhile). A process that then finds the prefix held by another app or database (it
 started while Redis was away, or its claim lapsed during a long outage and another took
 it) stops: :attr:`Claim.lost` is set, its worker takes no more messages and its command
 exits non-zero, and ``/readyz`` fails meanwhile (an operator probe: it was only logged,
@@ -38,6 +40,9 @@ log = logging.getLogger("signoff.presence")
 
 BEAT_SECONDS = 5.0
 TTL_SECONDS = 4 * BEAT_SECONDS
+# Tries of a claim not made yet (Redis away at start): soon after Redis answers, the
+# process knows whether the prefix is its own; its inbox is shut until then.
+CONFIRM_SECONDS = 0.5
 
 
 class PrefixTaken(ConfigError):
@@ -54,6 +59,9 @@ class Claim:
     owner: str
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     why: str = ""
+    # Set once Redis said the prefix is this app's (or another's, allowed by
+    # SIGNOFF_ALLOW_APP_SKEW): the bus's inbox is shut until then (Bus.gate_inbox).
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class PrefixLost(ConfigError):
@@ -98,15 +106,19 @@ async def hold(
     """The prefix claimed for ``owner`` for the duration of the block (or refused)."""
     ttl_ms = int(TTL_SECONDS * 1000)
     claim = Claim(owner)
+    bus.gate_inbox(claim.confirmed)
     try:
         held = await bus.claim_owner(owner, ttl_ms)
     except SignoffError as exc:  # Redis away: the renewals claim it when it is back
         log.warning(
             "key prefix not claimed yet (%s): claimed once Redis answers (this process "
-            "stops then if another app or database holds it)",
+            "takes and queues no message until then, and stops if another app or "
+            "database holds it)",
             exc,
         )
         held = owner
+    else:
+        claim.confirmed.set()  # ours, or another's with the skew allowed (below)
     if held != owner:
         text = _taken(where, held, owner, database)
         if not allow_skew:
@@ -130,19 +142,22 @@ async def _renew(
 ) -> None:
     warned = False
     while True:
-        await asyncio.sleep(BEAT_SECONDS)
+        await asyncio.sleep(BEAT_SECONDS if claim.confirmed.is_set() else CONFIRM_SECONDS)
         try:
             held = await bus.claim_owner(claim.owner, ttl_ms)
         except Exception as exc:  # Redis away: the next beat tries again
-            log.warning("key prefix claim not renewed: %s", exc)
+            if claim.confirmed.is_set():
+                log.warning("key prefix claim not renewed: %s", exc)
             continue
         if held == claim.owner:
+            claim.confirmed.set()
             continue
         text = _taken(where, held, claim.owner, database)
         if allow_skew:
             if not warned:  # once: a rename in a rolling deploy holds it for a while
                 log.warning("%s (allowed: SIGNOFF_ALLOW_APP_SKEW)", text)
                 warned = True
+            claim.confirmed.set()
             continue
         COUNTERS.inc("signoff_prefix_lost_total")
         claim.why = text

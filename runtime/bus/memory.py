@@ -78,6 +78,9 @@ class MemoryBus:
     async def alive(self, worker_id: str) -> bool:
         return self._beats.get(worker_id, 0.0) > time.monotonic()
 
+    def gate_inbox(self, confirmed: asyncio.Event) -> None:
+        """Nothing to wait for: one process, whose claim is always answered at once."""
+
     async def enqueue(self, job: Job) -> str:
         delivery = Delivery(str(next(self._ids)), job)
         self._inbox.put_nowait(delivery)

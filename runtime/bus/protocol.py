@@ -9,6 +9,7 @@ falls back on. Backends: :mod:`signoff.runtime.bus.memory` (one process) and
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
@@ -74,6 +75,13 @@ class Bus(Protocol):
     async def claim_owner(self, owner: str, ttl_ms: int) -> str:
         """Claim this bus's key prefix for ``owner`` (an app on its database) for
         ``ttl_ms``, renewing it when ours; returns the owner now (another: refused)."""
+        ...
+
+    def gate_inbox(self, confirmed: asyncio.Event) -> None:
+        """Use the inbox only once ``confirmed`` is set: the key prefix is this app's
+        (``prefix_owner.hold``). Until then ``take`` returns nothing and ``enqueue``
+        waits a moment, then raises :class:`~signoff.runtime.errors.Unavailable`
+        (nothing queued)."""
         ...
 
     async def enqueue(self, job: Job) -> str: ...

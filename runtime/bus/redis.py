@@ -14,6 +14,8 @@ partitions spread over the masters (:mod:`.partitions`; design note 31).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 
@@ -28,11 +30,14 @@ from signoff.runtime.bus.protocol import Delivery, Job, Subscription
 from signoff.runtime.bus.pubsub import PubSub
 from signoff.runtime.bus.tokens import WaitTokens
 from signoff.runtime.bus.window import Window
-from signoff.runtime.errors import ConfigError
+from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.runtime.keys import Keys
 
 # Inbox streams on a cluster unless configured (SIGNOFF_INBOX_PARTITIONS).
 CLUSTER_PARTITIONS = 8
+# How long an enqueue waits for the key prefix to be confirmed this app's (a process
+# started while Redis was away confirms it within a second of Redis answering).
+GATE_WAIT_SECONDS = 2.0
 
 
 class RedisBus:
@@ -49,6 +54,7 @@ class RedisBus:
         """``partitions``: inbox streams (0: one on a server, ``CLUSTER_PARTITIONS`` on a
         cluster)."""
         self.keys = keys
+        self._gate: asyncio.Event | None = None  # gate_inbox
         if partitions < 0:
             raise ConfigError("inbox partitions must be 0 (the default) or more")
         if isinstance(client, RedisCluster):
@@ -138,10 +144,31 @@ class RedisBus:
 
     # -- the inbox -----------------------------------------------------------------------
 
+    def gate_inbox(self, confirmed: asyncio.Event) -> None:
+        self._gate = confirmed
+
+    async def _gate_open(self, seconds: float) -> bool:
+        """Whether the inbox may be used: the prefix confirmed this app's, or no gate."""
+        gate = self._gate
+        if gate is None or gate.is_set():
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await gate.wait()
+        return gate.is_set()
+
     async def enqueue(self, job: Job) -> str:
+        if not await self._gate_open(GATE_WAIT_SECONDS):
+            raise Unavailable(  # a plain refusal: nothing was sent
+                "the Redis key prefix is not confirmed this app's yet (Redis just came "
+                "back?); nothing was queued",
+                command="XADD",
+            )
         return await self.inbox.enqueue(job)
 
     async def take(self, consumer: str, timeout: float) -> list[Delivery]:
+        if not await self._gate_open(timeout):
+            return []  # another app's messages are not ours to take (prefix_owner.py)
         return await self.inbox.take(consumer, timeout)
 
     async def ack(self, delivery_id: str) -> None:

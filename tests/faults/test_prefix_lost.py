@@ -19,7 +19,9 @@ import redis
 
 from signoff.embedded import free_port
 from signoff.runtime import prefix_owner
+from signoff.runtime.bus.protocol import Job
 from signoff.runtime.bus.redis import RedisBus
+from signoff.runtime.errors import Unavailable
 from signoff.runtime.keys import Keys
 from signoff.testing.cluster import Proc
 from tests import services
@@ -68,6 +70,74 @@ async def test_a_claim_made_late_that_finds_another_owner_is_lost(
                 await asyncio.wait_for(claim.lost.wait(), 5)
                 assert "helpdesk" in claim.why and "payments" in claim.why
         assert client.get(Keys(prefix).owner) == OTHER.encode()  # never overwritten
+    finally:
+        client.delete(Keys(prefix).owner)
+        client.close()
+        await bus.close()
+
+
+@pytest.mark.anyio
+async def test_nothing_is_taken_or_queued_before_the_late_claim_is_confirmed(
+    redis_proxy: Proxy,
+) -> None:
+    """A review's finding: a process started while Redis was away went on as if the prefix
+    were its own, and its first claim came a beat (5 s) after Redis answered: meanwhile
+    its worker took another app's inbox entries (and acknowledged them, no such thread
+    here: accepted with a 202, never run), and its gateway queued onto that app's inbox.
+    The inbox is now shut until Redis confirms the claim, tried every half second."""
+    prefix = f"pl-{secrets.token_hex(4)}:"
+    redis_proxy.refuse()
+    mine = RedisBus.from_url(redis_proxy.url_for(services.redis_url()), Keys(prefix))
+    theirs = RedisBus.from_url(services.redis_url(), Keys(prefix))
+    client = _claim_for_other(prefix)
+    client.delete(Keys(prefix).owner)
+    job = Job(thread_id="t-other", text="hello", user="u", tenant="t", message_id="m-1")
+    try:
+        async with prefix_owner.hold(
+            mine, prefix_owner.owner_of("payments", "db-1"), where="t"
+        ) as claim:
+            client.set(Keys(prefix).owner, OTHER, px=120_000)  # the other app holds it
+            await theirs.enqueue(job)  # ... and has a message waiting for its workers
+            redis_proxy.refuse(False)  # Redis answers again
+            t0 = time.monotonic()
+            taken = []
+            while not claim.lost.is_set() and time.monotonic() - t0 < 5:
+                taken += await mine.take("mine-1", 0.1)
+            assert claim.lost.is_set()
+            assert time.monotonic() - t0 < 2.5  # known within a confirm try, not a beat
+            assert taken == []
+            with pytest.raises(Unavailable) as refused:
+                await mine.enqueue(job)
+            assert "not confirmed" in str(refused.value) and not refused.value.maybe_applied
+        (delivered,) = await theirs.take("theirs-1", 1.0)  # still there for the other app
+        assert delivered.job == job
+    finally:
+        client.delete(Keys(prefix).owner)
+        client.close()
+        await mine.close()
+        await theirs.close()
+
+
+@pytest.mark.anyio
+async def test_a_late_claim_that_is_ours_opens_the_inbox_soon_after_redis_answers(
+    redis_proxy: Proxy,
+) -> None:
+    prefix = f"pl-{secrets.token_hex(4)}:"
+    redis_proxy.refuse()
+    bus = RedisBus.from_url(redis_proxy.url_for(services.redis_url()), Keys(prefix))
+    client = redis.Redis.from_url(services.redis_url())
+    job = Job(thread_id="t-mine", text="hi", user="u", tenant="t", message_id="m-2")
+    try:
+        async with prefix_owner.hold(
+            bus, prefix_owner.owner_of("payments", "db-1"), where="t"
+        ) as claim:
+            assert not claim.confirmed.is_set()
+            assert await bus.take("mine-1", 0.2) == []
+            redis_proxy.refuse(False)
+            await asyncio.wait_for(claim.confirmed.wait(), 3)
+            await bus.enqueue(job)
+            (delivered,) = await bus.take("mine-1", 1.0)
+            assert delivered.job == job and not claim.lost.is_set()
     finally:
         client.delete(Keys(prefix).owner)
         client.close()
