@@ -139,13 +139,18 @@ class Quotas:
             queued_seconds=settings.quota_queued_seconds,
         )
 
-    async def create_thread(self, who: Principal) -> Thread:
-        """A new thread of ``who``'s, or :class:`RateLimited` (and no thread)."""
+    async def create_thread(self, who: Principal, thread_id: str | None = None) -> Thread:
+        """A new thread of ``who``'s, or :class:`RateLimited` (and no thread);
+        ``thread_id``: of that id (:class:`Conflict` if it exists)."""
         limit = self.threads_per_minute
         if limit <= 0:
-            return await self.store.create_thread(who.tenant, who.user)
+            return await self.store.create_thread(who.tenant, who.user, thread_id)
         thread, wait = await self.store.create_thread_within_quota(
-            who.tenant, who.user, limit=limit, window_seconds=THREAD_WINDOW_SECONDS
+            who.tenant,
+            who.user,
+            limit=limit,
+            window_seconds=THREAD_WINDOW_SECONDS,
+            thread_id=thread_id,
         )
         if thread is None:
             raise RateLimited(

@@ -20,6 +20,7 @@ from signoff.runtime.cards import Decision
 from signoff.runtime.decisions import Decisions, Outcome, Resolution
 from signoff.runtime.errors import (
     CardNotFound,
+    Conflict,
     Forbidden,
     InvalidInput,
     MaybeQueued,
@@ -89,6 +90,7 @@ def event_of(entry: Entry) -> dict[str, Any]:
 
 _KEY = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 _MESSAGE_NS = uuid.UUID("5b0f7a52-2f4e-4c61-9a57-6d1c0e3f8b21")
+_THREAD_NS = uuid.UUID("0c3e9d4a-51b7-4f0e-8a2d-7e6b1f9c4d35")
 
 
 def check_key(key: str | None) -> None:
@@ -104,6 +106,20 @@ def message_id_for(who: Principal, thread_id: str, key: str, text: str) -> uuid.
     reconnect, must not have a new message dropped as a repeat). The run it starts is
     derived from it (runtime/agent.py), so the same message queued twice runs once (I5)."""
     return uuid.uuid5(_MESSAGE_NS, "\x1f".join((who.tenant, who.user, thread_id, key, text)))
+
+
+def checked_message(text: str, key: str | None) -> str:
+    """A message's text as it will be stored, its key checked: refused (I9) before a
+    thread is made or followed for it (a hostile probe: a bad key's refusal made a
+    thread, announced it to the person's other sockets, and subscribed this one)."""
+    check_key(key)
+    return message_text(text)
+
+
+def thread_id_for(who: Principal, key: str, text: str) -> str:
+    """The thread a keyed message that names none is given: sent again after its answer
+    was lost (a dropped socket), it finds the same thread, and so is the same message."""
+    return str(uuid.uuid5(_THREAD_NS, "\x1f".join((who.tenant, who.user, key, text))))
 
 
 def message_text(text: str) -> str:
@@ -232,6 +248,30 @@ class GatewayService:
         # After the commit, never failing the request.
         await announce_thread(self.bus, self.quotas.keys, who.tenant, who.user)
         return thread
+
+    async def thread_for(self, who: Principal, text: str, key: str | None) -> tuple[Thread, bool]:
+        """The thread a message naming none goes to, and whether it was made now. With a
+        key, the thread is the key's (:func:`thread_id_for`): a second send finds the one
+        its first send made (design note 54), even as both race."""
+        if key is None:
+            return await self.create_thread(who), True
+        thread_id = thread_id_for(who, key, message_text(text))
+        for _ in range(2):
+            try:
+                thread = await self.store.get_thread(thread_id)
+            except NotFound:
+                try:
+                    made = await self.quotas.create_thread(who, thread_id)
+                except Conflict:  # the same key's other send made it just now
+                    continue
+                await announce_thread(self.bus, self.quotas.keys, who.tenant, who.user)
+                return made, True
+            if (thread.tenant, thread.owner) != (who.tenant, who.user):
+                break  # not a thread of this person's (a uuid5 collision: never seen)
+            return thread, False
+        raise Conflict(
+            "this message's thread could not be made; send it again", thread_id=thread_id
+        )
 
     async def list_threads(self, who: Principal, limit: int = 50) -> list[dict[str, Any]]:
         """The person's threads, the most recently active first (an empty one too)."""

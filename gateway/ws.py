@@ -25,7 +25,7 @@ from signoff.gateway.auth import Principal, Tokens
 from signoff.gateway.errors import Internal, error_body, status_of, typed
 from signoff.gateway.feed import Feeds, Listener
 from signoff.gateway.frames import Frame, decode_frame, id_of
-from signoff.gateway.service import GatewayService, ResolveIn, event_of, message_text, parse
+from signoff.gateway.service import GatewayService, ResolveIn, checked_message, event_of, parse
 from signoff.gateway.watch import ThreadWatch
 from signoff.runtime.errors import (
     InvalidInput,
@@ -286,7 +286,7 @@ class Connection:
     async def on_message(self, frame: Frame, who: Principal) -> None:
         if frame.text is None:
             raise InvalidInput("a message needs text")
-        message_text(frame.text)  # refused before a thread is made for it
+        checked_message(frame.text, frame.idempotency_key)  # before a thread is made or followed
         if frame.thread_id is not None:
             thread = await self.service.own_thread(frame.thread_id, who)
             # Followed, and answered, under the id as Postgres spells it: hints travel on
@@ -300,8 +300,10 @@ class Connection:
         else:
             # A thread made for this message holds it, or is gone: accepted or refused,
             # never a thread without its message. One whose message may be queued stays,
-            # followed, and its error names it: that message may yet run there.
-            thread_id = (await self.service.create_thread(who)).id
+            # followed, and its error names it: that message may yet run there. A keyed
+            # message's thread made by an earlier send of it is found, and kept.
+            thread, made = await self.service.thread_for(who, frame.text, frame.idempotency_key)
+            thread_id = thread.id
             try:
                 await self.follow(thread_id, 0)
                 delivery = await self.service.post_message(
@@ -311,7 +313,8 @@ class Connection:
                 raise
             except BaseException:
                 self.unfollow(thread_id)
-                await self.service.discard_thread(thread_id)
+                if made:
+                    await self.service.discard_thread(thread_id)
                 raise
         await self.send(
             {"type": "ack", "id": frame.id, "thread_id": thread_id, "delivery": delivery}

@@ -184,15 +184,21 @@ class Store(Protocol):
 
     # -- threads and the thread log ------------------------------------------------
 
-    async def create_thread(
-        self, tenant: str, owner: str, thread_id: str | None = None
-    ) -> Thread: ...
+    async def create_thread(self, tenant: str, owner: str, thread_id: str | None = None) -> Thread:
+        """A new thread (``thread_id``: of that id, or :class:`Conflict` if it exists)."""
+        ...
 
     async def create_thread_within_quota(
-        self, tenant: str, owner: str, *, limit: int, window_seconds: float
+        self,
+        tenant: str,
+        owner: str,
+        *,
+        limit: int,
+        window_seconds: float,
+        thread_id: str | None = None,
     ) -> tuple[Thread | None, float]:
         """A new thread, or ``(None, seconds to wait)`` when ``owner`` made ``limit`` in
-        the last ``window_seconds`` (exact across processes)."""
+        the last ``window_seconds`` (exact across processes); ``thread_id`` as above."""
         ...
 
     async def get_thread(self, thread_id: str) -> Thread: ...

@@ -46,7 +46,8 @@ SELECT 1;
 -- == threads and the thread log (store/threads.py) =======================================
 
 -- name: thread_insert
-INSERT INTO threads (id, tenant, owner) VALUES ($1, $2, $3)
+-- No row when a thread of that id exists (a keyed message's thread made by its first send).
+INSERT INTO threads (id, tenant, owner) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING
 RETURNING id::text, tenant, owner, last_seq, created_at;
 
 -- name: thread_get
@@ -104,13 +105,15 @@ SELECT pg_advisory_xact_lock(hashtext('signoff:quota'), hashtext($1 || '/' || $2
 
 -- name: thread_insert_within_quota
 -- A thread ($1) for tenant $2 / owner $3, unless that owner created $4 or more in the
--- last $5 seconds. Always one row: the thread's columns (NULL when refused), how many
--- were in the window, and the seconds until the oldest of them leaves it.
+-- last $5 seconds. Always one row: the thread's columns (NULL when refused, or when a
+-- thread of that id exists), how many were in the window, and the seconds until the
+-- oldest of them leaves it.
 WITH recent AS (
     SELECT count(*) AS n, min(created_at) AS oldest FROM threads
     WHERE tenant = $2 AND owner = $3 AND created_at > now() - make_interval(secs => $5)
 ), made AS (
     INSERT INTO threads (id, tenant, owner) SELECT $1, $2, $3 FROM recent WHERE recent.n < $4
+    ON CONFLICT (id) DO NOTHING
     RETURNING id::text, tenant, owner, last_seq, created_at
 )
 SELECT made.id, made.tenant, made.owner, made.last_seq, made.created_at, recent.n AS recent,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from signoff.runtime.errors import NotFound, RunInactive
+from signoff.runtime.errors import Conflict, NotFound, RunInactive
 from signoff.runtime.records import Entry, Thread, ThreadSummary
 from signoff.store import rows
 from signoff.store.connector import Conn, Connector
@@ -45,9 +45,12 @@ class Threads:
         self._db = db
 
     async def create_thread(self, tenant: str, owner: str, thread_id: str | None = None) -> Thread:
+        """A new thread (``thread_id``: of that id, or :class:`Conflict` if it exists)."""
         new_id = thread_id or str(uuid.uuid4())
         row = await self._db.fetchrow(SQL.thread_insert, new_id, tenant, owner)
-        return rows.thread(rows.some(row))
+        if row is None:
+            raise Conflict(f"thread {new_id} exists", thread_id=new_id)
+        return rows.thread(row)
 
     async def delete_empty_thread(self, thread_id: str) -> bool:
         """Delete a thread nothing was written to yet; False when it is gone or not empty."""
@@ -115,10 +118,17 @@ class Threads:
     # -- per-user quotas (gateway/quotas.py) -------------------------------------------
 
     async def create_thread_within_quota(
-        self, tenant: str, owner: str, *, limit: int, window_seconds: float
+        self,
+        tenant: str,
+        owner: str,
+        *,
+        limit: int,
+        window_seconds: float,
+        thread_id: str | None = None,
     ) -> tuple[Thread | None, float]:
         """A new thread, unless ``owner`` created ``limit`` or more in the last
         ``window_seconds``: then ``(None, seconds until one leaves the window)``.
+        ``thread_id``: of that id, or :class:`Conflict` if it exists.
 
         One transaction under a per-user advisory lock, so concurrent requests on any
         gateway cannot all see room for one more.
@@ -128,7 +138,7 @@ class Threads:
             row = rows.some(
                 await conn.fetchrow(
                     SQL.thread_insert_within_quota,
-                    str(uuid.uuid4()),
+                    thread_id or str(uuid.uuid4()),
                     tenant,
                     owner,
                     limit,
@@ -136,6 +146,8 @@ class Threads:
                 )
             )
         if row["id"] is None:
+            if row["recent"] < limit:  # room in the quota: the id was taken
+                raise Conflict(f"thread {thread_id} exists", thread_id=thread_id)
             return None, max(float(row["retry_after"] or 0.0), 0.0)
         return rows.thread(
             {k: row[k] for k in ("id", "tenant", "owner", "last_seq", "created_at")}

@@ -7,12 +7,16 @@ and a worker on real Postgres; the inbox delivers each send."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
+from tests.integration.test_gateway import ws_call, ws_connect
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -40,3 +44,71 @@ async def test_one_key_and_text_run_once_and_another_text_runs_too(database_url:
             users = [e for e in await h.store.entries_after(thread, 0) if e.kind == "user"]
             assert len(users) == 2
             assert users[1].body["content"][0]["text"] == "cobre 30 da Maria"
+
+
+async def _frames(ws: Any, seconds: float) -> list[dict[str, Any]]:
+    seen: list[dict[str, Any]] = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            seen.append(json.loads(await asyncio.wait_for(ws.recv(), seconds)))
+    return seen
+
+
+async def test_a_keyed_message_sent_again_after_a_lost_answer_finds_its_thread(
+    database_url: str,
+) -> None:
+    """A review's finding: a WebSocket message naming no thread got a new thread each
+    send, and its message id covers the thread, so a client whose socket dropped before
+    the ``ack`` sent it again (the page does, under the same key) and ran it twice, on
+    two threads. A keyed message's thread is now the key's: the second send finds the
+    thread the first made, and is the same message. Sent at once from two sockets too."""
+    async with harness(database_url, model=Scripted(pix()), gateway=True) as h:
+        user = "keys-ws"
+        frame = {"type": "message", "text": "cobre 150 do João", "idempotency_key": "n-1"}
+        first = await ws_connect(h, user)
+        a = await ws_call(first, {**frame, "id": "1"})
+        await first.close()  # the answer lost with the socket: the page sends it again
+        again = await ws_connect(h, user)
+        b = await ws_call(again, {**frame, "id": "1"})
+        assert a["type"] == b["type"] == "ack", (a, b)
+        assert a["thread_id"] == b["thread_id"]
+        racing = [await ws_connect(h, user), await ws_connect(h, user)]
+        raced = await asyncio.gather(
+            *(ws_call(ws, {**frame, "id": "2", "idempotency_key": "n-2"}) for ws in racing)
+        )
+        assert [r["type"] for r in raced] == ["ack", "ack"], raced
+        assert raced[0]["thread_id"] == raced[1]["thread_id"] != a["thread_id"]
+        other = await ws_call(again, {**frame, "id": "3", "text": "cobre 30 da Maria"})
+        assert other["thread_id"] not in (a["thread_id"], raced[0]["thread_id"])
+        await h.settle()
+        for thread in (a["thread_id"], raced[0]["thread_id"], other["thread_id"]):
+            users = [e for e in await h.store.entries_after(thread, 0) if e.kind == "user"]
+            assert len(users) == 1, (thread, users)
+            assert len(await h.pending(thread)) == 1
+        assert len(await h.store.list_threads(h.tenant, user, 50)) == 3
+        for ws in (again, *racing):
+            await ws.close()
+
+
+async def test_a_bad_key_makes_no_thread_and_follows_none(database_url: str) -> None:
+    """A hostile probe: a refused key (422) on a message naming no thread made a thread,
+    told the person's other sockets "a thread was started", and then deleted it; on a
+    message to a thread, it subscribed the socket to that thread."""
+    async with harness(database_url, model=Scripted(pix()), gateway=True) as h:
+        user = "keys-bad"
+        thread = await h.thread(user)
+        watcher, sender = await ws_connect(h, user), await ws_connect(h, user)
+        await watcher.send(json.dumps({"type": "threads", "id": "t"}))
+        await _frames(watcher, 0.5)  # its list
+        before = len(await h.store.list_threads(h.tenant, user, 50))
+        bad = {"type": "message", "text": "saldo", "idempotency_key": "bad key"}
+        r = await ws_call(sender, {**bad, "id": "1"})
+        assert r["type"] == "error" and r["status"] == 422, r
+        r = await ws_call(sender, {**bad, "id": "2", "thread_id": thread})
+        assert r["type"] == "error" and r["status"] == 422, r
+        assert len(await h.store.list_threads(h.tenant, user, 50)) == before
+        assert [m for m in await _frames(watcher, 0.5) if m["type"] == "threads_changed"] == []
+        await h.say(thread, "saldo", user)  # the thread moves: the sender follows none
+        assert [m for m in await _frames(sender, 1.0) if m.get("thread_id") == thread] == []
+        await watcher.close()
+        await sender.close()
