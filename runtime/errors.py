@@ -52,6 +52,16 @@ class ToolValidationError(InvalidInput):
         super().__init__(message, **detail)
 
 
+class ToolRefused(SignoffError):
+    """A write tool's ``execute`` was refused by its provider, which did nothing (a refund
+    larger than what is left of the sale). Its message is the failed card's
+    ``result.error``, shown to the person and told to the model. Any other exception a
+    tool raises is shown by its kind alone (a driver's or an HTTP client's words may
+    name hosts, ports or statements); the worker's log keeps its text."""
+
+    code = "tool_refused"
+
+
 class ToolTimedOut(SignoffError):
     """A read tool's call or a write's ``prepare`` did not answer within the tool deadline
     (``SIGNOFF_TOOL_TIMEOUT_SECONDS``); nothing was written, the model is told so."""

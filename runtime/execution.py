@@ -396,7 +396,7 @@ class Executor:
                     log.error("card %s: %r after an unknown outcome; left executing", card.id, exc)
                     return await self._left_unknown(card, actor, f"{exc!r} after no answer")
                 log.warning("card %s failed: %s", card.id, exc)
-                result, ok = {"error": str(exc)}, False
+                result, ok = outcomes.failed_result(exc), False
             else:
                 result = outcomes.storable_result(answer)  # never raises
             break

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from signoff.runtime.cards import Card, Status
+from signoff.runtime.errors import SignoffError, ToolRefused
 from signoff.runtime.text import storable
 from signoff.runtime.tools import label_text
 
@@ -54,6 +55,20 @@ def storable_result(result: Any) -> dict[str, Any]:
     is not an object; no NUL, no half surrogate pair)."""
     value = storable(plain(result))
     return value if isinstance(value, dict) else {"value": value}
+
+
+def failed_result(exc: BaseException) -> dict[str, Any]:
+    """A write's failure as its card shows it and the model is told: a
+    :class:`ToolRefused`'s own words, a signoff error's public text, anything else by its
+    kind (a hostile probe: a tool's exception text reached the person, where the audit
+    view already kept it out)."""
+    if isinstance(exc, ToolRefused):
+        text = exc.message
+    elif isinstance(exc, SignoffError):
+        text = exc.public
+    else:
+        text = f"the tool failed ({type(exc).__name__})"
+    return {"error": storable(text)}
 
 
 def plain(value: Any) -> Any:

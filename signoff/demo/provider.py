@@ -15,6 +15,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 
+from signoff import ToolRefused
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -128,7 +130,7 @@ async def _no_reset(conn: Any) -> None:
 _FOLD = "translate(lower({}), 'áàâãäéèêëíìîïóòôõöúùûüçñ', 'aaaaaeeeeiiiiooooouuuucn')"
 
 
-class RefundRefused(Exception):
+class RefundRefused(ToolRefused):
     """The provider refuses a refund larger than what is left of the sale (the card fails
     with this message; nothing was moved)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -440,6 +441,44 @@ async def test_one_sale_is_never_refunded_twice(database_url: str) -> None:
             )
             == 1
         )
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["tool-refused", "driver-error"])
+async def test_a_failed_write_shows_a_refusal_in_its_words_and_anything_else_by_kind(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, refused: bool
+) -> None:
+    """A hostile probe: a failed card's ``result.error`` was the tool's exception text,
+    shown to the person over HTTP and WebSocket and told to the model, while the audit
+    view kept it out ("may name internal hosts or tables"). A :class:`ToolRefused` is
+    the provider's answer, meant for the person: its words are kept; anything else is
+    shown by its kind, and the worker's log has the text."""
+    from signoff import ToolRefused
+
+    secret = 'relation "ledger" at 10.1.2.3:5432 is gone'
+    model = Scripted(pix("9"))
+    async with harness(database_url, model=model) as h:
+        card = await one_card(h)
+        tool = h.app.tools.get("create_pix_charge")
+        assert tool is not None
+
+        async def failing(snapshot: object, operation_id: str, ctx: object) -> object:
+            raise (
+                ToolRefused("the customer's Pix key is blocked")
+                if refused
+                else RuntimeError(secret)
+            )
+
+        monkeypatch.setattr(tool, "execute", failing)
+        await h.decide(card, Decision.APPROVE)
+        await h.settle()
+        final = await h.store.get_card(card.id)
+        assert final.status is Status.FAILED and final.result is not None
+        if refused:
+            assert final.result == {"error": "the customer's Pix key is blocked"}
+        else:
+            assert final.result == {"error": "the tool failed (RuntimeError)"}
+            told = json.dumps(model.seen[-1][-1]["content"])
+            assert "10.1.2.3" not in told and "RuntimeError" in told
 
 
 async def test_batch_decisions(database_url: str) -> None:
