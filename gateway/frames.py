@@ -69,6 +69,10 @@ def decode_frame(raw: bytes | str) -> Frame:
         if isinstance(exc, msgspec.DecodeError) and LONE_SURROGATE.search(_bytes(raw)):
             # (msgspec says "Input data was truncated" for these)
             raise InvalidInput("invalid frame: not valid Unicode (a lone surrogate)") from exc
+        if isinstance(exc, UnicodeDecodeError):  # said as the HTTP API says it
+            raise InvalidInput("invalid frame: not UTF-8") from exc
+        if isinstance(exc, RecursionError):
+            raise InvalidInput("invalid frame: nested too deeply") from exc
         raise InvalidInput(f"invalid frame: {exc}") from exc
     return frame
 

@@ -38,6 +38,7 @@ from signoff.runtime.proposal import new_card
 from signoff.runtime.records import Entry, NewCard
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span, traceparent
+from signoff.runtime.text import some_names
 from signoff.runtime.tools import Registry, ToolContext, label_text
 
 log = logging.getLogger("signoff.decisions")
@@ -225,7 +226,7 @@ class Decisions:
         outside = sorted(set(edits) - set(card.editable))
         if outside:
             raise InvalidInput(
-                f"fields not editable on this card: {', '.join(outside)}",
+                f"fields not editable on this card: {some_names(outside)}",
                 editable=card.editable,
             )
         check_edit_size(edits)
@@ -330,7 +331,7 @@ def check_edit_size(edits: dict[str, Any]) -> None:
     long = sorted(k for k, v in edits.items() if isinstance(v, str) and len(v) > MAX_EDIT_CHARS)
     if long:
         raise InvalidInput(
-            f"an edited value may be at most {MAX_EDIT_CHARS} characters: {', '.join(long)}",
+            f"an edited value may be at most {MAX_EDIT_CHARS} characters: {some_names(long)}",
             fields=long,
         )
     if len(canonical_json(edits).encode("utf-8", "replace")) > MAX_EDIT_BYTES:

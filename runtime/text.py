@@ -23,6 +23,15 @@ _DROPPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 ELLIPSIS = "…"
 
 
+def some_names(names: list[str], shown: int = 10, chars: int = 60) -> str:
+    """Names for an error message, at most ``shown`` of them, each cut at ``chars``, and
+    how many more (a hostile probe: an edit of 15,000 unknown fields was answered with
+    every name, 109 KB)."""
+    listed = ", ".join(n if len(n) <= chars else n[: chars - 1] + ELLIPSIS for n in names[:shown])
+    more = len(names) - shown
+    return listed + (f" and {more} more" if more > 0 else "")
+
+
 def one_line(text: str, limit: int) -> str:
     """``text`` as one inert line of at most ``limit`` characters.
 

@@ -32,7 +32,10 @@ def uuid_of(value: str) -> str:
     try:
         return str(uuid.UUID(value))
     except (ValueError, AttributeError, TypeError) as exc:
-        raise NotFound(f"{value!r} is not a valid id") from exc
+        shown = repr(value)  # a hostile probe's 5,000-character id was echoed whole
+        raise NotFound(
+            f"{shown if len(shown) <= 80 else shown[:79] + '…'} is not a valid id"
+        ) from exc
 
 
 def some(row: Row | None) -> Row:

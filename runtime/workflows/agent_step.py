@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from signoff.runtime.errors import ConfigError, InvalidInput
+from signoff.runtime.text import some_names
 from signoff.runtime.workflows.definition import RESERVED_KEYS, Step, WorkflowContext
 from signoff.runtime.workflows.engine import StepHandler, WorkflowEngine, register_step_kind
 
@@ -219,7 +220,7 @@ def parse_decisions(payload: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
         outside = sorted(set(edits) - set(card.get("editable", [])))
         if outside:
             raise InvalidInput(
-                f"card {card_id}: fields not editable: {', '.join(outside)}",
+                f"card {card_id}: fields not editable: {some_names(outside)}",
                 card_id=card_id,
                 editable=card.get("editable", []),
             )

@@ -226,10 +226,12 @@ class Provider:
         rows = await self.pool.fetch(
             # Accents and case aside: "joao" finds João, as a person typing expects.
             "SELECT id, name, cpf, email, active FROM demo_customers "
-            f"WHERE tenant = $1 AND ({_FOLD.format('name')} LIKE {_FOLD.format('$2')} "
+            f"WHERE tenant = $1 AND ({_FOLD.format('name')} LIKE {_FOLD.format('$2')} ESCAPE '\\' "
             "OR id = $3) ORDER BY name",
             tenant,
-            f"%{query}%",
+            # "%" or "_" in a name asked for is that character, not every customer (a
+            # hostile probe: a model asking for "%" would list the tenant's customers)
+            "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",
             query,
         )
         return [dict(r) for r in rows]

@@ -1216,3 +1216,15 @@ async def test_a_card_another_process_started_first_is_left_to_it(
         assert run.status.value == "waiting"
         kinds = [e.kind for e in await h.store.entries_after(card.thread_id, 0)]
         assert "tool_results" not in kinds
+
+
+async def test_the_demo_finds_a_customer_by_name_not_by_pattern(database_url: str) -> None:
+    """A hostile probe: the demo's customer search put the asked-for name into a LIKE
+    pattern as written, so a model asking for "%" (or "_") listed every customer of the
+    tenant. Those characters now stand for themselves; "joao" still finds João."""
+    async with harness(database_url, model=Scripted()) as h:
+        assert [c["name"] for c in await h.provider.find_customers(h.tenant, "joao")] == [
+            "João Silva"
+        ]
+        for pattern in ("%", "_", "%a%", "\\"):
+            assert await h.provider.find_customers(h.tenant, pattern) == [], pattern

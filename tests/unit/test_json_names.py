@@ -35,3 +35,32 @@ def test_a_huge_object_with_one_repeat_is_refused_in_linear_time() -> None:
     frame = json.dumps({"type": "auth", "token": "t", "edits": names})[:-2] + ', "k0": 1}}'
     with pytest.raises(InvalidInput, match="'k0' appears twice"):
         decode_frame(frame)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("frame", "body", "said"),
+    [
+        (b'{"type": "\xff"}', b'{"decision": "\xff"}', "not UTF-8"),
+        (
+            '{"type": "x", "edits": {"a": ' + DEEP + "}}",
+            '{"decision": "edit", "snapshot_hash": "h", "edits": {"a": ' + DEEP + "}}",
+            "nested too deeply",
+        ),
+    ],
+    ids=["bad-utf8", "deep"],
+)
+def test_a_bad_frame_is_said_as_the_http_api_says_it(
+    frame: bytes | str, body: bytes | str, said: str
+) -> None:
+    """A hostile probe: a WebSocket frame that is not UTF-8, or nested too deeply, was
+    answered with Python's own words (a codec's, the recursion limit's), where the HTTP
+    API says "not UTF-8" and "nested too deeply"."""
+    with pytest.raises(InvalidInput) as refused:
+        decode_frame(frame)
+    assert str(refused.value) == f"invalid frame: {said}"
+    with pytest.raises(InvalidInput) as over_http:
+        parse(body if isinstance(body, bytes) else body.encode(), ResolveIn)
+    assert str(over_http.value) == f"invalid payload: {said}"

@@ -153,3 +153,21 @@ async def test_impact_values_the_page_shows_are_cleaned_before_the_hash() -> Non
         assert "\n" not in value and not BIDI & set(value) and len(value) <= 500
     assert card.impact["reversible"] is False
     assert card.snapshot_hash == snapshot_hash("forge", {}, card.summary, card.impact)
+
+
+def test_an_error_names_a_few_names_and_counts_the_rest() -> None:
+    """A hostile probe: an edit of 15,000 unknown fields was refused with every name in
+    the message (109 KB), and a 5,000-character id was echoed whole in its 404."""
+    from signoff.runtime.errors import NotFound
+    from signoff.runtime.text import some_names
+    from signoff.store.rows import uuid_of
+
+    names = [f"field_{i:05d}" for i in range(15_000)]
+    said = some_names(names)
+    assert said.startswith("field_00000, field_00001") and said.endswith(" and 14990 more")
+    assert len(said) < 200
+    assert some_names(["a", "b"]) == "a, b"
+    assert some_names(["x" * 500]) == "x" * 59 + "…"
+    with pytest.raises(NotFound) as refused:
+        uuid_of("z" * 5_000)
+    assert len(str(refused.value)) < 120 and str(refused.value).endswith("is not a valid id")
