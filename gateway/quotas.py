@@ -50,7 +50,7 @@ from signoff.runtime.bus import Bus
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.canonical import run_id_of
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import RateLimited, SignoffError, Unauthenticated
+from signoff.runtime.errors import MaybeQueued, RateLimited, SignoffError, Unauthenticated
 from signoff.runtime.keys import Keys
 from signoff.runtime.records import Thread
 from signoff.runtime.store import Store
@@ -197,8 +197,9 @@ class Quotas:
                 with contextlib.suppress(SignoffError):
                     await self.ledger.window_remove(key, started)
             yield
-        except BaseException:
-            if recorded:
+        except BaseException as exc:
+            # A message that may have been queued (MaybeQueued) may run: it stays counted.
+            if recorded and not isinstance(exc, MaybeQueued):
                 with contextlib.suppress(SignoffError):
                     await self.ledger.window_remove(key, [run_id])
             raise

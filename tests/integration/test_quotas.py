@@ -26,7 +26,7 @@ from signoff.runtime.bus.memory import MemoryBus
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.canonical import run_id_of
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import RateLimited
+from signoff.runtime.errors import MaybeQueued, RateLimited, Unavailable
 from signoff.runtime.keys import Keys
 from signoff.store.postgres import PostgresStore
 from signoff.testing import delivery, signed, text_message
@@ -415,6 +415,29 @@ async def test_without_redis_the_turn_quota_counts_postgres_only(
                 raise AssertionError("admitted past a running turn")
     finally:
         await dead.close()
+
+
+async def test_a_message_that_may_have_been_queued_keeps_its_turn(
+    database_url: str, store: PostgresStore
+) -> None:
+    """A review's finding: an enqueue with no answer (MaybeQueued: the message may run)
+    gave its turn back, so the next message was admitted past the quota while that one
+    waited in the inbox. A refusal still gives it back. Real Redis for the window."""
+    bus = RedisBus.from_url(services.redis_url(), Keys(f"q-{secrets.token_hex(3)}:"))
+    quotas = Quotas(store=store, ledger=bus, keys=Keys(), turns_in_flight=1)
+    who = Principal(f"u-{secrets.token_hex(3)}", "t-maybe")
+    try:
+        with pytest.raises(Unavailable):
+            async with quotas.turn(who, str(uuid.uuid4())):
+                raise Unavailable("refused: nothing queued")
+        with pytest.raises(MaybeQueued):
+            async with quotas.turn(who, str(uuid.uuid4())):  # admitted: the first gave back
+                raise MaybeQueued("may or may not have been queued", thread_id="t")
+        with pytest.raises(RateLimited):
+            async with quotas.turn(who, str(uuid.uuid4())):
+                raise AssertionError("admitted past a message that may be queued")
+    finally:
+        await bus.close()
 
 
 WA_SECRET = "wa-secret"
