@@ -341,12 +341,22 @@
 
   function dropRequests() {
     // Requests in flight on a dead socket get no answer; the replay after the
-    // reconnect shows what really happened.
+    // reconnect shows what really happened. A message among them may or may not have
+    // been taken: its text goes back in the box, to be sent again under its key (the
+    // server runs it once, in the thread its first send made, design note 54).
+    var unanswered = null;
     state.requests.forEach(function (req) {
       if (req.cardIds) req.cardIds.forEach(function (id) { setBusy(id, false); });
+      if (req.kind === 'message') unanswered = req;
     });
     state.requests.clear();
     state.awaitingThread = false;
+    if (unanswered) {
+      state.retry = { text: unanswered.text, key: unanswered.key };
+      if (!el.text.value.trim()) el.text.value = unanswered.text;
+      el.composerError.textContent = t('composer.maybeQueued');
+      renderComposer();
+    }
   }
 
   // ------------------------------------------------------------------ frames

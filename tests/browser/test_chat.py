@@ -551,3 +551,54 @@ async def test_a_message_not_known_to_be_taken_is_sent_again_under_its_key(chat:
     assert [c.id for c in await chat.db_cards()] == [card.id]
     users = [e for e in await chat.h.store.entries_after(card.thread_id, 0) if e.kind == "user"]
     assert len(users) == 1
+
+
+async def test_a_message_whose_socket_dropped_before_its_ack_is_sent_again_once(
+    chat: Chat,
+) -> None:
+    """A review's finding: the socket dropped after a new conversation's first message
+    went out and before its ``ack``; the page had cleared the box and forgot the message,
+    and sent again by hand it was a new message in a new thread: the charge proposed
+    twice. The page now puts the text back with its key, and the server gives a keyed
+    message naming no thread the key's thread: one thread, one run, one card."""
+    page = chat.page
+    first: dict[str, Any] = {}
+    closing: list[Any] = []
+
+    async def handler(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_page(raw: str | bytes) -> None:
+            frame = json.loads(raw)
+            if frame.get("type") == "message" and not first:
+                first.update(frame)
+            server.send(raw)
+
+        def from_server(raw: str | bytes) -> None:
+            frame = json.loads(raw)
+            if frame.get("type") == "ack" and frame.get("id") == first.get("id"):
+                closing.append(asyncio.ensure_future(ws.close(code=1011)))  # dropped: no ack
+                return
+            ws.send(raw)
+
+        ws.on_message(from_page)
+        server.on_message(from_server)
+
+    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    await chat.open()
+    await chat.say("cobre 150 do João")
+    await expect(page.locator("#composer-error")).to_contain_text("will not run twice")
+    box = page.get_by_label(chat.message_label, exact=True)
+    assert await box.input_value() == "cobre 150 do João"
+    await expect(page.locator("#conn")).to_have_text("Online", timeout=15_000)
+    await box.press("Enter")
+    await expect(page.locator("#composer-error")).to_have_text("", timeout=15_000)
+    [card] = await chat.wait_cards(1)  # the thread its first send made, now shown
+    sent = [f for f in chat.sent_frames if f.get("type") == "message"]
+    assert len(sent) == 2, sent
+    assert sent[1]["idempotency_key"] == sent[0]["idempotency_key"]
+    assert "thread_id" not in sent[0]
+    await asyncio.sleep(1.0)  # room for a second run, were there one
+    assert [c.id for c in await chat.db_cards()] == [card.id]
+    users = [e for e in await chat.h.store.entries_after(card.thread_id, 0) if e.kind == "user"]
+    assert len(users) == 1
