@@ -161,7 +161,7 @@ _BEGIN = (
       -- a begin whose answer was lost and whose card was read back still approved: it
       -- must change nothing if it runs later (design note 53; the fence is on the row,
       -- so a begin that waited on the thread's lock rechecks it on the row's new version)
-      AND coalesce(cards.fenced_attempt <> ($7::jsonb ->> 'attempt'), true)"""
+      AND NOT coalesce(($7::jsonb ->> 'attempt') = ANY (cards.fenced_attempts), false)"""
 )
 
 

@@ -531,8 +531,10 @@ FROM cards WHERE id = $1;
 
 -- name: card_fence_begin
 -- The begin carrying token $2 must change nothing if it runs later: card $1 was read
--- back still approved, under its thread's lock (design note 53).
-UPDATE cards SET fenced_attempt = $2 WHERE id = $1 AND status = 'approved';
+-- back still approved, under its thread's lock (design note 53). Added to the earlier
+-- ones: a later lost begin's read-back must not lift an earlier one's fence.
+UPDATE cards SET fenced_attempts = array_append(fenced_attempts, $2)
+WHERE id = $1 AND status = 'approved';
 
 -- name: card_by_request_key
 SELECT id::text, thread_id::text, run_id::text, tenant, owner, tool, tool_use_id, risk, input,
@@ -817,7 +819,7 @@ c AS (
       -- a begin whose answer was lost and whose card was read back still approved: it
       -- must change nothing if it runs later (design note 53; the fence is on the row,
       -- so a begin that waited on the thread's lock rechecks it on the row's new version)
-      AND coalesce(cards.fenced_attempt <> ($7::jsonb ->> 'attempt'), true)
+      AND NOT coalesce(($7::jsonb ->> 'attempt') = ANY (cards.fenced_attempts), false)
     RETURNING cards.*, jsonb_build_object(
         'id', cards.id,
         'thread_id', cards.thread_id,

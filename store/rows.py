@@ -23,7 +23,7 @@ _EXTRA = (
     "run_active",
     "ord",
     "attempt",
-    "fenced_attempt",
+    "fenced_attempts",
 )
 
 

@@ -76,7 +76,7 @@ CREATE TABLE cards (
     executing_since       timestamptz,
     needs_reconciliation  boolean NOT NULL DEFAULT false,
     created_at            timestamptz NOT NULL DEFAULT now(),
-    fenced_attempt        text  -- a begin that must not commit any more (0015)
+    fenced_attempts       text[] NOT NULL DEFAULT '{}'  -- begins that must not commit (0015)
 );
 CREATE INDEX cards_run ON cards (run_id);
 CREATE INDEX cards_pending_expiry ON cards (expires_at) WHERE status = 'pending';

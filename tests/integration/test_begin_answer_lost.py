@@ -217,14 +217,14 @@ async def test_a_lost_begin_that_runs_after_its_read_back_changes_nothing(
         await h.decide(card, Decision.APPROVE)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
-        fenced = None
-        while fenced is None and loop.time() < deadline:
+        fenced: list[str] = []
+        while not fenced and loop.time() < deadline:
             fenced = await h.provider.pool.fetchval(
-                "SELECT fenced_attempt FROM cards WHERE id = $1", card.id
+                "SELECT fenced_attempts FROM cards WHERE id = $1", card.id
             )
             await asyncio.sleep(0.02)
         (args,) = first
-        assert fenced == args[4], (fenced, args)
+        assert fenced == [args[4]], (fenced, args)
         # the lost statement arrives now: it changes nothing
         late = await real(*args)
         assert late is None
@@ -233,3 +233,36 @@ async def test_a_lost_begin_that_runs_after_its_read_back_changes_nothing(
         assert await h.charges() == 1
         (event,) = await executing_events(h, card.id)
         assert event["detail"]["attempt"] != args[4]
+
+
+async def test_two_lost_begins_in_a_row_both_stay_fenced(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's finding on note 53's first form: the card held one fenced token, so a
+    second lost begin's read-back replaced the first's, and the first begin, still in
+    flight (a slow Postgres behind PgBouncer), then committed under a token nobody
+    owned: flagged, never sent. Every fenced token is kept."""
+    async with harness(database_url, model=Scripted(pix("9")), settings=SETTINGS) as h:
+        card = await one_card(h)
+        real = h.store.begin_execution
+        lost: list[tuple[Any, ...]] = []
+        late: list[Any] = []
+
+        async def in_flight(*args: Any, **kwargs: Any) -> Any:
+            if len(lost) < 2:
+                lost.append(args)
+                raise Unavailable("no answer")
+            if not late:  # the first lost statement arrives only now, the card approved
+                late.append(await real(*lost[0]))
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(h.store, "begin_execution", in_flight)
+        await h.decide(card, Decision.APPROVE)
+        final = await until(h, card.id, lambda c: c.status is Status.EXECUTED, 20)
+        assert final.status is Status.EXECUTED, final
+        fenced = await h.provider.pool.fetchval(
+            "SELECT fenced_attempts FROM cards WHERE id = $1", card.id
+        )
+        assert fenced == [lost[0][4], lost[1][4]]
+        assert late == [None]  # it changed nothing
+        assert await h.charges() == 1
