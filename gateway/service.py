@@ -7,6 +7,7 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -16,6 +17,7 @@ from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import MemoryLedger, Quotas
 from signoff.gateway.views import Views
 from signoff.runtime.bus import Bus, Job
+from signoff.runtime.canonical import run_id_of
 from signoff.runtime.cards import Decision
 from signoff.runtime.decisions import Decisions, Outcome, Resolution
 from signoff.runtime.errors import (
@@ -26,6 +28,7 @@ from signoff.runtime.errors import (
     MaybeQueued,
     NotFound,
     NotOwner,
+    RateLimited,
     SignoffError,
     Unavailable,
     WorkflowThread,
@@ -90,6 +93,10 @@ def event_of(entry: Entry) -> dict[str, Any]:
 
 _KEY = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 _MESSAGE_NS = uuid.UUID("5b0f7a52-2f4e-4c61-9a57-6d1c0e3f8b21")
+# How long a message's idempotency key is remembered, from its first use: sent again
+# within it, the message is the same; after it, the key names a new message (a client
+# that reuses keys across sessions, a review found, had a later message dropped).
+KEY_SECONDS = 24 * 3600.0
 _THREAD_NS = uuid.UUID("0c3e9d4a-51b7-4f0e-8a2d-7e6b1f9c4d35")
 
 
@@ -262,16 +269,29 @@ class GatewayService:
             except NotFound:
                 try:
                     made = await self.quotas.create_thread(who, thread_id)
-                except Conflict:  # the same key's other send made it just now
+                except (Conflict, RateLimited) as refused:
+                    # The same key's other send made it just now (at the quota's edge,
+                    # this send's own insert is refused as one too many): look again.
+                    if isinstance(refused, RateLimited) and not await self._exists(thread_id):
+                        raise
                     continue
                 await announce_thread(self.bus, self.quotas.keys, who.tenant, who.user)
                 return made, True
             if (thread.tenant, thread.owner) != (who.tenant, who.user):
                 break  # not a thread of this person's (a uuid5 collision: never seen)
+            if (datetime.now(UTC) - thread.created_at).total_seconds() >= KEY_SECONDS:
+                return await self.create_thread(who), True  # the key has expired
             return thread, False
         raise Conflict(
             "this message's thread could not be made; send it again", thread_id=thread_id
         )
+
+    async def _exists(self, thread_id: str) -> bool:
+        try:
+            await self.store.get_thread(thread_id)
+        except NotFound:
+            return False
+        return True
 
     async def list_threads(self, who: Principal, limit: int = 50) -> list[dict[str, Any]]:
         """The person's threads, the most recently active first (an empty one too)."""
@@ -307,7 +327,12 @@ class GatewayService:
                 "cards here or at the workflow's gate; it takes no messages",
                 thread_id=thread_id,
             )
-        message_id = str(uuid.uuid4() if key is None else message_id_for(who, thread_id, key, text))
+        message_id = str(uuid.uuid4())
+        if key is not None:
+            keyed = str(message_id_for(who, thread_id, key, text))
+            age = await self.store.run_age(run_id_of(keyed))
+            if age is None or age < KEY_SECONDS:  # else the key has expired: a new message
+                message_id = keyed
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
             job = Job(
                 thread_id=thread_id,

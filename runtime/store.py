@@ -251,6 +251,10 @@ class Store(Protocol):
 
     async def get_run(self, run_id: str) -> Run: ...
 
+    async def run_age(self, run_id: str) -> float | None:
+        """Seconds since the run was created (the database's clock); None: no such run."""
+        ...
+
     async def active_run(self, thread_id: str) -> Run | None: ...
 
     async def set_run(

@@ -67,6 +67,7 @@ class PostgresStore:
         self.start_run = runs.start_run
         self.start_quiet_run = runs.start_quiet_run
         self.get_run = runs.get_run
+        self.run_age = runs.run_age
         self.active_run = runs.active_run
         self.set_run = runs.set_run
         self.run_step = runs.run_step

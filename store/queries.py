@@ -39,6 +39,7 @@ class Queries:
     thread_insert_within_quota: str
     # runs
     run_get: str
+    run_age: str
     run_active_for_thread: str
     run_supersede_active: str
     run_insert: str

@@ -128,6 +128,10 @@ FROM recent LEFT JOIN made ON true;
 SELECT id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state, error
 FROM runs WHERE id = $1;
 
+-- name: run_age
+-- Seconds since run $1 was created (by the database's clock); no row: no such run.
+SELECT extract(epoch FROM now() - created_at)::float8 AS age FROM runs WHERE id = $1;
+
 -- name: run_active_for_thread
 SELECT id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state, error
 FROM runs WHERE thread_id = $1 AND status IN ('running', 'waiting');

@@ -147,6 +147,11 @@ class Runs:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
         return rows.run(row)
 
+    async def run_age(self, run_id: str) -> float | None:
+        """Seconds since run ``run_id`` was created, or None when there is no such run."""
+        age = await self._db.fetchval(SQL.run_age, rows.uuid_of(run_id))
+        return None if age is None else float(age)
+
     async def active_run(self, thread_id: str) -> Run | None:
         row = await self._db.fetchrow(SQL.run_active_for_thread, rows.uuid_of(thread_id))
         return None if row is None else rows.run(row)

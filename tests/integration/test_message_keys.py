@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from signoff.runtime.config import Settings
+from signoff.runtime.errors import NotFound
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
 from tests.integration.test_gateway import ws_call, ws_connect
@@ -112,3 +114,67 @@ async def test_a_bad_key_makes_no_thread_and_follows_none(database_url: str) -> 
         assert [m for m in await _frames(sender, 1.0) if m.get("thread_id") == thread] == []
         await watcher.close()
         await sender.close()
+
+
+async def test_a_key_is_remembered_for_a_day(database_url: str) -> None:
+    """A review's finding: a client that reuses keys across sessions (frame counters)
+    sent the same text under an old key days later, with no thread: it got the old
+    thread back, and its message was taken for the old one and dropped; to a thread, the
+    same. A key is remembered for a day (``KEY_SECONDS``), as a payment API's are: after
+    that it names a new message. (The runs and threads are aged in the database.)"""
+    async with harness(database_url, model=Scripted(pix(), pix()), gateway=True) as h:
+        user = "keys-day"
+        frame = {"type": "message", "text": "cobre 150 do João", "idempotency_key": "1"}
+        ws = await ws_connect(h, user)
+        first = await ws_call(ws, {**frame, "id": "a"})
+        await h.settle()
+        assert len(await h.pending(first["thread_id"])) == 1
+        await h.provider.pool.execute(
+            "UPDATE threads SET created_at = now() - interval '25 hours' WHERE id = $1",
+            first["thread_id"],
+        )
+        await h.provider.pool.execute(
+            "UPDATE runs SET created_at = now() - interval '25 hours' WHERE thread_id = $1",
+            first["thread_id"],
+        )
+        later = await ws_call(ws, {**frame, "id": "b"})
+        assert later["type"] == "ack" and later["thread_id"] != first["thread_id"]
+        again = await ws_call(ws, {**frame, "id": "c", "thread_id": first["thread_id"]})
+        assert again["type"] == "ack"
+        await h.settle()
+        for thread, runs in ((first["thread_id"], 2), (later["thread_id"], 1)):
+            users = [e for e in await h.store.entries_after(thread, 0) if e.kind == "user"]
+            assert len(users) == runs, (thread, users)
+        await ws.close()
+
+
+async def test_two_sends_of_a_key_at_the_thread_quota_share_the_thread(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's finding: with room for one more thread, two sends of one keyed message
+    racing both looked for the key's thread before either made it; the loser's insert
+    was then refused as one thread too many: a 429 for a message whose thread exists. It
+    finds that thread instead. (Each send's first look is made to miss, as in the race.)"""
+    settings = Settings(quota_threads_per_minute=2)
+    async with harness(database_url, model=Scripted(pix()), gateway=True, settings=settings) as h:
+        user = "keys-quota"
+        await h.thread(user)  # one of the two
+        real = h.store.get_thread
+        looks = 0
+
+        async def raced(thread_id: str) -> Any:
+            nonlocal looks
+            looks += 1
+            if looks in (1, 3):  # each send's first look: before the other made it
+                raise NotFound(f"thread {thread_id} not found")
+            return await real(thread_id)
+
+        monkeypatch.setattr(h.store, "get_thread", raced)
+        frame = {"type": "message", "text": "cobre 150 do João", "idempotency_key": "q1"}
+        first, second = await ws_connect(h, user), await ws_connect(h, user)
+        a = await ws_call(first, {**frame, "id": "1"})
+        b = await ws_call(second, {**frame, "id": "2"})
+        assert [a["type"], b["type"]] == ["ack", "ack"], (a, b)
+        assert a["thread_id"] == b["thread_id"]
+        await first.close()
+        await second.close()
