@@ -386,7 +386,7 @@ class Executor:
                 if wait is None:
                     log.error("card %s: outcome still unknown (%s); left executing", card.id, exc)
                     return await self._left_unknown(card, actor, f"no answer: {exc!r}")
-                log.warning("card %s: no answer (%s); asking again, same key", card.id, exc)
+                log.warning("card %s: no answer (%r); asking again, same key", card.id, exc)
                 await asyncio.sleep(wait)
                 continue
             except Exception as exc:
@@ -492,7 +492,7 @@ class Executor:
             operation_id,
             result,
             now,
-            "; they disagree: settle it with the provider by hand (README, Operations)"
+            "; they disagree: settle it with the provider by hand (README, Operating)"
             if contradicts
             else "",
             extra={"card_id": card.id, "operation_id": operation_id},

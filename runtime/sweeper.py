@@ -22,8 +22,10 @@ log = logging.getLogger("signoff.worker")
 
 # A reason per language (a tool's ``Label``): the page shows the person's.
 APPROVED_ORPHAN_REASON = {
-    "en": "its conversation moved on before this approved action started; nothing was executed",
-    "pt-BR": "a conversa seguiu antes de esta ação aprovada começar; nada foi executado",
+    "en": "its run ended before this approved action started (a newer message, or an error); "
+    "nothing was executed",
+    "pt-BR": "a execução terminou antes de esta ação aprovada começar (uma mensagem nova, ou "
+    "um erro); nada foi executado",
 }
 
 

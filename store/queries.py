@@ -108,6 +108,7 @@ class Queries:
     wa_outbound_claim: str
     wa_outbound_reclaim: str
     wa_reply_claim: str
+    wa_outbound_hold: str
     wa_outbound_finish: str
     wa_in_window: str
     card_refusal_insert: str

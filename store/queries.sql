@@ -1325,6 +1325,14 @@ VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
+-- name: wa_outbound_hold
+-- Whether claimer $2 still holds the claim on $1, renewing it (claimed_at) if so: asked
+-- before each attempt to send it, so a claim taken over by another gateway after its
+-- lease (a slow Graph API held this one's batch) is not sent a second time by this one.
+UPDATE wa_outbound SET claimed_at = now()
+WHERE key = $1 AND claimed_by = $2 AND status = 'claimed'
+RETURNING 1;
+
 -- name: wa_outbound_finish
 UPDATE wa_outbound
 SET status = $2, attempts = $3, error = $4, wa_message = $5,

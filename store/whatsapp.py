@@ -82,6 +82,10 @@ class WhatsAppRows:
         value = await self._db.fetchval(SQL.wa_reply_claim, key, tenant, wa_id, kind, claimer)
         return value is not None
 
+    async def hold_outgoing(self, key: str, claimer: str) -> bool:
+        """Whether ``claimer`` still holds the claim on ``key`` (renewed if so)."""
+        return await self._db.fetchval(SQL.wa_outbound_hold, key, claimer) is not None
+
     async def finish_outgoing(
         self, key: str, status: str, attempts: int, error: str | None, wa_message: str | None
     ) -> None:

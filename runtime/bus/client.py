@@ -123,6 +123,7 @@ class Client:
         self._pipe: Pipe | None = None
         self._pipe_lock = asyncio.Lock()
         self.stalled = False  # a call ran out the socket timeout; no answer since
+        self.failing = False  # a call failed after its retries (refused, dropped) since
         self._probing = False
         self._next_probe = 0.0
         self._calls: set[asyncio.Task[Any]] = set()  # tasks inside call() now
@@ -204,7 +205,9 @@ class Client:
                 raise said(_not_answering(what))
             try:
                 result = await fn()
-                self.stalled = False
+                if self.stalled or self.failing:  # an operator reads the outage's end too
+                    log.warning("Redis answers again (%s)", what)
+                self.stalled = self.failing = False
                 return result
             except TIMEOUTS as exc:
                 self._stall(what, exc)
@@ -216,6 +219,7 @@ class Client:
                 ) from exc
             except RETRYABLE as exc:
                 if delay is None or self.closed:
+                    self.failing = True
                     COUNTERS.inc("signoff_redis_errors_total")
                     raise (
                         Unavailable(

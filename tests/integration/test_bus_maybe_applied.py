@@ -127,3 +127,28 @@ async def test_the_cluster_client_keeps_it_across_retries_too(
             "XADD", script(rx.ClusterDownError("CLUSTERDOWN"), rx.ResponseError("WRONGTYPE no"))
         )
     assert not caught.value.maybe_applied
+
+
+async def test_the_end_of_an_outage_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """An operator probe: after Redis came back nothing said so, and an outage's end could
+    not be read from the log (only its ~150 warnings). Real Redis behind a refusing proxy."""
+    from signoff.runtime.bus.redis import RedisBus
+    from signoff.runtime.keys import Keys
+    from tests.faults.proxy import Proxy
+
+    port = int(services.redis_url().rsplit(":", 1)[1].split("/")[0])
+    with Proxy(port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(services.redis_url()), Keys("outage:"))
+        try:
+            proxy.refuse()
+            with pytest.raises(Unavailable):
+                await bus.publish("outage:channel", b"x")
+            assert "Redis answers again" not in caplog.text
+            proxy.refuse(False)
+            await bus.publish("outage:channel", b"x")
+            assert "Redis answers again" in caplog.text
+            caplog.clear()
+            await bus.publish("outage:channel", b"x")
+            assert "Redis answers again" not in caplog.text  # once per outage
+        finally:
+            await bus.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from signoff.gateway.channels.whatsapp import outbound
@@ -30,6 +31,8 @@ class OutboundRows(Protocol):
     async def reclaim_outgoing(
         self, claimer: str, lease_seconds: float, window_seconds: float, limit: int = 100
     ) -> list[Outgoing]: ...
+
+    async def hold_outgoing(self, key: str, claimer: str) -> bool: ...
 
     async def finish_outgoing(
         self, key: str, status: str, attempts: int, error: str | None, wa_message: str | None
@@ -71,9 +74,21 @@ class Courier:
             if payload is None:
                 await self.rows.finish_outgoing(item.key, "skipped", 0, None, None)
                 continue
-            sent = await self.sender.send(payload)
+            # Asked before each attempt: a batch held up by a slow Graph API outlives the
+            # claims' lease, and another gateway takes over (and sends) what it reclaims.
+            sent = await self.sender.send(payload, still_ours=self._holds(item.key))
+            if sent.taken_over:
+                COUNTERS.inc("signoff_whatsapp_claims_taken_over_total")
+                log.info("WhatsApp entry %s taken over by another gateway; not sent here", item.key)
+                continue
             await self.finish(item.key, sent)
         return len(items)
+
+    def _holds(self, key: str) -> Callable[[], Awaitable[bool]]:
+        async def holds() -> bool:
+            return await self.rows.hold_outgoing(key, self.claimer)
+
+        return holds
 
     async def finish(self, key: str, sent: Sent) -> None:
         status = "sent" if sent.ok else "failed"

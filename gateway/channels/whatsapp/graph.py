@@ -9,6 +9,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -23,6 +24,7 @@ class Sent(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int
     message_id: str | None = None
     error: str | None = None
+    taken_over: bool = False  # the claim was no longer the sender's: another sends it
 
 
 class GraphSender:
@@ -49,9 +51,14 @@ class GraphSender:
             else urllib.request.ProxyHandler()
         )
 
-    async def send(self, payload: dict[str, Any]) -> Sent:
+    async def send(
+        self, payload: dict[str, Any], still_ours: Callable[[], Awaitable[bool]] | None = None
+    ) -> Sent:
+        """``still_ours``: asked before each attempt; False stops (``taken_over``)."""
         error = "not sent"
         for attempt in range(1, self.attempts + 1):
+            if still_ours is not None and not await still_ours():
+                return Sent(ok=False, attempts=attempt - 1, taken_over=True)
             status, body, retry_after = await asyncio.to_thread(self._post, payload)
             if 200 <= status < 300:
                 mid = None
