@@ -1,0 +1,70 @@
+"""Two gateways' couriers and a slow Graph API (gateway/channels/whatsapp/courier.py).
+
+A review's finding: a courier's batch held up by slow sends outlived its claims' lease;
+another gateway took over the rows still waiting (as it does for a dead gateway's) and
+sent them, and then the first sent them too: each message twice. A courier now asks,
+before each attempt, whether the claim is still its own (renewing it if so), and leaves
+a row another gateway has taken over. Real Postgres rows, a fake Graph API over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any
+
+import pytest
+
+from signoff.gateway.channels.whatsapp.courier import Courier
+from signoff.gateway.channels.whatsapp.graph import GraphSender
+from signoff.runtime.config import Settings
+from signoff.store.postgres import PostgresStore
+from signoff.testing import FakeGraphAPI
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+async def test_a_row_another_gateway_took_over_is_not_sent_again(store: PostgresStore) -> None:
+    tenant, wa_id = f"t-{secrets.token_hex(3)}", f"55119{secrets.randbelow(10**8):08d}"
+    thread = await store.create_thread(tenant, wa_id)
+    await store.whatsapp.add_contact(tenant, wa_id, thread.id)
+    await store.whatsapp.touch_inbound(tenant, wa_id)
+    texts = [f"answer {i} {secrets.token_hex(2)}" for i in range(3)]
+    for text in texts:
+        body = {"role": "assistant", "content": [{"type": "text", "text": text}]}
+        await store.append(thread.id, "assistant", body)
+    settings = Settings(whatsapp_claim_lease_seconds=0.5)
+    with FakeGraphAPI() as graph:
+
+        def sender() -> GraphSender:
+            return GraphSender(
+                base_url=graph.url, api_version="v21.0", phone_number_id="1", token="t"
+            )
+
+        slow = sender()
+        post = slow._post
+
+        def slowly(payload: dict[str, Any]) -> Any:
+            time.sleep(0.45)  # each send within the lease, the batch of three past it
+            return post(payload)
+
+        slow._post = slowly  # type: ignore[method-assign]
+        first = Courier(store.whatsapp, slow, settings, "gateway-a")
+        other = Courier(store.whatsapp, sender(), settings, "gateway-b")
+        batch = asyncio.create_task(first.tick())
+        claimed = "SELECT count(*) FROM wa_outbound WHERE thread_id = $1 AND claimed_by = $2"
+        while await store.db.fetchval(claimed, thread.id, "gateway-a") < 3:
+            await asyncio.sleep(0.01)  # the first gateway's batch holds all three
+        taken = 0
+        while not taken and not batch.done():  # until a row's claim lapses mid-batch
+            taken = await other.tick()  # ... and the other gateway takes it over
+            await asyncio.sleep(0.02)
+        assert taken >= 1
+        assert await batch == 3
+    sent = [m["text"]["body"] for m in graph.sent if m.get("type") == "text"]
+    assert sorted(sent) == sorted(texts), sent
+    rows = await store.db.fetch(
+        "SELECT status, claimed_by FROM wa_outbound WHERE thread_id = $1 ORDER BY seq", thread.id
+    )
+    assert [r["status"] for r in rows] == ["sent"] * 3
+    assert "gateway-b" in [r["claimed_by"] for r in rows]
