@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
+import time
 from typing import Any
 
 import msgspec
@@ -133,3 +134,28 @@ def setup(fmt: str, level: str, stream: Any = None, **static: str) -> logging.Ha
     for name in ("httpx", "httpcore", "anthropic", "asyncio"):
         logging.getLogger(name).setLevel(max(LEVELS[level.lower()], logging.WARNING))
     return handler
+
+
+class Throttle:
+    """At most one line per ``seconds`` for a failure that recurs while something is down
+    (an operator probe: a Redis outage of 35 s made ~150 warnings per worker, the same
+    few lines again and again). :meth:`allow` is None for a line to leave out, else how
+    many were left out since the last one written."""
+
+    def __init__(self, seconds: float = 10.0) -> None:
+        self.seconds = seconds
+        self._next = 0.0
+        self._held = 0
+
+    def allow(self) -> int | None:
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return None
+        held, self._held, self._next = self._held, 0, now + self.seconds
+        return held
+
+
+def left_out(held: int) -> str:
+    """The tail of a throttled line: how many like it were not written."""
+    return f" ({held} more like this in the last while, not logged)" if held else ""

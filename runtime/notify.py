@@ -25,6 +25,7 @@ from signoff.runtime.bus import Bus, Job
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.keys import Keys
+from signoff.runtime.logs import Throttle, left_out
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import Entry, Moved, Run
 
@@ -81,14 +82,19 @@ async def wake_workflow(
         return "lost"
 
 
+_HINT_FAILURES = Throttle()
+
+
 async def quietly(step: Awaitable[object], what: str) -> bool:
     """Await something sent after a commit (a publish, a wait-token write or delete); a
     failure is logged and counted, never raised. True if it went through."""
     try:
         await step
     except Exception as exc:  # whatever Redis or the network did, the commit stands
-        COUNTERS.inc("signoff_hints_failed_total")
-        log.warning("%s failed after its commit (%s); going on", what, exc)
+        COUNTERS.inc("signoff_hints_failed_total")  # each one counted, a few logged
+        held = _HINT_FAILURES.allow()
+        if held is not None:
+            log.warning("%s failed after its commit (%s); going on%s", what, exc, left_out(held))
         return False
     return True
 

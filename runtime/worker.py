@@ -103,6 +103,7 @@ class Worker:
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
         self._step_slots = asyncio.Semaphore(max(settings.pool_size, 2))
         self._adopting = 0  # adopted runs not yet continued
+        self._inbox_down = logs.Throttle()  # "inbox unavailable" once per 10 s
         self.draining = False
         # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
@@ -313,7 +314,8 @@ class Worker:
             try:
                 deliveries = await self.bus.take(self.worker_id, 1.0)
             except SignoffError as exc:
-                log.warning("inbox unavailable: %s", exc)
+                if (held := self._inbox_down.allow()) is not None:
+                    log.warning("inbox unavailable: %s%s", exc, logs.left_out(held))
                 await asyncio.sleep(0.5)
                 continue
             for delivery in deliveries:

@@ -111,3 +111,39 @@ def test_everything_works_without_the_opentelemetry_packages() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert "pip install 'signoff[otel]'" in done.stderr
+
+
+def test_a_recurring_failure_is_logged_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator probe: a Redis outage of 35 s made ~150 warnings per worker, the same
+    few lines over and over. A throttled line is written at most every 10 s, saying how
+    many like it were left out."""
+    from signoff.runtime import logs
+
+    now = [100.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
+    throttle = logs.Throttle(10.0)
+    assert throttle.allow() == 0
+    assert [throttle.allow() for _ in range(3)] == [None, None, None]
+    now[0] += 10.0
+    assert throttle.allow() == 3
+    assert logs.left_out(3).startswith(" (3 more") and logs.left_out(0) == ""
+
+
+@pytest.mark.anyio
+async def test_hints_failing_during_an_outage_are_counted_each_and_logged_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from signoff.runtime import notify
+    from signoff.runtime.logs import Throttle
+    from signoff.runtime.metrics import COUNTERS
+
+    monkeypatch.setattr(notify, "_HINT_FAILURES", Throttle(10.0))
+
+    async def down() -> None:
+        raise ConnectionError("Redis is away")
+
+    before = COUNTERS.values.get("signoff_hints_failed_total", 0)
+    for _ in range(20):
+        assert not await notify.quietly(down(), "thread hint")
+    assert COUNTERS.values.get("signoff_hints_failed_total", 0) == before + 20
+    assert caplog.text.count("thread hint failed after its commit") == 1
