@@ -188,9 +188,10 @@ class Executor:
         for card_id in flagged:
             COUNTERS.inc("signoff_cards_flagged_total")
             log.error(
-                "card %s: started by run %s's previous holder, which did not come back "
-                "within a lease; outcome unknown: flagged for reconciliation (check the "
-                "provider for its operation id, then `signoff cards reconcile %s`)",
+                "card %s: started by a process that held run %s before (another worker, or "
+                "this id before a restart) and did not finish it within a lease; outcome "
+                "unknown: flagged for reconciliation (check the provider for its operation "
+                "id, then `signoff cards reconcile %s`)",
                 card_id,
                 run_id,
                 card_id,
