@@ -19,6 +19,7 @@ import contextvars
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -142,13 +143,14 @@ class Throttle:
     few lines again and again). :meth:`allow` is None for a line to leave out, else how
     many were left out since the last one written."""
 
-    def __init__(self, seconds: float = 10.0) -> None:
+    def __init__(self, seconds: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.seconds = seconds
-        self._next = 0.0
+        self.clock = clock
+        self._next = float("-inf")
         self._held = 0
 
     def allow(self) -> int | None:
-        now = time.monotonic()
+        now = self.clock()
         if now < self._next:
             self._held += 1
             return None

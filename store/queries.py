@@ -24,6 +24,8 @@ class Queries:
     migrations_lock_timeout: str
     migrations_applied: str
     migration_record: str
+    migrations_checksums: str
+    migration_checksum_set: str
     ping: str
     # threads and the thread log
     thread_insert: str

@@ -23,6 +23,10 @@ CREATE TABLE IF NOT EXISTS signoff_migrations (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: migrations_checksums
+-- Each migration's SHA-256 as applied (NULL: applied by a version that kept none).
+ALTER TABLE signoff_migrations ADD COLUMN IF NOT EXISTS checksum text;
+
 -- name: migrations_lock
 -- Serialises concurrent `signoff migrate`s (until commit).
 SELECT pg_advisory_xact_lock(7401553901);
@@ -34,10 +38,14 @@ SELECT pg_advisory_xact_lock(7401553901);
 SELECT set_config('lock_timeout', $1, true);
 
 -- name: migrations_applied
-SELECT version FROM signoff_migrations;
+SELECT version, checksum FROM signoff_migrations;
 
 -- name: migration_record
-INSERT INTO signoff_migrations (version) VALUES ($1);
+INSERT INTO signoff_migrations (version, checksum) VALUES ($1, $2);
+
+-- name: migration_checksum_set
+-- The checksum of a migration applied by a version that kept none (it is taken as is).
+UPDATE signoff_migrations SET checksum = $2 WHERE version = $1 AND checksum IS NULL;
 
 -- name: ping
 SELECT 1;

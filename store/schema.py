@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from importlib import resources
 
 import asyncpg
 
-from signoff.runtime.errors import Unavailable
+from signoff.runtime.errors import ConfigError, Unavailable
 from signoff.store.connector import Connector
 from signoff.store.queries import SQL
 
@@ -39,7 +40,25 @@ async def migrate(db: Connector) -> list[str]:
     async with db.tx() as conn:
         await conn.execute(SQL.migrations_lock)
         await conn.execute(SQL.migrations_table)
-        done = {r["version"] for r in await conn.fetch(SQL.migrations_applied)}
+        await conn.execute(SQL.migrations_checksums)
+        sums = {r["version"]: r["checksum"] for r in await conn.fetch(SQL.migrations_applied)}
+        done = set(sums)
+        texts = {f.name.removesuffix(".sql"): f.read_text() for f in files}
+        changed = sorted(
+            v for v, s in sums.items() if s is not None and v in texts and s != _sha(texts[v])
+        )
+        if changed:
+            # Its schema is not what this code's SQL expects (an operator probe: a worker
+            # on such a database failed every run it held, and its approved cards were
+            # invalidated): refused at start, nothing done.
+            raise ConfigError(
+                f"migration {', '.join(changed)} differs from the one applied to this "
+                "database: the database's schema is not the one this version of signoff "
+                "expects. Run the version that migrated it, or restore the database"
+            )
+        for version, checksum in sums.items():
+            if checksum is None and version in texts:
+                await conn.execute(SQL.migration_checksum_set, version, _sha(texts[version]))
         unknown = sorted(done - {f.name.removesuffix(".sql") for f in files})
         if unknown:
             # A newer signoff migrated this database (a rollback, or an old process of a
@@ -56,13 +75,17 @@ async def migrate(db: Connector) -> list[str]:
         for f in pending:
             version = f.name.removesuffix(".sql")
             try:
-                await conn.execute(f.read_text(), timeout=MIGRATION_TIMEOUT)
+                await conn.execute(texts[version], timeout=MIGRATION_TIMEOUT)
             except asyncpg.LockNotAvailableError as exc:
                 raise Unavailable(
                     f"migration {version} waited {MIGRATION_LOCK_TIMEOUT} for a lock on a "
                     "table it changes, held by another session (an open transaction: see "
                     "pg_stat_activity); nothing was applied. Start again once it ends"
                 ) from exc
-            await conn.execute(SQL.migration_record, version)
+            await conn.execute(SQL.migration_record, version, _sha(texts[version]))
             applied_now.append(version)
     return applied_now
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -166,3 +166,47 @@ def test_a_migration_blocked_by_an_open_transaction_fails_the_start_and_applies_
         asyncio.run(blocked())
     finally:
         drop_database(name)
+
+
+def test_a_migration_changed_after_it_was_applied_refuses_the_start() -> None:
+    """An operator probe: a migration file changed after a database had applied it (the
+    same name, other columns) was "up to date"; the worker then failed every run it held
+    on a missing column, and the approved cards were invalidated. Each migration's
+    checksum is kept as applied: a difference refuses the start, typed, nothing done.
+    Checksums a version that kept none left out are filled in, without a word."""
+    from signoff.runtime.errors import ConfigError
+
+    url, name = fresh_database("so_mig")
+    try:
+        asyncio.run(replay(url))
+
+        async def checks() -> None:
+            conn = await pgbouncer.connect(url)
+            try:
+                sums = await conn.fetch("SELECT version, checksum FROM signoff_migrations")
+                assert sums and all(len(r["checksum"] or "") == 64 for r in sums)
+                # applied by an older signoff, which kept no checksum: filled in
+                await conn.execute("UPDATE signoff_migrations SET checksum = NULL")
+                store = await PostgresStore.connect(url)
+                try:
+                    assert await store.migrate() == []
+                finally:
+                    await store.close()
+                after = await conn.fetch("SELECT version, checksum FROM signoff_migrations")
+                assert sorted(map(tuple, after)) == sorted(map(tuple, sums))
+                # the file now differs from what this database applied
+                await conn.execute(
+                    "UPDATE signoff_migrations SET checksum = 'x' WHERE version = '0015_begin_fence'"
+                )
+                store = await PostgresStore.connect(url)
+                try:
+                    with pytest.raises(ConfigError, match="0015_begin_fence differs"):
+                        await store.migrate()
+                finally:
+                    await store.close()
+            finally:
+                await conn.close()
+
+        asyncio.run(checks())
+    finally:
+        drop_database(name)

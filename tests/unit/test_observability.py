@@ -113,15 +113,14 @@ def test_everything_works_without_the_opentelemetry_packages() -> None:
     assert "pip install 'signoff[otel]'" in done.stderr
 
 
-def test_a_recurring_failure_is_logged_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_recurring_failure_is_logged_once_in_a_while() -> None:
     """An operator probe: a Redis outage of 35 s made ~150 warnings per worker, the same
     few lines over and over. A throttled line is written at most every 10 s, saying how
     many like it were left out."""
     from signoff.runtime import logs
 
     now = [100.0]
-    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
-    throttle = logs.Throttle(10.0)
+    throttle = logs.Throttle(10.0, clock=lambda: now[0])
     assert throttle.allow() == 0
     assert [throttle.allow() for _ in range(3)] == [None, None, None]
     now[0] += 10.0
