@@ -7,11 +7,11 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
+from signoff.gateway import idempotency
 from signoff.gateway.auth import Principal
 from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import MemoryLedger, Quotas
@@ -91,42 +91,12 @@ def event_of(entry: Entry) -> dict[str, Any]:
     }
 
 
-_KEY = re.compile(r"[A-Za-z0-9._:-]{1,100}")
-_MESSAGE_NS = uuid.UUID("5b0f7a52-2f4e-4c61-9a57-6d1c0e3f8b21")
-# How long a message's idempotency key is remembered, from its first use: sent again
-# within it, the message is the same; after it, the key names a new message (a client
-# that reuses keys across sessions, a review found, had a later message dropped).
-KEY_SECONDS = 24 * 3600.0
-_THREAD_NS = uuid.UUID("0c3e9d4a-51b7-4f0e-8a2d-7e6b1f9c4d35")
-
-
-def check_key(key: str | None) -> None:
-    """An idempotency key: 1-100 letters, digits or ``._:-`` (a UUID fits)."""
-    if key is not None and not _KEY.fullmatch(key):
-        raise InvalidInput("idempotency_key must be 1-100 letters, digits or . _ : - (a UUID fits)")
-
-
-def message_id_for(who: Principal, thread_id: str, key: str, text: str) -> uuid.UUID:
-    """The message a client's key names: its user's, on its thread, with its text (another
-    user's key, the same key on another thread, or another text under the same key, is
-    another message: a client reusing keys, say its per-socket frame ids after a
-    reconnect, must not have a new message dropped as a repeat). The run it starts is
-    derived from it (runtime/agent.py), so the same message queued twice runs once (I5)."""
-    return uuid.uuid5(_MESSAGE_NS, "\x1f".join((who.tenant, who.user, thread_id, key, text)))
-
-
 def checked_message(text: str, key: str | None) -> str:
     """A message's text as it will be stored, its key checked: refused (I9) before a
     thread is made or followed for it (a hostile probe: a bad key's refusal made a
     thread, announced it to the person's other sockets, and subscribed this one)."""
-    check_key(key)
+    idempotency.check_key(key)
     return message_text(text)
-
-
-def thread_id_for(who: Principal, key: str, text: str) -> str:
-    """The thread a keyed message that names none is given: sent again after its answer
-    was lost (a dropped socket), it finds the same thread, and so is the same message."""
-    return str(uuid.uuid5(_THREAD_NS, "\x1f".join((who.tenant, who.user, key, text))))
 
 
 def message_text(text: str) -> str:
@@ -262,7 +232,10 @@ class GatewayService:
         its first send made (design note 54), even as both race."""
         if key is None:
             return await self.create_thread(who), True
-        thread_id = thread_id_for(who, key, message_text(text))
+        first = idempotency.thread_id_for(who, key, message_text(text))
+        thread_id = await idempotency.current(first, self.store.thread_age)
+        if thread_id is None:  # a key used on over MAX_GENERATIONS days
+            return await self.create_thread(who), True
         for _ in range(2):
             try:
                 thread = await self.store.get_thread(thread_id)
@@ -272,26 +245,22 @@ class GatewayService:
                 except (Conflict, RateLimited) as refused:
                     # The same key's other send made it just now (at the quota's edge,
                     # this send's own insert is refused as one too many): look again.
-                    if isinstance(refused, RateLimited) and not await self._exists(thread_id):
+                    if isinstance(refused, RateLimited) and (
+                        await self.store.thread_age(thread_id) is None
+                    ):
                         raise
                     continue
                 await announce_thread(self.bus, self.quotas.keys, who.tenant, who.user)
                 return made, True
             if (thread.tenant, thread.owner) != (who.tenant, who.user):
                 break  # not a thread of this person's (a uuid5 collision: never seen)
-            if (datetime.now(UTC) - thread.created_at).total_seconds() >= KEY_SECONDS:
-                return await self.create_thread(who), True  # the key has expired
             return thread, False
         raise Conflict(
             "this message's thread could not be made; send it again", thread_id=thread_id
         )
 
-    async def _exists(self, thread_id: str) -> bool:
-        try:
-            await self.store.get_thread(thread_id)
-        except NotFound:
-            return False
-        return True
+    async def _run_age(self, message_id: str) -> float | None:
+        return await self.store.run_age(run_id_of(message_id))
 
     async def list_threads(self, who: Principal, limit: int = 50) -> list[dict[str, Any]]:
         """The person's threads, the most recently active first (an empty one too)."""
@@ -316,7 +285,7 @@ class GatewayService:
         client's idempotency key (the same key and text on the same thread: the same
         message)."""
         text = message_text(text)
-        check_key(key)
+        idempotency.check_key(key)
         thread_id = (await self.own_thread(thread_id, who)).id  # the id as Postgres spells it
         run_id = workflow_of_thread(thread_id)
         if run_id is not None:
@@ -328,11 +297,10 @@ class GatewayService:
                 thread_id=thread_id,
             )
         message_id = str(uuid.uuid4())
-        if key is not None:
-            keyed = str(message_id_for(who, thread_id, key, text))
-            age = await self.store.run_age(run_id_of(keyed))
-            if age is None or age < KEY_SECONDS:  # else the key has expired: a new message
-                message_id = keyed
+        if key is not None:  # the key's message, or the next of its generations
+            first = str(idempotency.message_id_for(who, thread_id, key, text))
+            keyed = await idempotency.current(first, self._run_age)
+            message_id = keyed or message_id
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
             job = Job(
                 thread_id=thread_id,

@@ -313,8 +313,8 @@ class Connection:
                 raise
             except BaseException:
                 self.unfollow(thread_id)
-                if made:
-                    await self.service.discard_thread(thread_id)
+                if made and frame.idempotency_key is None:  # a key's thread: another send
+                    await self.service.discard_thread(thread_id)  # of it may have queued
                 raise
         await self.send(
             {"type": "ack", "id": frame.id, "thread_id": thread_id, "delivery": delivery}

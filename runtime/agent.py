@@ -335,7 +335,8 @@ class Agent:
                 )
             except Exception as exc:
                 log.warning("allowed write %s failed on run %s: %s", tool.name, run.id, exc)
-                return outcomes.tool_result(use_id, f"The tool failed: {exc}", error=True)
+                failed = outcomes.failed_result(exc)["error"]  # no driver's words to the model
+                return outcomes.tool_result(use_id, f"Not done: {failed}", error=True)
         card, entry = await self.store.propose(
             new_card(
                 tool,

@@ -15,6 +15,7 @@ the worker re-reads its run before doing anything.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
@@ -82,17 +83,25 @@ async def wake_workflow(
         return "lost"
 
 
-_HINT_FAILURES = Throttle()
+# One throttle per kind of thing sent (its name without the ids in it): a hint failing
+# in an outage must not hide another kind's failure.
+_HINT_FAILURES: dict[str, Throttle] = {}
+_IDS = re.compile(r"[0-9a-fA-F-]{32,36}")
 
 
-async def quietly(step: Awaitable[object], what: str) -> bool:
+async def quietly(step: Awaitable[object], what: str, *, throttled: bool = True) -> bool:
     """Await something sent after a commit (a publish, a wait-token write or delete); a
-    failure is logged and counted, never raised. True if it went through."""
+    failure is logged and counted, never raised. True if it went through. ``throttled``:
+    a failure that recurs in an outage is logged at most every 10 s per kind; False for
+    what is no hint (a thread's error entry: logged every time, as an error)."""
     try:
         await step
     except Exception as exc:  # whatever Redis or the network did, the commit stands
-        COUNTERS.inc("signoff_hints_failed_total")  # each one counted, a few logged
-        held = _HINT_FAILURES.allow()
+        COUNTERS.inc("signoff_hints_failed_total")  # each one counted
+        if not throttled:
+            log.error("%s failed after its commit (%s); going on", what, exc)
+            return False
+        held = _HINT_FAILURES.setdefault(_IDS.sub("", what), Throttle()).allow()
         if held is not None:
             log.warning("%s failed after its commit (%s); going on%s", what, exc, left_out(held))
         return False

@@ -64,8 +64,8 @@ def failed_result(exc: BaseException) -> dict[str, Any]:
     view already kept it out)."""
     if isinstance(exc, ToolRefused):
         text = exc.message
-    elif isinstance(exc, SignoffError):
-        text = exc.public
+    elif isinstance(exc, SignoffError):  # its message may carry a driver's words too
+        text = f"the tool failed ({exc.code})"
     else:
         text = f"the tool failed ({type(exc).__name__})"
     return {"error": storable(text)}

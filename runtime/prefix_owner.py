@@ -145,9 +145,13 @@ async def _renew(
         await asyncio.sleep(BEAT_SECONDS if claim.confirmed.is_set() else CONFIRM_SECONDS)
         try:
             held = await bus.claim_owner(claim.owner, ttl_ms)
-        except Exception as exc:  # Redis away: the next beat tries again
+        except Exception as exc:  # Redis away: tried again soon, the inbox shut meanwhile
             if claim.confirmed.is_set():
-                log.warning("key prefix claim not renewed: %s", exc)
+                log.warning("key prefix claim not renewed: %s (inbox shut until it is)", exc)
+            # An outage may outlast the claim, and another app take the prefix: until a
+            # renewal says it is still ours, nothing is taken or queued (a review found the
+            # first beat after such an outage taking the other app's messages).
+            claim.confirmed.clear()
             continue
         if held == claim.owner:
             claim.confirmed.set()

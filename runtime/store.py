@@ -251,6 +251,10 @@ class Store(Protocol):
 
     async def get_run(self, run_id: str) -> Run: ...
 
+    async def thread_age(self, thread_id: str) -> float | None:
+        """Seconds since the thread was created (the database's clock); None: no such thread."""
+        ...
+
     async def run_age(self, run_id: str) -> float | None:
         """Seconds since the run was created (the database's clock); None: no such run."""
         ...

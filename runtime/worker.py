@@ -237,7 +237,9 @@ class Worker:
                 raise exc
             # Refused before its run existed (e.g. the thread is gone): tell the thread.
             body = {"error": error_text(exc), "message": "the message could not be run"}
-            await quietly(self.store.append(thread_id, "error", body), "error entry")
+            await quietly(
+                self.store.append(thread_id, "error", body), "error entry", throttled=False
+            )
             return None
         if run.status in ACTIVE_RUN and run.holder == self.worker_id:
             if transient:

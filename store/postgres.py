@@ -57,6 +57,7 @@ class PostgresStore:
 
         self.create_thread = threads.create_thread
         self.create_thread_within_quota = threads.create_thread_within_quota
+        self.thread_age = threads.thread_age
         self.get_thread = threads.get_thread
         self.list_threads = threads.list_threads
         self.delete_empty_thread = threads.delete_empty_thread

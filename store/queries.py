@@ -30,6 +30,7 @@ class Queries:
     # threads and the thread log
     thread_insert: str
     thread_get: str
+    thread_age: str
     threads_of_owner: str
     thread_get_locked: str
     thread_delete_empty: str

@@ -61,6 +61,10 @@ RETURNING id::text, tenant, owner, last_seq, created_at;
 -- name: thread_get
 SELECT id::text, tenant, owner, last_seq, created_at FROM threads WHERE id = $1;
 
+-- name: thread_age
+-- Seconds since thread $1 was created (by the database's clock); no row: no such thread.
+SELECT extract(epoch FROM now() - created_at)::float8 AS age FROM threads WHERE id = $1;
+
 -- name: threads_of_owner
 -- A person's threads, the most recently active first, at most $3:
 -- the time of the last log entry, the cards still waiting for a decision and the first
@@ -1342,10 +1346,12 @@ WHERE key = $1 AND claimed_by = $2 AND status = 'claimed'
 RETURNING 1;
 
 -- name: wa_outbound_finish
+-- $6: the claimer finishing it (NULL: anyone); a row another gateway took over since
+-- is that gateway's to finish (a late finish would overwrite its outcome).
 UPDATE wa_outbound
 SET status = $2, attempts = $3, error = $4, wa_message = $5,
     sent_at = CASE WHEN $2 = 'sent' THEN now() END
-WHERE key = $1;
+WHERE key = $1 AND ($6::text IS NULL OR (claimed_by = $6 AND status = 'claimed'));
 
 -- name: wa_in_window
 SELECT coalesce(last_inbound_at > now() - make_interval(secs => $3), false)

@@ -57,6 +57,11 @@ class Threads:
         status = await self._db.execute(SQL.thread_delete_empty, rows.uuid_of(thread_id))
         return status == "DELETE 1"
 
+    async def thread_age(self, thread_id: str) -> float | None:
+        """Seconds since the thread was created, or None when there is no such thread."""
+        age = await self._db.fetchval(SQL.thread_age, rows.uuid_of(thread_id))
+        return None if age is None else float(age)
+
     async def get_thread(self, thread_id: str) -> Thread:
         row = await self._db.fetchrow(SQL.thread_get, rows.uuid_of(thread_id))
         if row is None:

@@ -87,9 +87,18 @@ class WhatsAppRows:
         return await self._db.fetchval(SQL.wa_outbound_hold, key, claimer) is not None
 
     async def finish_outgoing(
-        self, key: str, status: str, attempts: int, error: str | None, wa_message: str | None
+        self,
+        key: str,
+        status: str,
+        attempts: int,
+        error: str | None,
+        wa_message: str | None,
+        claimer: str | None = None,
     ) -> None:
-        await self._db.execute(SQL.wa_outbound_finish, key, status, attempts, error, wa_message)
+        """Record how a send went; with ``claimer``, only while it still holds the row."""
+        await self._db.execute(
+            SQL.wa_outbound_finish, key, status, attempts, error, wa_message, claimer
+        )
 
     async def refuse(
         self, card_id: str, actor: str, channel: str, reason: str, detail: dict[str, Any]

@@ -292,3 +292,42 @@ def test_a_worker_whose_claim_another_app_took_stops_and_restarts_refusing(
             proc.stop()
         client.delete(Keys(prefix).owner)
         client.close()
+
+
+@pytest.mark.anyio
+async def test_after_an_outage_the_inbox_waits_for_the_claim_again(redis_proxy: Proxy) -> None:
+    """A review's finding: the inbox was shut only until the first confirmation. A
+    Redis outage that outlasted the claim, another app taking the prefix meanwhile, then
+    left it open: the first beat after Redis came back took that app's messages."""
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(prefix_owner, "BEAT_SECONDS", 0.3)
+    prefix = f"pl-{secrets.token_hex(4)}:"
+    mine = RedisBus.from_url(redis_proxy.url_for(services.redis_url()), Keys(prefix))
+    theirs = RedisBus.from_url(services.redis_url(), Keys(prefix))
+    client = _claim_for_other(prefix)
+    client.delete(Keys(prefix).owner)
+    job = Job(thread_id="t-other", text="hello", user="u", tenant="t", message_id="m-3")
+    try:
+        owner = prefix_owner.owner_of("payments", "db-1")
+        async with prefix_owner.hold(mine, owner, where="t") as claim:
+            assert claim.confirmed.is_set()
+            redis_proxy.refuse()  # a long outage: the claim lapses, another app takes it
+            redis_proxy.reset()
+            await asyncio.sleep(1.0)
+            assert not claim.confirmed.is_set()
+            client.set(Keys(prefix).owner, OTHER, px=120_000)
+            await theirs.enqueue(job)
+            redis_proxy.refuse(False)
+            taken = []
+            t0 = time.monotonic()
+            while not claim.lost.is_set() and time.monotonic() - t0 < 5:
+                taken += await mine.take("mine-1", 0.1)
+            assert claim.lost.is_set() and taken == []
+        (delivered,) = await theirs.take("theirs-1", 1.0)
+        assert delivered.job == job
+    finally:
+        monkeypatch.undo()
+        client.delete(Keys(prefix).owner)
+        client.close()
+        await mine.close()
+        await theirs.close()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from signoff.runtime.config import Settings
-from signoff.runtime.errors import NotFound
+from signoff.runtime.errors import NotFound, Unavailable
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
 from tests.integration.test_gateway import ws_call, ws_connect
@@ -139,8 +139,15 @@ async def test_a_key_is_remembered_for_a_day(database_url: str) -> None:
         )
         later = await ws_call(ws, {**frame, "id": "b"})
         assert later["type"] == "ack" and later["thread_id"] != first["thread_id"]
+        # ... and that new message is itself the same however often it is sent (a review
+        # found an expired key never idempotent again: a random thread each time)
+        retry = await ws_call(ws, {**frame, "id": "b2"})
+        assert retry["thread_id"] == later["thread_id"]
         again = await ws_call(ws, {**frame, "id": "c", "thread_id": first["thread_id"]})
         assert again["type"] == "ack"
+        await h.settle()
+        retry = await ws_call(ws, {**frame, "id": "c2", "thread_id": first["thread_id"]})
+        assert retry["type"] == "ack"
         await h.settle()
         for thread, runs in ((first["thread_id"], 2), (later["thread_id"], 1)):
             users = [e for e in await h.store.entries_after(thread, 0) if e.kind == "user"]
@@ -178,3 +185,43 @@ async def test_two_sends_of_a_key_at_the_thread_quota_share_the_thread(
         assert a["thread_id"] == b["thread_id"]
         await first.close()
         await second.close()
+
+
+async def test_a_keyed_thread_another_send_found_is_kept_when_its_maker_fails(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's finding: the send that made a key's thread was refused (a plain 503: its
+    subscription or enqueue failed) after another send of the same key had found that
+    thread and queued the message; the refused send discarded the thread, still empty,
+    and the queued message then found no thread: dropped after a 202. A key's thread is
+    never discarded (the next send of the key finds it)."""
+    async with harness(database_url, model=Scripted(pix()), gateway=True) as h:
+        user = "keys-keep"
+        service = h.asgi.state.service
+        real = service.post_message
+        other_queued = asyncio.Event()
+        calls = 0
+
+        async def first_fails_late(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:  # the maker: refused, once the other send has queued
+                await asyncio.wait_for(other_queued.wait(), 10)
+                raise Unavailable("Redis is not answering; XADD not sent")
+            delivery = await real(*args, **kwargs)
+            other_queued.set()
+            return delivery
+
+        monkeypatch.setattr(service, "post_message", first_fails_late)
+        frame = {"type": "message", "text": "cobre 150 do João", "idempotency_key": "k1"}
+        maker, finder = await ws_connect(h, user), await ws_connect(h, user)
+        refused = asyncio.ensure_future(ws_call(maker, {**frame, "id": "1"}))
+        await asyncio.sleep(0.3)  # the maker has made the thread and waits
+        found = await ws_call(finder, {**frame, "id": "2"})
+        assert found["type"] == "ack", found
+        assert (await refused)["status"] == 503
+        await h.settle()
+        users = [e for e in await h.store.entries_after(found["thread_id"], 0) if e.kind == "user"]
+        assert len(users) == 1 and len(await h.pending(found["thread_id"])) == 1
+        await maker.close()
+        await finder.close()

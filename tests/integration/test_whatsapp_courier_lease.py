@@ -68,3 +68,22 @@ async def test_a_row_another_gateway_took_over_is_not_sent_again(store: Postgres
     )
     assert [r["status"] for r in rows] == ["sent"] * 3
     assert "gateway-b" in [r["claimed_by"] for r in rows]
+
+
+async def test_a_late_finish_does_not_overwrite_the_gateway_that_took_the_row_over(
+    store: PostgresStore,
+) -> None:
+    """A review's finding: a send that outlived the lease (one slow attempt), its row
+    taken over and sent by another gateway, then recorded its own outcome over the other
+    gateway's ("sent" turned "failed"). A finish counts only while its gateway holds the
+    row; an anonymous finish (``claimer`` None) is as before."""
+    key = f"reply:{secrets.token_hex(4)}"
+    await store.whatsapp.claim_reply(key, "t-late", "5511900000099", "notice", "gateway-a")
+    await store.db.execute("UPDATE wa_outbound SET claimed_by = 'gateway-b' WHERE key = $1", key)
+    await store.whatsapp.finish_outgoing(key, "sent", 1, None, "wamid.b", "gateway-b")
+    await store.whatsapp.finish_outgoing(key, "failed", 4, "timed out", None, "gateway-a")
+    row = await store.db.fetchrow(
+        "SELECT status, wa_message, attempts FROM wa_outbound WHERE key = $1", key
+    )
+    assert row is not None
+    assert dict(row) == {"status": "sent", "wa_message": "wamid.b", "attempts": 1}

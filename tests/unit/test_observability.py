@@ -132,17 +132,23 @@ def test_a_recurring_failure_is_logged_once_in_a_while() -> None:
 async def test_hints_failing_during_an_outage_are_counted_each_and_logged_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import uuid
+
     from signoff.runtime import notify
-    from signoff.runtime.logs import Throttle
     from signoff.runtime.metrics import COUNTERS
 
-    monkeypatch.setattr(notify, "_HINT_FAILURES", Throttle(10.0))
+    monkeypatch.setattr(notify, "_HINT_FAILURES", {})
 
     async def down() -> None:
         raise ConnectionError("Redis is away")
 
     before = COUNTERS.values.get("signoff_hints_failed_total", 0)
-    for _ in range(20):
-        assert not await notify.quietly(down(), "thread hint")
-    assert COUNTERS.values.get("signoff_hints_failed_total", 0) == before + 20
-    assert caplog.text.count("thread hint failed after its commit") == 1
+    for _ in range(20):  # one kind, many threads
+        assert not await notify.quietly(down(), f"thread hint for {uuid.uuid4()}")
+    assert not await notify.quietly(down(), "inbox ack")  # another kind: not hidden
+    for _ in range(3):  # not a hint: every one logged
+        assert not await notify.quietly(down(), "error entry", throttled=False)
+    assert COUNTERS.values.get("signoff_hints_failed_total", 0) == before + 24
+    assert caplog.text.count("thread hint for") == 1
+    assert caplog.text.count("inbox ack failed") == 1
+    assert caplog.text.count("error entry failed") == 3

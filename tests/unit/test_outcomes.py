@@ -44,3 +44,20 @@ def test_a_reason_per_language_picks_the_asked_one_then_english_then_the_first()
     assert label_text({"pt": "mudou"}, "pt-BR") == "mudou"  # the base language
     assert label_text({"es": "cambió", "fr": "changé"}) == "cambió"  # the first
     assert label_text("plain") == "plain" and label_text({}) == ""
+
+
+def test_a_failure_is_shown_in_a_refusal_s_words_or_by_its_kind() -> None:
+    """A hostile probe and its review: a tool's exception text (a driver's words: hosts,
+    ports, statements) reached the person and the model; a signoff error raised inside
+    a tool carries such words in its message too. Only a ToolRefused's are kept."""
+    from signoff import ToolRefused
+    from signoff.runtime.errors import Unavailable
+
+    assert outcomes.failed_result(ToolRefused("the Pix key is blocked")) == {
+        "error": "the Pix key is blocked"
+    }
+    leaky = Unavailable("connection to 10.1.2.3:5432 refused")
+    assert outcomes.failed_result(leaky) == {"error": "the tool failed (unavailable)"}
+    assert outcomes.failed_result(RuntimeError("at 10.1.2.3")) == {
+        "error": "the tool failed (RuntimeError)"
+    }

@@ -35,7 +35,13 @@ class OutboundRows(Protocol):
     async def hold_outgoing(self, key: str, claimer: str) -> bool: ...
 
     async def finish_outgoing(
-        self, key: str, status: str, attempts: int, error: str | None, wa_message: str | None
+        self,
+        key: str,
+        status: str,
+        attempts: int,
+        error: str | None,
+        wa_message: str | None,
+        claimer: str | None = None,
     ) -> None: ...
 
 
@@ -72,28 +78,35 @@ class Courier:
         for item in items:
             payload = self.payload(item)
             if payload is None:
-                await self.rows.finish_outgoing(item.key, "skipped", 0, None, None)
+                await self.rows.finish_outgoing(item.key, "skipped", 0, None, None, self.claimer)
                 continue
             # Asked before each attempt: a batch held up by a slow Graph API outlives the
             # claims' lease, and another gateway takes over (and sends) what it reclaims.
-            sent = await self.sender.send(payload, still_ours=self._holds(item.key))
-            if sent.taken_over:
-                COUNTERS.inc("signoff_whatsapp_claims_taken_over_total")
-                log.info("WhatsApp entry %s taken over by another gateway; not sent here", item.key)
-                continue
-            await self.finish(item.key, sent)
+            await self.finish(
+                item.key, await self.sender.send(payload, still_ours=self.holds(item.key))
+            )
         return len(items)
 
-    def _holds(self, key: str) -> Callable[[], Awaitable[bool]]:
+    def holds(self, key: str) -> Callable[[], Awaitable[bool]]:
+        """Whether this gateway still holds ``key``'s claim (renewed if so): asked before
+        each attempt to send it (design note 55)."""
+
         async def holds() -> bool:
             return await self.rows.hold_outgoing(key, self.claimer)
 
         return holds
 
     async def finish(self, key: str, sent: Sent) -> None:
+        """Record a send on its row, if this gateway still holds it."""
+        if sent.taken_over:
+            COUNTERS.inc("signoff_whatsapp_claims_taken_over_total")
+            log.info("WhatsApp entry %s taken over by another gateway; not sent here", key)
+            return
         status = "sent" if sent.ok else "failed"
         COUNTERS.inc(f"signoff_whatsapp_{status}_total")
-        await self.rows.finish_outgoing(key, status, sent.attempts, sent.error, sent.message_id)
+        await self.rows.finish_outgoing(
+            key, status, sent.attempts, sent.error, sent.message_id, self.claimer
+        )
 
     def payload(self, item: Outgoing) -> dict[str, Any] | None:
         s = self.settings

@@ -297,4 +297,6 @@ class WhatsAppChannel:
             payload = outbound.template(
                 item.wa_id, s.whatsapp_template_name, s.whatsapp_template_language, body
             )
-        await self.courier.finish(key, await self.sender.send(payload))
+        await self.courier.finish(
+            key, await self.sender.send(payload, still_ours=self.courier.holds(key))
+        )
