@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -20,8 +21,25 @@ from signoff.gateway.channels.whatsapp.graph import GraphSender
 from signoff.runtime.config import Settings
 from signoff.store.postgres import PostgresStore
 from signoff.testing import FakeGraphAPI
+from tests.conftest import migrated_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def own_database() -> Iterator[str]:
+    """A database of this module's own: a courier claims every WhatsApp entry due in its
+    database, and the session's holds other tests' (CI's run claimed nine, not three)."""
+    yield from migrated_database("so_wa")
+
+
+@pytest.fixture
+async def store(own_database: str) -> AsyncIterator[PostgresStore]:
+    s = await PostgresStore.connect(own_database)
+    try:
+        yield s
+    finally:
+        await s.close()
 
 
 async def test_a_row_another_gateway_took_over_is_not_sent_again(store: PostgresStore) -> None:
