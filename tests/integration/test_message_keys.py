@@ -199,13 +199,14 @@ async def test_a_keyed_thread_another_send_found_is_kept_when_its_maker_fails(
         user = "keys-keep"
         service = h.asgi.state.service
         real = service.post_message
-        other_queued = asyncio.Event()
+        other_queued, maker_waits = asyncio.Event(), asyncio.Event()
         calls = 0
 
         async def first_fails_late(*args: Any, **kwargs: Any) -> Any:
             nonlocal calls
             calls += 1
             if calls == 1:  # the maker: refused, once the other send has queued
+                maker_waits.set()
                 await asyncio.wait_for(other_queued.wait(), 10)
                 raise Unavailable("Redis is not answering; XADD not sent")
             delivery = await real(*args, **kwargs)
@@ -216,7 +217,7 @@ async def test_a_keyed_thread_another_send_found_is_kept_when_its_maker_fails(
         frame = {"type": "message", "text": "cobre 150 do João", "idempotency_key": "k1"}
         maker, finder = await ws_connect(h, user), await ws_connect(h, user)
         refused = asyncio.ensure_future(ws_call(maker, {**frame, "id": "1"}))
-        await asyncio.sleep(0.3)  # the maker has made the thread and waits
+        await asyncio.wait_for(maker_waits.wait(), 10)  # it has made the thread, and waits
         found = await ws_call(finder, {**frame, "id": "2"})
         assert found["type"] == "ack", found
         assert (await refused)["status"] == 503
