@@ -64,6 +64,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str = "demo"
     max_ws_message_bytes: PositiveInt = 64 * 1024
     pool_size: PositiveInt = 10
+    # Continuations (an approved card's revalidate → execute → the model's next reply) one
+    # worker runs at once; more wait in the worker for a slot. Not tied to pool_size: a step
+    # holds a connection only for each of its statements, and waits on the model (seconds
+    # with a hosted model) and the provider holding none (design note 56).
+    steps_in_flight: PositiveInt = 128
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
     db_timeout_seconds: Positive = 5.0
     # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in
@@ -190,6 +195,7 @@ _ENV: dict[str, str] = {
     "tenant": "SIGNOFF_TENANT",
     "max_ws_message_bytes": "SIGNOFF_MAX_WS_MESSAGE_BYTES",
     "pool_size": "SIGNOFF_POOL_SIZE",
+    "steps_in_flight": "SIGNOFF_STEPS_IN_FLIGHT",
     "db_timeout_seconds": "SIGNOFF_DB_TIMEOUT_SECONDS",
     "db_statement_cache_size": "SIGNOFF_DB_STATEMENT_CACHE_SIZE",
     "ws_frames_per_second": "SIGNOFF_WS_FRAMES_PER_SECOND",

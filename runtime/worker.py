@@ -101,7 +101,7 @@ class Worker:
         self.ticks = Ticks()
         self._subscribed = asyncio.Event()
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
-        self._step_slots = asyncio.Semaphore(max(settings.pool_size, 2))
+        self._step_slots = asyncio.Semaphore(settings.steps_in_flight)
         self._adopting = 0  # adopted runs not yet continued
         self._inbox_down = logs.Throttle()  # "inbox unavailable" once per 10 s
         self.draining = False
@@ -354,8 +354,8 @@ class Worker:
 
     async def wake(self, run_id: str, attempt: int = 0) -> None:
         try:
-            # Bounded: past the pool's size, continuations would only queue for a pooled
-            # connection, and one waiting past the store timeout fails mid-step.
+            # Bounded (SIGNOFF_STEPS_IN_FLIGHT), not by the pool's size: a step holds a
+            # connection per statement only, and mostly waits on the model or the provider.
             async with self._step_slots:
                 logs.bind(run_id=run_id)  # this task's lines carry the run's id
                 started = time.monotonic_ns()

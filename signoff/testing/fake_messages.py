@@ -15,6 +15,12 @@ Every JSON body received is kept in :attr:`FakeMessagesServer.requests` (and its
 headers in :attr:`FakeMessagesServer.request_headers`) so a test can assert the
 tool list and conversation that were sent.
 
+``latency`` (seconds) holds every valid request that long before it is answered, as the
+hosted API takes its time to reply; :attr:`FakeMessagesServer.in_flight` counts the
+requests being answered now and :attr:`FakeMessagesServer.most_in_flight` the most at
+once (``reset_most_in_flight()`` starts that count again), so a test can assert how
+many model calls a worker makes together.
+
 Errors use the API's shape, ``{"type": "error", "error": {"type", "message"}}``:
 400 ``invalid_request_error`` for a malformed request, 401
 ``authentication_error`` without credentials, 500 ``api_error`` (with
@@ -31,6 +37,7 @@ where ``replies.json`` is a list of ``{"content": [...], "stop_reason": "..."}``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import secrets
@@ -143,9 +150,16 @@ class FakeMessagesServer:
         host: str = "127.0.0.1",
         port: int = 0,
         api_keys: Collection[str] | None = None,
+        latency: float = 0.0,
     ) -> None:
         """``api_keys``: the keys it accepts (401 ``authentication_error`` for any other,
-        as the API answers a wrong or revoked key); None accepts any key."""
+        as the API answers a wrong or revoked key); None accepts any key. ``latency``:
+        seconds each valid request waits before its answer (0: none)."""
+        if latency < 0:
+            raise ValueError(f"latency must be >= 0 seconds, not {latency!r}")
+        self.latency = latency
+        self.in_flight = 0
+        self.most_in_flight = 0
         self._script: list[ScriptedReply] = []
         self.api_keys = None if api_keys is None else frozenset(api_keys)
         self._lock = threading.Lock()
@@ -190,6 +204,11 @@ class FakeMessagesServer:
             return reply
         return None
 
+    def reset_most_in_flight(self) -> None:
+        """Start counting :attr:`most_in_flight` again from the requests in flight now."""
+        with self._lock:
+            self.most_in_flight = self.in_flight
+
     # -- HTTP --------------------------------------------------------------
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
@@ -223,6 +242,15 @@ class FakeMessagesServer:
             validate_request(body)
         except BadRequest as exc:
             return _error(exc.status, exc.kind, exc.message)
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.latency:
+                await asyncio.sleep(self.latency)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
         try:
             reply = self._next_reply(body)
@@ -412,12 +440,15 @@ def main(argv: list[str] | None = None) -> None:
         "--script",
         help="JSON file: a list of {content: [...], stop_reason} replies, served in order",
     )
+    parser.add_argument(
+        "--latency", type=float, default=0.0, help="seconds each request waits for its answer"
+    )
     args = parser.parse_args(argv)
     script: list[ScriptedReply] = []
     if args.script:
         with open(args.script, "rb") as fh:
             script = msgspec.json.decode(fh.read(), type=list[ScriptedReply])
-    server = FakeMessagesServer(script, host=args.host, port=args.port)
+    server = FakeMessagesServer(script, host=args.host, port=args.port, latency=args.latency)
     print(f"fake Messages API on http://{args.host}:{args.port} ({len(script)} scripted replies)")
     server.serve_forever()
 

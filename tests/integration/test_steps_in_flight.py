@@ -1,0 +1,66 @@
+"""A worker's continuations wait on the model together (SIGNOFF_STEPS_IN_FLIGHT), not a
+pool's size at a time: a step holds a Postgres connection only for each statement, and a
+hosted model takes seconds to answer (design note 56)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from signoff.runtime.cards import Status
+from signoff.runtime.config import Settings, from_env
+from signoff.runtime.errors import ConfigError
+from signoff.testing import FakeMessagesServer, ScriptedReply, reply, text, tool_use
+from tests.harness import harness
+
+pytestmark = pytest.mark.anyio
+
+RUNS = 12
+
+
+def _answer(body: dict[str, Any]) -> ScriptedReply:
+    """A charge for a user's message; a closing text once the tool's result is in."""
+    content = body["messages"][-1]["content"]
+    if isinstance(content, list) and any(b.get("type") == "tool_result" for b in content):
+        return reply(text("Feito."))
+    return reply(tool_use("create_pix_charge", {"customer": "João", "amount": "10"}))
+
+
+async def _approve_all(settings: Settings, database_url: str) -> tuple[int, int]:
+    """Park RUNS runs, approve them all at once; (the most model calls the continuations
+    made at once, the charges made)."""
+    with FakeMessagesServer(responder=_answer, latency=0.4) as fake:
+        async with harness(database_url, fake=fake, settings=settings) as h:
+            threads = [await h.thread("alice") for _ in range(RUNS)]
+            await asyncio.gather(*(h.say(t, "cobre 10 do João", "alice") for t in threads))
+            cards = [card for t in threads for card in await h.pending(t)]
+            assert len(cards) == RUNS
+            fake.reset_most_in_flight()
+            await asyncio.gather(*(h.decide(card, "approve") for card in cards))
+            await h.settle(timeout=30)
+            assert [(await h.card(c)).status for c in cards] == [Status.EXECUTED] * RUNS
+            for t in threads:
+                assert await h.last_reply(t) == "Feito."
+            return fake.most_in_flight, await h.charges()
+
+
+async def test_continuations_wait_on_the_model_together(database_url: str) -> None:
+    # A pool of two connections: the worker used to continue two runs at a time, each
+    # holding its slot through the model's 0.4 s.
+    together, charges = await _approve_all(Settings(pool_size=2), database_url)
+    assert charges == RUNS
+    assert together >= RUNS - 2, together
+
+
+async def test_steps_in_flight_bounds_them(database_url: str) -> None:
+    together, charges = await _approve_all(Settings(steps_in_flight=3), database_url)
+    assert charges == RUNS
+    assert together <= 3, together
+
+
+def test_steps_in_flight_is_refused_at_zero() -> None:
+    with pytest.raises(ConfigError, match="SIGNOFF_STEPS_IN_FLIGHT"):
+        from_env({"SIGNOFF_STEPS_IN_FLIGHT": "0"})
+    assert from_env({"SIGNOFF_STEPS_IN_FLIGHT": "7"}).steps_in_flight == 7
