@@ -105,3 +105,55 @@ async def test_a_late_finish_does_not_overwrite_the_gateway_that_took_the_row_ov
     )
     assert row is not None
     assert dict(row) == {"status": "sent", "wa_message": "wamid.b", "attempts": 1}
+
+
+async def test_one_slow_attempt_keeps_its_claim_and_is_sent_once(store: PostgresStore) -> None:
+    """An attempt answered after the claim's lease (a reply trickled in: the socket
+    timeout is per operation) is not taken over by a live gateway's neighbour: its claim
+    is renewed while the attempt waits (design note 57). Before, the other gateway
+    reclaimed the row after the lease and sent it, and the first's answer came too."""
+    tenant, wa_id = f"t-{secrets.token_hex(3)}", f"55119{secrets.randbelow(10**8):08d}"
+    thread = await store.create_thread(tenant, wa_id)
+    await store.whatsapp.add_contact(tenant, wa_id, thread.id)
+    await store.whatsapp.touch_inbound(tenant, wa_id)
+    said = f"slow answer {secrets.token_hex(3)}"
+    body = {"role": "assistant", "content": [{"type": "text", "text": said}]}
+    await store.append(thread.id, "assistant", body)
+    settings = Settings(whatsapp_claim_lease_seconds=0.5)
+    with FakeGraphAPI() as graph:
+
+        def sender() -> GraphSender:
+            return GraphSender(
+                base_url=graph.url,
+                api_version="v21.0",
+                phone_number_id="1",
+                token="t",
+                hold_every=settings.whatsapp_claim_lease_seconds / 3,
+            )
+
+        slow = sender()
+        post = slow._post
+
+        def slowly(payload: dict[str, Any]) -> Any:
+            time.sleep(2.0)  # one attempt, four leases long
+            return post(payload)
+
+        slow._post = slowly  # type: ignore[method-assign]
+        first = Courier(store.whatsapp, slow, settings, "gateway-a")
+        other = Courier(store.whatsapp, sender(), settings, "gateway-b")
+        batch = asyncio.create_task(first.tick())
+        claimed = "SELECT count(*) FROM wa_outbound WHERE thread_id = $1 AND claimed_by = $2"
+        while await store.db.fetchval(claimed, thread.id, "gateway-a") < 1:
+            await asyncio.sleep(0.01)
+        taken = 0
+        while not batch.done():
+            taken += await other.tick()
+            await asyncio.sleep(0.05)
+        assert taken == 0
+        assert await batch == 1
+    sent = [m["text"]["body"] for m in graph.sent if m.get("type") == "text"]
+    assert sent == [said]
+    rows = await store.db.fetch(
+        "SELECT status, claimed_by FROM wa_outbound WHERE thread_id = $1", thread.id
+    )
+    assert [(r["status"], r["claimed_by"]) for r in rows] == [("sent", "gateway-a")]

@@ -38,12 +38,18 @@ class GraphSender:
         attempts: int = 4,
         backoff: float = 0.2,
         timeout: float = 10.0,
+        hold_every: float = 10.0,
     ) -> None:
+        """``timeout`` bounds each socket operation, not an attempt: a reply trickled in
+        outlasts it. ``hold_every``: while an attempt waits for its answer, the claim is
+        renewed this often (``still_ours``), a third of the claim lease or less, so that
+        a live gateway's slow attempt is not taken over and sent again (design note 57)."""
         self.url = f"{base_url.rstrip('/')}/{api_version}/{phone_number_id}/messages"
         self.token = token
         self.attempts = max(1, attempts)
         self.backoff = backoff
         self.timeout = timeout
+        self.hold_every = hold_every
         # A proxy configured for the outside world is honoured, except for a local fake.
         self._opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({})
@@ -59,7 +65,7 @@ class GraphSender:
         for attempt in range(1, self.attempts + 1):
             if still_ours is not None and not await still_ours():
                 return Sent(ok=False, attempts=attempt - 1, taken_over=True)
-            status, body, retry_after = await asyncio.to_thread(self._post, payload)
+            status, body, retry_after = await self._attempt(payload, still_ours)
             if 200 <= status < 300:
                 mid = None
                 try:
@@ -75,6 +81,22 @@ class GraphSender:
                 await asyncio.sleep(min(wait, 30.0))
         log.warning("WhatsApp send failed after %d attempt(s): %s", attempt, error)
         return Sent(ok=False, attempts=attempt, error=error)
+
+    async def _attempt(
+        self, payload: dict[str, Any], still_ours: Callable[[], Awaitable[bool]] | None
+    ) -> tuple[int, str, float | None]:
+        """One POST; its claim renewed every ``hold_every`` seconds until it is answered.
+        The message is on the wire: whatever a renewal says, the answer is waited for."""
+        post = asyncio.ensure_future(asyncio.to_thread(self._post, payload))
+        while True:
+            done, _ = await asyncio.wait({post}, timeout=self.hold_every)
+            if done:
+                return post.result()
+            if still_ours is not None:
+                try:
+                    await still_ours()
+                except Exception as exc:  # the store away: the lease may lapse (note 57)
+                    log.warning("WhatsApp send in flight: its claim not renewed: %s", exc)
 
     def _post(self, payload: dict[str, Any]) -> tuple[int, str, float | None]:
         req = urllib.request.Request(

@@ -95,6 +95,7 @@ class WhatsAppChannel:
             phone_number_id=settings.whatsapp_phone_number_id,
             token=settings.whatsapp_token,
             attempts=settings.whatsapp_send_attempts,
+            hold_every=settings.whatsapp_claim_lease_seconds / 3,
         )
         self.claimer = f"gateway-{settings.worker_id}"
         self.courier = Courier(rows, self.sender, settings, self.claimer)
