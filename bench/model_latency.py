@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Approvals continued per second when the model takes its time, by the worker's bound on
-continuations in flight (``SIGNOFF_STEPS_IN_FLIGHT``).
+"""Approvals continued per second when the model takes its time: a continuation's step slot
+held through the model's reply (as before design note 56) or let go while it waits.
 
 The payments demo runs in-process (``signoff.testing.Harness``: decisions and one worker,
 a Redis bus) against the fake Messages API with ``--latency`` seconds per reply, as a
 hosted model answers in seconds where the bench's offline model answers at once. Each
 round parks ``--runs`` runs (one Pix card each), approves them all at once and times
 until every run has its model's last reply: continuations/s = runs / that time, and the
-most model calls the continuations made at once. The variants of ``--steps`` alternate
-(A B, B A, ...) over ``--reps`` rounds each. Not in ``run_all.py``. Writes
-``results/model_latency.json``.
+most model calls the continuations made at once. The two variants (``held``: the slot
+kept through every call, ``runtime/slots.PATIENCE`` set to infinity; ``let-go``: as
+shipped) alternate (A B, B A, ...) over ``--reps`` rounds each, with ``--steps`` slots.
+Not in ``run_all.py``. Writes ``results/model_latency.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import base_parser, log, machine, server_versions, services, write_json
 from signoff.demo import build
+from signoff.runtime import slots
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Status
 from signoff.runtime.config import Settings
@@ -38,6 +40,9 @@ def answer(body: dict[str, Any]) -> ScriptedReply:
     if isinstance(content, list) and any(b.get("type") == "tool_result" for b in content):
         return reply(text("Feito."))
     return reply(tool_use("create_pix_charge", {"customer": "João", "amount": "10"}))
+
+
+VARIANTS = {"held": float("inf"), "let-go": slots.PATIENCE}
 
 
 async def one_round(
@@ -79,37 +84,37 @@ def main(argv: list[str] | None = None) -> int:
     p = base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=200, help="runs parked and approved per round")
     p.add_argument("--latency", type=float, default=1.0, help="seconds per model reply")
-    p.add_argument("--steps", default="10,128", help="SIGNOFF_STEPS_IN_FLIGHT values, A,B")
+    p.add_argument("--steps", type=int, default=10, help="SIGNOFF_STEPS_IN_FLIGHT")
     p.add_argument("--reps", type=int, default=2, help="rounds per variant")
     args = p.parse_args(argv)
-    variants = [int(v) for v in args.steps.split(",")]
-    rounds: dict[int, list[dict[str, float]]] = {v: [] for v in variants}
+    variants = list(VARIANTS)
+    rounds: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with services(args, "model_latency") as svc:
         for rep in range(args.reps):
-            order = variants if rep % 2 == 0 else variants[::-1]
-            for steps in order:
+            for variant in variants if rep % 2 == 0 else variants[::-1]:
+                slots.PATIENCE = VARIANTS[variant]
                 row = asyncio.run(
                     one_round(
                         svc.database_url,
                         svc.redis_url,
-                        steps,
+                        args.steps,
                         args.runs,
                         args.latency,
-                        f"{steps}-{rep}",
+                        f"{variant}-{rep}",
                     )
                 )
-                rounds[steps].append(row)
-                log(f"  steps {steps:4d}: {row}")
+                rounds[variant].append(row)
+                log(f"  {variant:7s}: {row}")
         versions = asyncio.run(server_versions(svc.database_url, svc.redis_url))
     summary = {
-        str(steps): {
+        variant: {
             "continuations_per_s": statistics.median(r["continuations_per_s"] for r in rows),
             "min": min(r["continuations_per_s"] for r in rows),
             "max": max(r["continuations_per_s"] for r in rows),
             "most_model_calls_at_once": max(r["most_model_calls_at_once"] for r in rows),
             "runs": len(rows),
         }
-        for steps, rows in rounds.items()
+        for variant, rows in rounds.items()
     }
     path = write_json(
         args.out,
@@ -117,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         {
             "machine": machine(),
             "servers": versions,
-            "config": {"runs": args.runs, "latency_s": args.latency, "steps": variants},
-            "rounds": {str(k): v for k, v in rounds.items()},
+            "config": {"runs": args.runs, "latency_s": args.latency, "steps": args.steps},
+            "rounds": rounds,
             "summary": summary,
         },
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from signoff.runtime import outcomes, replies
+from signoff.runtime import outcomes, replies, slots
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.conversation import SYSTEM_PROMPT, build_messages, messages_and_open_calls
@@ -210,8 +210,13 @@ class Agent:
                     await self.notify.delta(_run.thread_id, _pos, delta, _run.id)
 
                 with span("model", run_id=run.id):
-                    reply = await self.model.respond(
-                        system=self.system, messages=messages, tools=tools.specs(), on_text=on_text
+                    reply = await slots.outside(  # the worker's step slot let go meanwhile
+                        self.model.respond(
+                            system=self.system,
+                            messages=messages,
+                            tools=tools.specs(),
+                            on_text=on_text,
+                        )
                     )
                 # Each call's id its own (else not run): the API refuses shared ids.
                 earlier = (e.body.get("content", []) for e in entries if e.kind == "assistant")

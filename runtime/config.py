@@ -65,10 +65,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_ws_message_bytes: PositiveInt = 64 * 1024
     pool_size: PositiveInt = 10
     # Continuations (an approved card's revalidate → execute → the model's next reply) one
-    # worker runs at once; more wait in the worker for a slot. Not tied to pool_size: a step
-    # holds a connection only for each of its statements, and waits on the model (seconds
-    # with a hosted model) and the provider holding none (design note 56).
-    steps_in_flight: PositiveInt = 128
+    # worker works on at once, in this process and the store; one waiting on the model or
+    # a provider past 0.1 s lets its slot go meanwhile (runtime/slots.py, design note 56).
+    steps_in_flight: PositiveInt = 10
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
     db_timeout_seconds: Positive = 5.0
     # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in

@@ -3,17 +3,16 @@
 ``approved -> executing`` is one conditional update, so of two processes holding the
 same card one starts it (I4); the tool receives ``args_snapshot`` as read back from
 Postgres and the card's ``operation_id`` as the provider's idempotency key (I2). An
-execution that got no answer is asked again with the same key; one whose outcome
-stays unknown is left ``executing`` for the sweeper to flag, never recorded as a
-failure that may be false. A known outcome is recorded however long the store takes
-to answer again.
+execution that got no answer is asked again with the same key; one whose outcome stays
+unknown is left ``executing`` for the sweeper to flag, never recorded as a failure that
+may be false. A known outcome is recorded however long the store takes to answer again.
 
 The provider is called only while this worker's lease surely holds (:class:`LeaseClock`):
-a process frozen past it (SIGSTOP, a paused VM) may have had its run adopted and the
-card reconciled by an operator meanwhile. Each tool call has a deadline
-(``SIGNOFF_TOOL_TIMEOUT_SECONDS``): a revalidation that does not answer, or that meets an
-unavailable service, leaves the card approved and its run is continued again later; an
-execution that does not answer is an unknown outcome, as above.
+a process frozen past it (SIGSTOP, a paused VM) may have had its run adopted and the card
+reconciled meanwhile. Each tool call has a deadline (``SIGNOFF_TOOL_TIMEOUT_SECONDS``): a
+revalidation without an answer, or meeting an unavailable service, leaves the card
+approved for a later continuation; an execution without one is an unknown outcome. While
+a tool call waits, the continuation's step slot is let go (runtime/slots.py).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from signoff.runtime import outcomes
+from signoff.runtime import outcomes, slots
 from signoff.runtime.begin import begin
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import ExecutingElsewhere, ToolTimedOut, Unavailable, UnknownTool
@@ -49,9 +48,8 @@ LATE_FENCES = 5
 # Waits between attempts to record a known outcome when the store does not answer; the
 # last one repeats until it is recorded (or the process ends: then it is left executing).
 RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0, 5.0)
-# Waits between attempts to ask the database whether the provider may be called (the
-# last repeats): short, so a worker back from an outage settles its own executions
-# before their runs' adopters give up waiting for it (design note 49).
+# Waits between asking the database whether the provider may be called (the last repeats):
+# short, so a worker back from an outage settles its executions before adopters (note 49).
 FENCE_RETRIES = (0.1, 0.2, 0.5, 1.0)
 # A revalidation that meets these is tried again later (the card stays approved).
 TRANSIENT = (TimeoutError, ConnectionError, Unavailable)
@@ -311,7 +309,7 @@ class Executor:
             )
         try:
             async with asyncio.timeout(self.tool_timeout):
-                check = await tool.revalidate(card.args_snapshot, ctx)
+                check = await slots.outside(tool.revalidate(card.args_snapshot, ctx))
         except TRANSIENT as exc:  # not a verdict on the card: the run is continued later
             raise Unavailable(f"revalidating card {card.id}: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # a tool's own failure must not wedge the run
@@ -376,7 +374,9 @@ class Executor:
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
                 async with asyncio.timeout(self.tool_timeout):
-                    answer = await tool.execute(started.args_snapshot, started.operation_id, ctx)
+                    answer = await slots.outside(
+                        tool.execute(started.args_snapshot, started.operation_id, ctx)
+                    )
                 ok = True  # the provider answered: whatever its answer holds, it acted
                 self.faults.hit("execute.after_provider")
             except UNKNOWN_OUTCOME as exc:

@@ -42,6 +42,7 @@ from signoff.runtime.models.base import Model
 from signoff.runtime.notify import quietly, signal_decoder
 from signoff.runtime.poller import Poller
 from signoff.runtime.records import ACTIVE_RUN, Run, RunStatus
+from signoff.runtime.slots import StepSlots
 from signoff.runtime.store import Store
 from signoff.runtime.sweeper import Sweeper
 from signoff.runtime.ticks import Ticks
@@ -101,7 +102,7 @@ class Worker:
         self.ticks = Ticks()
         self._subscribed = asyncio.Event()
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
-        self._step_slots = asyncio.Semaphore(settings.steps_in_flight)
+        self._step_slots = StepSlots(settings.steps_in_flight)
         self._adopting = 0  # adopted runs not yet continued
         self._inbox_down = logs.Throttle()  # "inbox unavailable" once per 10 s
         self.draining = False
@@ -354,9 +355,9 @@ class Worker:
 
     async def wake(self, run_id: str, attempt: int = 0) -> None:
         try:
-            # Bounded (SIGNOFF_STEPS_IN_FLIGHT), not by the pool's size: a step holds a
-            # connection per statement only, and mostly waits on the model or the provider.
-            async with self._step_slots:
+            # Bounded (SIGNOFF_STEPS_IN_FLIGHT): steps past it would only queue for a pooled
+            # connection. A step waiting on the model or a provider lets its slot go.
+            async with self._step_slots.slot():
                 logs.bind(run_id=run_id)  # this task's lines carry the run's id
                 started = time.monotonic_ns()
                 with telemetry.span("continue", run_id=run_id):

@@ -1,6 +1,6 @@
-"""A worker's continuations wait on the model together (SIGNOFF_STEPS_IN_FLIGHT), not a
-pool's size at a time: a step holds a Postgres connection only for each statement, and a
-hosted model takes seconds to answer (design note 56)."""
+"""A worker's continuations wait on the model together: a continuation lets its step slot
+(SIGNOFF_STEPS_IN_FLIGHT, 10) go while the model takes its time, as a hosted model does
+(seconds), so approvals are not continued ten at a time (design note 56)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _answer(body: dict[str, Any]) -> ScriptedReply:
 async def _approve_all(settings: Settings, database_url: str) -> tuple[int, int]:
     """Park RUNS runs, approve them all at once; (the most model calls the continuations
     made at once, the charges made)."""
-    with FakeMessagesServer(responder=_answer, latency=0.4) as fake:
+    with FakeMessagesServer(responder=_answer, latency=1.0) as fake:
         async with harness(database_url, fake=fake, settings=settings) as h:
             threads = [await h.thread("alice") for _ in range(RUNS)]
             await asyncio.gather(*(h.say(t, "cobre 10 do João", "alice") for t in threads))
@@ -47,17 +47,12 @@ async def _approve_all(settings: Settings, database_url: str) -> tuple[int, int]
 
 
 async def test_continuations_wait_on_the_model_together(database_url: str) -> None:
-    # A pool of two connections: the worker used to continue two runs at a time, each
-    # holding its slot through the model's 0.4 s.
-    together, charges = await _approve_all(Settings(pool_size=2), database_url)
+    # Two slots: a worker used to continue two runs at a time, each holding its slot
+    # through the model's second (`together` was 2). Their local work still passes two at
+    # a time, so not all twelve reach the model in the same instant.
+    together, charges = await _approve_all(Settings(steps_in_flight=2), database_url)
     assert charges == RUNS
-    assert together >= RUNS - 2, together
-
-
-async def test_steps_in_flight_bounds_them(database_url: str) -> None:
-    together, charges = await _approve_all(Settings(steps_in_flight=3), database_url)
-    assert charges == RUNS
-    assert together <= 3, together
+    assert together >= 6, together
 
 
 def test_steps_in_flight_is_refused_at_zero() -> None:

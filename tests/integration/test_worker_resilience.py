@@ -410,7 +410,7 @@ async def test_the_sweep_leaves_a_run_to_its_own_continuation(
             await asyncio.sleep(0.05)
         assert most == 1, most
         assert calls <= 4, calls  # the first, then its own retries (0.5 s, 1 s later)
-        assert w._step_slots._value >= settings.pool_size - 1  # the others are free
+        assert w._step_slots.free >= w._step_slots.size - 1  # the others are free
 
 
 async def test_a_hanging_app_teardown_does_not_hold_a_stop(
