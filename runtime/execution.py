@@ -21,7 +21,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from signoff.runtime import outcomes, slots
@@ -129,13 +129,12 @@ class Executor:
         it the call may have acted, and :class:`ToolTimedOut` says so."""
         return await self._in_time(tool, tool.execute(args, operation_id, ctx), acted=True)
 
-    async def _in_time(self, tool: Tool, call: Awaitable[T], *, acted: bool = False) -> T:
+    async def _in_time(self, tool: Tool, call: Coroutine[Any, Any, T], *, acted: bool = False) -> T:
         """``call`` within ``tool_timeout``: a read that hangs on a dead connection held
         its run (and the run's lock) for ever on a live worker, as a hung revalidation did
         (design note 48). Nothing is written on these paths, so "nothing was done" holds."""
         try:
-            async with asyncio.timeout(self.tool_timeout):
-                return await call
+            return await slots.outside(call, self.tool_timeout)
         except TimeoutError as exc:
             limit = "" if self.tool_timeout is None else f" ({self.tool_timeout:g} s)"
             log.warning("tool %s did not answer in time%s", tool.name, limit)
@@ -308,8 +307,7 @@ class Executor:
                 run_id=card.run_id,
             )
         try:
-            async with asyncio.timeout(self.tool_timeout):
-                check = await slots.outside(tool.revalidate(card.args_snapshot, ctx))
+            check = await slots.outside(tool.revalidate(card.args_snapshot, ctx), self.tool_timeout)
         except TRANSIENT as exc:  # not a verdict on the card: the run is continued later
             raise Unavailable(f"revalidating card {card.id}: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # a tool's own failure must not wedge the run
@@ -373,10 +371,9 @@ class Executor:
                 return await self._left_unknown(card, actor, "not confirmed ours between attempts")
             try:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
-                async with asyncio.timeout(self.tool_timeout):
-                    answer = await slots.outside(
-                        tool.execute(started.args_snapshot, started.operation_id, ctx)
-                    )
+                # The deadline bounds the call, not the wait for a step slot after it.
+                call = tool.execute(started.args_snapshot, started.operation_id, ctx)
+                answer = await slots.outside(call, self.tool_timeout)
                 ok = True  # the provider answered: whatever its answer holds, it acted
                 self.faults.hit("execute.after_provider")
             except UNKNOWN_OUTCOME as exc:

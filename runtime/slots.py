@@ -5,15 +5,20 @@ hosted model; a provider's revalidation or execution), then takes one back befor
 goes on (design note 56). What answers within ``PATIENCE`` (the offline model, a local
 provider) is waited for holding the slot: letting go would only queue the step behind
 newer ones.
+
+A slot belongs to the task that took it: a task started during a step (it copies the
+step's context) or the call ``outside`` runs does not let go of it, or take it back. A
+call's deadline bounds the call alone, never the wait to take the slot back: a provider
+that answered in time is not turned into a timeout by a queue of other steps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -21,12 +26,14 @@ PATIENCE = 0.1  # seconds a call is waited for holding the slot before it is let
 
 
 class _Held:
-    """One continuation's slot; ``holding`` False while it is let go."""
+    """One continuation's slot: its owner task; ``holding`` False while it is let go or
+    once the owner's block has ended."""
 
-    __slots__ = ("holding", "sem")
+    __slots__ = ("holding", "owner", "sem")
 
-    def __init__(self, sem: asyncio.Semaphore) -> None:
+    def __init__(self, sem: asyncio.Semaphore, owner: asyncio.Task[Any] | None) -> None:
         self.sem = sem
+        self.owner = owner
         self.holding = True
 
 
@@ -44,37 +51,54 @@ class StepSlots:
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        """Hold a slot for the block (the continuation's task and what it awaits)."""
+        """Hold a slot for the block (the calling task; see :func:`outside`)."""
         await self._sem.acquire()
-        held = _Held(self._sem)
+        held = _Held(self._sem, asyncio.current_task())
         token = _current.set(held)
         try:
             yield
         finally:
             _current.reset(token)
             if held.holding:
+                held.holding = False  # a task that copied the context finds it closed
                 self._sem.release()
+            held.owner = None
 
 
-async def outside(call: Awaitable[T]) -> T:
-    """Await ``call``; past ``PATIENCE``, without the caller's slot, taken back however
-    ``call`` ends (a deadline's cancellation included: the step goes on to record it).
-    Outside a slot (a first turn, a test) it is a plain await."""
+async def _within(call: Awaitable[T], timeout: float) -> T:
+    async with asyncio.timeout(timeout):
+        return await call
+
+
+async def outside(call: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Await ``call`` (within ``timeout`` seconds: ``TimeoutError``); past ``PATIENCE``,
+    without the caller's slot, taken back however ``call`` ends, with no deadline on that
+    wait. Outside a slot of its own task (a first turn, a test, a task a step started)
+    it is a plain await."""
+    if timeout is not None:
+        call = _within(call, timeout)
     held = _current.get()
-    if held is None or not held.holding:
+    if held is None or not held.holding or held.owner is not asyncio.current_task():
         return await call
     task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait({task}, timeout=PATIENCE)
     except BaseException:
-        task.cancel()
+        await _end(task)  # the call is over before its caller unwinds
         raise
     if done:
         return task.result()
     held.holding = False
     held.sem.release()
     try:
-        return await task  # a cancellation of the caller cancels the call too
+        return await task  # a cancellation of the caller cancels the call, and waits for it
     finally:
         await held.sem.acquire()  # cancelled again here: not held, and not released
         held.holding = True
+
+
+async def _end(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: an error on the way out is not logged as lost

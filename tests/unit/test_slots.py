@@ -98,11 +98,92 @@ async def test_a_deadline_on_a_slow_call_takes_the_slot_back() -> None:
 
     async with s.slot():
         with pytest.raises(TimeoutError):
-            async with asyncio.timeout(slots.PATIENCE + 0.1):
-                await slots.outside(hangs())
+            await slots.outside(hangs(), timeout=slots.PATIENCE + 0.1)
         assert cancelled.is_set()  # the call itself was cancelled
         assert s.free == 0  # held again: the step goes on to record the timeout
     assert s.free == 1
+
+
+async def test_the_deadline_bounds_the_call_not_the_wait_for_the_slot() -> None:
+    """A review's finding: a provider that answered in time, its step then waiting past
+    the deadline for a slot other steps held, was turned into a timeout (an unknown
+    outcome, the provider asked again)."""
+    s = StepSlots(1)
+    calls = 0
+
+    async def provider() -> str:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(slots.PATIENCE + 0.2)
+        return "charged"
+
+    async def step() -> str:
+        async with s.slot():
+            return await slots.outside(provider(), timeout=slots.PATIENCE + 0.4)
+
+    async def other() -> None:
+        await asyncio.sleep(slots.PATIENCE + 0.05)
+        async with s.slot():  # held well past the first step's deadline
+            await asyncio.sleep(1.0)
+
+    answer, _ = await asyncio.gather(step(), other())
+    assert (answer, calls) == ("charged", 1)
+    assert s.free == 1
+
+
+async def test_a_task_started_during_a_step_does_not_use_its_slot() -> None:
+    """A review's finding: a task a step starts copies its context; it let go of (and
+    took back) the step's slot, after the step had ended too: slots over-released or
+    lost for good."""
+    s = StepSlots(2)
+    child_done = asyncio.Event()
+    seen: list[int] = []
+
+    async def slow() -> None:
+        await asyncio.sleep(slots.PATIENCE + 0.1)
+
+    async def child() -> None:
+        await slots.outside(slow())  # while its parent holds the slot
+        seen.append(s.free)
+        await asyncio.sleep(0.05)  # ... and after its parent's block ended
+        await slots.outside(slow())
+        child_done.set()
+
+    async with s.slot():
+        spawned = asyncio.create_task(child())
+        await asyncio.sleep(slots.PATIENCE + 0.05)
+        assert s.free == 1  # the child waits without touching the parent's slot
+        await asyncio.sleep(0.2)  # the child's first wait is over
+    await child_done.wait()
+    await spawned
+    assert seen == [1]
+    assert s.free == 2
+
+
+async def test_a_cancelled_caller_waits_for_its_call_to_end() -> None:
+    s = StepSlots(1)
+    ended = asyncio.Event()
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await asyncio.sleep(0.05)  # a provider call winding down
+            ended.set()
+
+    async def continuation() -> None:
+        async with s.slot():
+            await slots.outside(slow_to_stop())
+
+    for moment in (0.01, slots.PATIENCE + 0.05):  # holding the slot; having let it go
+        ended.clear()
+        task = asyncio.create_task(continuation())
+        await asyncio.sleep(moment)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ended.is_set()
+        assert s.free == 1
 
 
 async def test_a_cancelled_continuation_leaks_no_slot() -> None:

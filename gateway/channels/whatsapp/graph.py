@@ -94,7 +94,9 @@ class GraphSender:
                 return post.result()
             if still_ours is not None:
                 try:
-                    await still_ours()
+                    if not await still_ours():
+                        log.warning("WhatsApp send in flight: its claim was taken over")
+                        still_ours = None  # its finish will not count (note 55)
                 except Exception as exc:  # the store away: the lease may lapse (note 57)
                     log.warning("WhatsApp send in flight: its claim not renewed: %s", exc)
 
