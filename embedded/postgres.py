@@ -304,11 +304,29 @@ def _refuse_if_running(pgdata: Path, data_dir: Path) -> None:
     except (OSError, ValueError, IndexError):
         return
     if _is_live_postgres(pid):
+        owner = _signoff_above(pid)
+        who = f"pid {owner}, its Postgres pid {pid}" if owner else f"its Postgres is pid {pid}"
         raise ConfigError(
-            f"another signoff dev already runs the data folder {data_dir} (its Postgres is "
-            f"pid {pid}): stop it, or give this one another --data-dir",
+            f"another signoff dev already runs the data folder {data_dir} ({who}): stop "
+            "it, or give this one another --data-dir",
             data_dir=str(data_dir),
         )
+
+
+def _signoff_above(pid: int) -> int | None:
+    """The signoff process that started Postgres ``pid`` (its parent, or the parent of the
+    account switch between them), or None."""
+    for _ in range(3):
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            return None
+        if pid <= 1:
+            return None
+        if b"signoff" in cmdline:
+            return pid
+    return None
 
 
 def _is_live_postgres(pid: int) -> bool:

@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 import tomllib
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.dev import DEMO_APP
 from signoff.runtime.errors import ConfigError, SignoffError
+from signoff.runtime.tools import label_text
 
 
 def _env_help() -> str:
@@ -170,7 +171,9 @@ async def _dev(args: argparse.Namespace) -> int:
                 f"  model:    {model}\n"
                 f"  database: {redacted(settings.database_url or '')}\n"
                 f"  bus:      {'redis ' + redis if redis else 'in-process'}\n"
-                f"  metrics:  {_metrics_where(settings, metrics)}",
+                f"  metrics:  {_metrics_where(settings, metrics)}\n"
+                f"  next:     open the chat link{_try_saying(app)}; Ctrl-C stops; "
+                "`signoff clean` removes the data folder",
                 flush=True,
             )
             await serve
@@ -181,6 +184,14 @@ async def _dev(args: argparse.Namespace) -> int:
         for closer in closers:
             closer.stop()
     return 0
+
+
+def _try_saying(app: App) -> str:
+    """`` and ask, e.g. "<the app's hint>"`` (its English one), or nothing."""
+    hint = app.hint
+    if isinstance(hint, Mapping):
+        hint = label_text(dict(hint), "en")
+    return f" and ask, e.g. {hint}" if hint else ""
 
 
 def _metrics_where(settings: cfg.Settings, metrics: Any) -> str:

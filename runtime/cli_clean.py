@@ -138,7 +138,11 @@ def run(settings: Settings, yes: bool) -> int:
             print(f"  (with {count} audit archive file(s) of pruned cards in {archive})")
     if not yes:
         if not sys.stdin.isatty():
-            print("not removed: pass --yes to remove without a question", file=sys.stderr)
+            print(
+                "not removed: standard input is not a terminal to ask on; pass --yes to "
+                "remove without a question",
+                file=sys.stderr,
+            )
             return 1
         answer = input("remove? [y/N] ").strip().lower()
         if answer not in ("y", "yes"):

@@ -9,7 +9,7 @@ Ids travel as fields, never only inside the text: a call passes them in ``extra`
 (``log.info("card decided", extra={"card_id": ...})``), and code working for one run binds
 them for everything it logs meanwhile (:func:`bind`, a context variable, so each asyncio
 task has its own). Every line of a process also carries its ``role`` and, for a worker,
-its ``worker_id``. The fields: ``card_id``, ``run_id``, ``thread_id``, ``worker_id``,
+its ``worker_id``. The fields: ``card_id`` (with ``decision``), ``run_id``, ``thread_id``, ``worker_id``,
 ``message_id``, ``channel``, ``user``, ``tenant``, ``role``.
 """
 
@@ -28,6 +28,7 @@ from signoff.runtime.errors import ConfigError
 
 ID_FIELDS = (
     "card_id",
+    "decision",  # not an id: what "card decided" says, shown on the human line too
     "run_id",
     "thread_id",
     "worker_id",

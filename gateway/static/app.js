@@ -71,7 +71,10 @@
     activeRun: null,
     conn: { kind: 'offline', key: 'conn.offline', vars: null },
     threadsTimer: null,
-    threadsAsked: false
+    threadsAsked: false,
+    // Opened with no conversation (a new tab, the dev URL): the first thread list opens
+    // the most recent one with a card waiting. Never after "New chat" or a first message.
+    offerWaiting: false
   };
 
   // ------------------------------------------------------------------ helpers
@@ -184,6 +187,7 @@
     history.replaceState(null, '', url.pathname + url.search);
     state.token = stored(TOKEN_KEY);
     state.threadId = thread || stored(THREAD_KEY);
+    state.offerWaiting = !state.threadId;
     writeLocation();
   }
 
@@ -615,7 +619,14 @@
 
   function onThreads(f) {
     state.requests.delete(f.id);
-    T.show(f.threads || [], state.threadId);
+    var list = f.threads || [];
+    T.show(list, state.threadId);
+    var offer = state.offerWaiting && !state.threadId && !state.awaitingThread;
+    state.offerWaiting = false;
+    if (!offer) return;
+    for (var i = 0; i < list.length; i++) { // most recently active first
+      if (list[i].pending > 0) { openThread(list[i].id); return; }
+    }
   }
 
   function openThread(threadId) {
@@ -1266,6 +1277,7 @@
     if (!text) return false;
     if (state.awaitingThread) return false;
     if (chars(text) > MAX_TEXT) { renderComposer(); return false; }
+    state.offerWaiting = false; // the person chose this conversation
     var id = frameId();
     // The message's own key: sent again after an unanswered try (the same text), it
     // runs at most once on the server.
@@ -1368,6 +1380,7 @@
     });
     el.logout.addEventListener('click', signOut);
     el.newChat.addEventListener('click', function () {
+      state.offerWaiting = false;
       if (state.threadId) state.seenThreads.add(state.threadId);
       state.threadId = null;
       state.awaitingThread = false;

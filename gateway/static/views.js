@@ -74,8 +74,8 @@
     sel.addRange(range);
   }
 
-  /* The executed result: "Cobrança Pix criada · R$ 150,00 · código copia-e-cola [Copiar]"
-   * as a heading line, then each field as a labelled row. */
+  /* The executed result: "Cobrança Pix criada · R$ 150,00" as a heading line, then each
+   * other field as a labelled row (a code to copy with its button beside it). */
   function renderResult(box, card) {
     var view = card.view;
     var result = card.result || {};
@@ -95,17 +95,17 @@
       if (!f || f.value === undefined || f.value === null) return;
       var label = I.label(f.label);
       var text = formatted(f);
-      if (f.format === 'copy') {
-        head.appendChild(document.createTextNode(' · ' + label + ' '));
-        head.appendChild(copyButton(text, label));
-      } else if (f.format === 'money_cents') {
+      if (f.format === 'money_cents') {
         head.appendChild(document.createTextNode(' · ' + text));
+        return; // said once, in the line above
       }
-      if (f.format === 'money_cents') return; // said once, in the line above
       dl.appendChild(make('dt', '', label));
       var dd = make('dd', f.format === 'copy' ? 'copyable' : '');
-      if (f.format === 'copy') dd.appendChild(make('code', '', text));
-      else dd.textContent = text;
+      if (f.format === 'copy') {
+        dd.appendChild(make('code', '', text));
+        dd.appendChild(document.createTextNode(' '));
+        dd.appendChild(copyButton(text, label));
+      } else dd.textContent = text;
       dl.appendChild(dd);
     });
     box.appendChild(head);

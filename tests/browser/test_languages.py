@@ -52,6 +52,7 @@ class Words:
     created: str
     approved: str
     copy: str
+    code_label: str
     new_chat: str
     charge: str
     charge_maria: str
@@ -82,7 +83,8 @@ PT = Words(
     modified=r"Editado por {user} no chat às \d\d:\d\d; substituído por um novo cartão\.",
     rejected=r"Recusado por {user} no chat às \d\d:\d\d\. Nada foi feito\.",
     reason="Motivo: valor errado",
-    created=r"Cobrança Pix criada · R\$\s150,00 · código copia-e-cola\s*Copiar",
+    created=r"^Cobrança Pix criada · R\$\s150,00$",
+    code_label="código copia-e-cola",
     approved=r"Aprovado por {user} no chat às \d\d:\d\d\.",
     copy="Copiar",
     new_chat="Nova conversa",
@@ -115,7 +117,8 @@ EN = Words(
     modified=r"Edited by {user} in the chat at \d\d:\d\d [AP]M; replaced by a new card\.",
     rejected=r"Rejected by {user} in the chat at \d\d:\d\d [AP]M\. Nothing was done\.",
     reason="Reason: valor errado",
-    created=r"Pix charge created · R\$150\.00 · copy-and-paste code\s*Copy",
+    created=r"^Pix charge created · R\$150\.00$",
+    code_label="copy-and-paste code",
     approved=r"Approved by {user} in the chat at \d\d:\d\d [AP]M\.",
     copy="Copy",
     new_chat="New chat",
@@ -250,6 +253,8 @@ async def test_full_flow_in_the_persons_language(
     await expect(outcome).to_contain_text(re.compile(w.approved.format(user=re.escape(chat.user))))
     await expect(outcome.get_by_role("button", name=re.compile(w.copy))).to_be_visible()
     await expect(outcome.locator("code")).to_have_text(re.compile(r"^00020126PIX\d{8}$"))
+    # The code's label is said once, on its row, with its button (not in the line above).
+    assert (await outcome.inner_text()).count(w.code_label) == 1
     for raw in ("copy_paste", "charge_id", "15000", "amount"):
         assert raw not in (await outcome.inner_text()), raw
     await expect(page.locator(".msg.assistant").last).to_contain_text(w.charge_reply)

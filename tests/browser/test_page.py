@@ -210,6 +210,30 @@ async def test_a_thread_opened_in_a_new_tab_is_signed_in(chat: Chat) -> None:
     await second.close()
 
 
+async def test_a_new_tab_opens_the_conversation_with_a_card_waiting(chat: Chat) -> None:
+    """The newcomer probe: the chat's address opened again in a new tab showed the empty
+    "Ask for something" screen while a card waited (only the list's badge said so). A
+    page opened with no conversation opens the most recent one with a card waiting;
+    "New chat" stays new."""
+    await chat.open()
+    await chat.say("cobre 150 do João")
+    [card] = await chat.wait_cards(1)
+    await chat.page.get_by_role("button", name="New chat").click()
+    await chat.say("saldo")  # a newer conversation, with nothing waiting
+    await expect(chat.page.locator(".msg.assistant").last).to_contain_text("5.000,00")
+    second = await chat.context.new_page()
+    await second.goto(chat.url)
+    await expect(second.locator(f"#card-{card.id}")).to_have_attribute("data-status", "pending")
+    assert f"thread={card.thread_id}" in second.url
+    # "New chat" there is not undone by the next list (a threads_changed re-read).
+    await second.get_by_role("button", name="New chat").click()
+    await chat.say("saldo")  # from the first tab: the lists are read again
+    await expect(chat.page.locator(".msg.assistant")).to_have_count(2)
+    await second.wait_for_timeout(500)
+    await expect(second.locator("article.card")).to_have_count(0)
+    await second.close()
+
+
 async def test_a_link_signs_in_a_tab_whose_session_has_expired(chat: Chat) -> None:
     """An expired session is no session: the link's user signs in (it was refused as a
     switch, then the old token failed too and the page asked for a token)."""

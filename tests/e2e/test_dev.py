@@ -73,7 +73,9 @@ class Dev:
             m = re.match(r"\s+token:\s+(\S+)", line)
             if m:
                 self.token = m.group(1)
-            if self.token and "metrics:" in line:  # the banner's last line
+            if self.token and "metrics:" in line:  # then the banner's last line: what next
+                lines.append(self.proc.stdout.readline())
+                assert "next:" in lines[-1] and "signoff clean" in lines[-1], lines[-1]
                 self.output = "".join(lines)
                 return
         raise AssertionError("signoff dev did not start:\n" + "".join(lines))
@@ -155,6 +157,9 @@ def test_a_second_dev_on_one_data_folder_says_so(dev: Dev) -> None:
     out = second.stdout + second.stderr
     assert second.returncode != 0, out
     assert "another signoff dev already runs the data folder" in out, out
+    # The process to stop is named (the newcomer probe: only its Postgres was).
+    assert dev.proc is not None
+    assert f"(pid {dev.proc.pid}, its Postgres pid " in out, out
     assert "Traceback" not in out and "lock file" not in out, out
     with dev.client() as c:  # the first one is untouched
         assert c.get("/readyz").status_code == 200

@@ -54,6 +54,13 @@ def test_human_lines_for_dev(root: logging.Logger) -> None:
     line = out.getvalue().strip()
     assert not line.startswith("{")
     assert "INFO signoff.test: card executed" in line and line.endswith("card_id=c-9")
+    # What a decision was is on the dev's line too (the newcomer probe: approve or reject?).
+    logging.getLogger("signoff.test").info(
+        "card decided", extra={"card_id": "c-9", "decision": "reject", "channel": "ws"}
+    )
+    assert (
+        out.getvalue().strip().splitlines()[-1].endswith("card_id=c-9 decision=reject channel=ws")
+    )
 
 
 def test_bad_log_settings_are_refused(root: logging.Logger) -> None:
