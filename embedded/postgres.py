@@ -26,7 +26,6 @@ an existing cluster is always run by the binaries of its own major version.
 from __future__ import annotations
 
 import base64
-import contextlib
 import functools
 import hashlib
 import hmac
@@ -48,6 +47,7 @@ from signoff.embedded.accounts import (
     unprivileged_account,
     validated_home,
 )
+from signoff.embedded.pg_pidfile import clear_stale_pidfile, is_live_postgres, refuse_if_running
 from signoff.embedded.process import (
     HOST,
     START_TIMEOUT,
@@ -109,8 +109,8 @@ def start_postgres(
                 "set SIGNOFF_PG_USER to its owner",
                 pgdata=str(pgdata),
             )
-        _clear_stale_pidfile(pgdata)
-        _refuse_if_running(pgdata, data_dir)
+        clear_stale_pidfile(pgdata)
+        refuse_if_running(pgdata, data_dir)
         if new_password or not _hba_is_ours(pgdata):
             # A new cluster, a lost password file, or a cluster made with trust authentication
             # by an older version: secured before any server listens.
@@ -146,7 +146,7 @@ def running_postgres_url(data_dir: Path, database: str = "signoff") -> str | Non
         password = read_secret(data_dir / PG_PASSWORD_FILE)
     except FileNotFoundError:
         return None
-    if len(lines) < 8 or lines[7].strip() != "ready" or not _is_live_postgres(int(lines[0])):
+    if len(lines) < 8 or lines[7].strip() != "ready" or not is_live_postgres(int(lines[0])):
         return None
     return _postgres_url(password, int(lines[3]), database)
 
@@ -167,7 +167,7 @@ def running_pid(data_dir: Path) -> int | None:
         pid = int((home / "pg" / "postmaster.pid").read_text().splitlines()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return pid if _is_live_postgres(pid) else None
+    return pid if is_live_postgres(pid) else None
 
 
 def remove_data(data_dir: Path) -> None:
@@ -277,67 +277,6 @@ def _initdb(
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _clear_stale_pidfile(pgdata: Path) -> None:
-    """Remove ``postmaster.pid`` left by a killed server.
-
-    Postgres refuses to start while the pid in that file exists, and in a
-    container whose init does not reap, a SIGKILLed postmaster lingers as a
-    zombie. A dead or zombie pid (or one that is not a postgres) is stale.
-    """
-    pidfile = pgdata / "postmaster.pid"
-    try:
-        pid = int(pidfile.read_text().splitlines()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    if not _is_live_postgres(pid):
-        with contextlib.suppress(OSError):
-            pidfile.unlink()
-
-
-def _refuse_if_running(pgdata: Path, data_dir: Path) -> None:
-    """A live server already runs this cluster (another ``signoff dev`` on the same data
-    folder): say so, instead of Postgres's own "lock file already exists" refusal."""
-    try:
-        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    if _is_live_postgres(pid):
-        owner = _signoff_above(pid)
-        who = f"pid {owner}, its Postgres pid {pid}" if owner else f"its Postgres is pid {pid}"
-        raise ConfigError(
-            f"another signoff dev already runs the data folder {data_dir} ({who}): stop "
-            "it, or give this one another --data-dir",
-            data_dir=str(data_dir),
-        )
-
-
-def _signoff_above(pid: int) -> int | None:
-    """The signoff process that started Postgres ``pid`` (its parent, or the parent of the
-    account switch between them), or None."""
-    for _ in range(3):
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            return None
-        if pid <= 1:
-            return None
-        if b"signoff" in cmdline:
-            return pid
-    return None
-
-
-def _is_live_postgres(pid: int) -> bool:
-    """``pid`` is a running (not zombie) postgres process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        state = stat.rsplit(")", 1)[1].split()[0]
-        comm = stat.split("(", 1)[1].rsplit(")", 1)[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X") and "postgres" in comm
 
 
 # Compared byte for byte by _hba_is_ours: any change to this text (even to its comment,
