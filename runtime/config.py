@@ -68,6 +68,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # worker works on at once, in this process and the store; one waiting on the model or
     # a provider past 0.1 s lets its slot go meanwhile (runtime/slots.py, design note 56).
     steps_in_flight: PositiveInt = 10
+    # First turns (users' messages) one worker runs at once, their model calls included:
+    # past it the worker reads nothing from the inbox, and other workers take the rest
+    # (runtime/intake.py, design note 58).
+    turns_in_flight: PositiveInt = 64
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
     db_timeout_seconds: Positive = 5.0
     # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in
@@ -195,6 +199,7 @@ _ENV: dict[str, str] = {
     "max_ws_message_bytes": "SIGNOFF_MAX_WS_MESSAGE_BYTES",
     "pool_size": "SIGNOFF_POOL_SIZE",
     "steps_in_flight": "SIGNOFF_STEPS_IN_FLIGHT",
+    "turns_in_flight": "SIGNOFF_TURNS_IN_FLIGHT",
     "db_timeout_seconds": "SIGNOFF_DB_TIMEOUT_SECONDS",
     "db_statement_cache_size": "SIGNOFF_DB_STATEMENT_CACHE_SIZE",
     "ws_frames_per_second": "SIGNOFF_WS_FRAMES_PER_SECOND",

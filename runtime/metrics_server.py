@@ -111,6 +111,11 @@ def worker_gauges(worker: Any) -> list[tuple[str, str, float]]:
         ("signoff_parked_cards", "Cards this worker waits on.", len(worker.waits.parked_cards())),
         ("signoff_steps_in_flight", "Agent steps running now.", len(worker._tasks)),
         (
+            "signoff_turns_in_flight",
+            "Inbox entries (first turns) this worker runs now; SIGNOFF_TURNS_IN_FLIGHT at most.",
+            worker.intake.in_flight,
+        ),
+        (
             "signoff_workflow_runs_in_flight",
             "Workflow runs whose steps run on this worker now (parked ones hold nothing).",
             worker.workflows.in_flight,

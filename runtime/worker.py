@@ -36,6 +36,7 @@ from signoff.runtime.errors import (
 from signoff.runtime.execution import LeaseClock
 from signoff.runtime.faults import Faults
 from signoff.runtime.handover import hand_over
+from signoff.runtime.intake import Intake
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.models.base import Model
@@ -104,7 +105,10 @@ class Worker:
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
         self._step_slots = StepSlots(settings.steps_in_flight)
         self._adopting = 0  # adopted runs not yet continued
-        self._inbox_down = logs.Throttle()  # "inbox unavailable" once per 10 s
+        # First turns: the inbox is read for what this worker has room for (note 58).
+        self.intake = Intake(
+            bus, self.worker_id, settings.turns_in_flight, self._handle, self.spawn
+        )
         self.draining = False
         # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
@@ -135,7 +139,9 @@ class Worker:
         self.agent.executor.lease = self.lease
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         s = self.settings
-        self.loops.append(asyncio.create_task(self._inbox_loop(), name="signoff-inbox"))
+        self.loops.append(
+            asyncio.create_task(self.intake.run(lambda: self.draining), name="signoff-inbox")
+        )
         self.ticks = Ticks()  # a stopped worker's loops stay stopped; a start gets new ones
         self.ticks.every("lease", self._lease_every, lambda _: self._lease_tick(), now=True)
         self.ticks.every("heartbeat", self._lease_every, lambda _: self._heartbeat(), now=True)
@@ -311,18 +317,6 @@ class Worker:
             log.warning("inbox entry %s done but not acked (%s); handed back", delivery.id, exc)
             COUNTERS.inc("signoff_inbox_released_total")
             self.bus.release(delivery)
-
-    async def _inbox_loop(self) -> None:
-        while not self.draining:
-            try:
-                deliveries = await self.bus.take(self.worker_id, 1.0)
-            except SignoffError as exc:
-                if (held := self._inbox_down.allow()) is not None:
-                    log.warning("inbox unavailable: %s%s", exc, logs.left_out(held))
-                await asyncio.sleep(0.5)
-                continue
-            for delivery in deliveries:
-                self.spawn(self._handle(delivery))
 
     # -- parking and waking ---------------------------------------------------------
 

@@ -64,21 +64,24 @@ class Inbox:
         """XADD the job; returns the entry id."""
         return text(await self._client.xadd(self._stream, JOB_FIELD, _encoder.encode(job)))
 
-    async def take(self, consumer: str, timeout: float) -> list[Delivery]:
-        """Up to 16 jobs for ``consumer``: claimed ones of dead consumers first, else new ones."""
+    async def take(self, consumer: str, timeout: float, count: int = TAKE_COUNT) -> list[Delivery]:
+        """Up to ``count`` (at most 16) jobs for ``consumer``: claimed ones of dead consumers
+        first, else new ones."""
         await self._ensure_group()
-        claimed = await self._claim(consumer)
+        claimed = await self._claim(consumer, count)
         if claimed:
             return claimed
-        return await self.read(consumer, timeout)
+        return await self.read(consumer, timeout, count)
 
-    async def claim(self, consumer: str) -> list[Delivery]:
+    async def claim(self, consumer: str, count: int = TAKE_COUNT) -> list[Delivery]:
         """One claim round (at most every few seconds) of dead consumers' entries."""
         await self._ensure_group()
-        return await self._claim(consumer)
+        return await self._claim(consumer, count)
 
-    async def read(self, consumer: str, timeout: float) -> list[Delivery]:
-        """Up to 16 new jobs, waiting up to ``timeout`` (capped below the socket timeout)."""
+    async def read(self, consumer: str, timeout: float, count: int = TAKE_COUNT) -> list[Delivery]:
+        """Up to ``count`` (at most 16) new jobs, waiting up to ``timeout`` (capped below the
+        socket timeout)."""
+        count = min(max(count, 1), TAKE_COUNT)
         await self._ensure_group()
         block_ms: int | None = None
         if timeout > 0:
@@ -90,7 +93,7 @@ class Inbox:
         reply = await self._client.call(
             "XREADGROUP",
             self._grouped(
-                lambda: self._client.xreadgroup(inbox, group, consumer, TAKE_COUNT, block_ms),
+                lambda: self._client.xreadgroup(inbox, group, consumer, count, block_ms),
                 None,
             ),
             blocking=bool(block_ms),
@@ -172,7 +175,7 @@ class Inbox:
 
         return call
 
-    async def _claim(self, consumer: str) -> list[Delivery]:
+    async def _claim(self, consumer: str, count: int = TAKE_COUNT) -> list[Delivery]:
         """Claim entries idle > claim_idle_ms whose consumer is dead (or is us, in a past life)."""
         now = time.monotonic()
         if now < self._next_claim:
@@ -200,8 +203,9 @@ class Inbox:
             start = "(" + text(page[-1]["message_id"])  # the next page, past live consumers'
         if not stale:
             return []
-        if len(stale) > TAKE_COUNT:
-            stale = stale[:TAKE_COUNT]
+        count = min(max(count, 1), TAKE_COUNT)
+        if len(stale) > count:
+            stale = stale[:count]
             self._next_claim = 0.0  # more to claim: look again on the next take
         # XCLAIM re-checks the idle time, so of two concurrent claimers only one wins.
         claimed = await self._client.call(

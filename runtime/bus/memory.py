@@ -86,9 +86,9 @@ class MemoryBus:
         self._inbox.put_nowait(delivery)
         return delivery.id
 
-    async def take(self, consumer: str, timeout: float) -> list[Delivery]:
+    async def take(self, consumer: str, timeout: float, count: int = 16) -> list[Delivery]:
         if self._claim_idle is not None:
-            claimed = self._claim(consumer)
+            claimed = self._claim(consumer, max(count, 1))
             if claimed:
                 return claimed
         try:
@@ -99,7 +99,7 @@ class MemoryBus:
             self._pending[delivery.id] = (consumer, time.monotonic(), delivery)
         return [delivery]
 
-    def _claim(self, consumer: str) -> list[Delivery]:
+    def _claim(self, consumer: str, count: int) -> list[Delivery]:
         assert self._claim_idle is not None
         now = time.monotonic()
         claimed = []
@@ -108,6 +108,8 @@ class MemoryBus:
             if dead and now - taken_at >= self._claim_idle:
                 self._pending[delivery_id] = (consumer, now, delivery)
                 claimed.append(delivery)
+                if len(claimed) >= count:
+                    break
         return claimed
 
     async def ack(self, delivery_id: str) -> None:

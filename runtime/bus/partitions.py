@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from signoff.runtime.bus.client import Client
-from signoff.runtime.bus.inbox import Inbox
+from signoff.runtime.bus.inbox import TAKE_COUNT, Inbox
 from signoff.runtime.bus.protocol import Delivery, Job
 from signoff.runtime.errors import InvalidInput, Unavailable
 from signoff.runtime.keys import Keys
@@ -64,21 +64,26 @@ class PartitionedInbox:
         index = self._keys.partition_of(job.thread_id, len(self.partitions))
         return f"{index}/{await self.partitions[index].enqueue(job)}"
 
-    async def take(self, consumer: str, timeout: float) -> list[Delivery]:
-        """Claimed entries of dead consumers first, else new ones of any partition."""
+    async def take(self, consumer: str, timeout: float, count: int = TAKE_COUNT) -> list[Delivery]:
+        """Claimed entries of dead consumers first, else new ones of any partition: up to
+        ``count`` in all, give or take one per partition: each partition's read asks for its
+        share, rounded up (a worker asks for what it has room for, design note 58)."""
         claimed: list[Delivery] = []
         for index, part in enumerate(self.partitions):
+            if len(claimed) >= count:
+                break
             try:
-                claimed += self._tagged(index, await part.claim(consumer))
+                claimed += self._tagged(index, await part.claim(consumer, count - len(claimed)))
             except Unavailable as exc:  # that partition's master is away: read the others
                 log.warning("inbox partition %d: claim round failed: %s", index, exc)
         if claimed:
             return claimed
+        each = -(-count // len(self.partitions))
         for index, part in enumerate(self.partitions):
             key = (consumer, index)
             if key not in self._reads:
                 self._reads[key] = asyncio.create_task(
-                    part.read(consumer, timeout), name=f"signoff-inbox-{index}"
+                    part.read(consumer, timeout, each), name=f"signoff-inbox-{index}"
                 )
         mine = {key: task for key, task in self._reads.items() if key[0] == consumer}
         await asyncio.wait(

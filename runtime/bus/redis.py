@@ -24,7 +24,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from signoff.runtime.bus.client import MAX_CONNECTIONS, POOL_TIMEOUT, Client, redis_from_url
 from signoff.runtime.bus.cluster import ClusterClient, cluster_from_url, is_cluster_url
-from signoff.runtime.bus.inbox import Inbox
+from signoff.runtime.bus.inbox import TAKE_COUNT, Inbox
 from signoff.runtime.bus.partitions import PartitionedInbox
 from signoff.runtime.bus.protocol import Delivery, Job, Subscription
 from signoff.runtime.bus.pubsub import PubSub
@@ -166,10 +166,10 @@ class RedisBus:
             )
         return await self.inbox.enqueue(job)
 
-    async def take(self, consumer: str, timeout: float) -> list[Delivery]:
+    async def take(self, consumer: str, timeout: float, count: int = TAKE_COUNT) -> list[Delivery]:
         if not await self._gate_open(timeout):
             return []  # another app's messages are not ours to take (prefix_owner.py)
-        return await self.inbox.take(consumer, timeout)
+        return await self.inbox.take(consumer, timeout, count)
 
     async def ack(self, delivery_id: str) -> None:
         await self.inbox.ack(delivery_id)
