@@ -10,11 +10,13 @@ then a run's, never the other way round."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +54,10 @@ CONVERSATION = frozenset({"user", "assistant", "tool_results"})
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 
+def _no_slot() -> AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext()
+
+
 class Agent:
     def __init__(
         self,
@@ -87,6 +93,11 @@ class Agent:
         self._unpark = unpark
         self.tools_for: Callable[[Run], Awaitable[Registry]] | None = None
         self.on_settled: Callable[[Run], Awaitable[None]] | None = None  # both: agent steps
+        # A continuation's step slot (the worker's StepSlots.slot), taken once it holds its
+        # run's lock: a step waiting on a lock holds no slot, so the lock's holder, back
+        # from the model, always gets one (with every slot held by steps queued on its
+        # lock, it waited for a slot forever).
+        self.step_slot: Callable[[], AbstractAsyncContextManager[None]] = _no_slot
         # The one publisher of this worker's hints (thread, deltas, signals, wait tokens).
         self.notify = Notifier(bus, keys, store)
         self.executor = Executor(
@@ -409,7 +420,7 @@ class Agent:
         return run
 
     async def _continue(self, run_id: str) -> Run | None:
-        async with self.lock(run_id):
+        async with self.lock(run_id), self.step_slot():
             run, cards, conversation = await self.store.run_with_cards(run_id)
             if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
                 return await self._recover_running(run)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -38,6 +39,13 @@ class _Held:
 
 
 _current: ContextVar[_Held | None] = ContextVar("signoff_step_slot", default=None)
+# When the calling task last took a slot (monotonic ns; 0: never): a step's own time.
+_taken_ns: ContextVar[int] = ContextVar("signoff_step_slot_taken", default=0)
+
+
+def taken_ns() -> int:
+    """When this task last took a step slot (``time.monotonic_ns``), 0 if it never did."""
+    return _taken_ns.get()
 
 
 class StepSlots:
@@ -53,6 +61,7 @@ class StepSlots:
     async def slot(self) -> AsyncIterator[None]:
         """Hold a slot for the block (the calling task; see :func:`outside`)."""
         await self._sem.acquire()
+        _taken_ns.set(time.monotonic_ns())
         held = _Held(self._sem, asyncio.current_task())
         token = _current.set(held)
         try:

@@ -17,7 +17,7 @@ from contextvars import Context
 from datetime import UTC, datetime
 from typing import Any
 
-from signoff.runtime import logs, telemetry
+from signoff.runtime import logs, slots, telemetry
 from signoff.runtime.agent import Agent
 from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
@@ -104,6 +104,7 @@ class Worker:
         self._subscribed = asyncio.Event()
         self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
         self._step_slots = StepSlots(settings.steps_in_flight)
+        self.agent.step_slot = self._step_slots.slot
         self._adopting = 0  # adopted runs not yet continued
         # First turns: the inbox is read for what this worker has room for (note 58).
         self.intake = Intake(
@@ -349,14 +350,15 @@ class Worker:
 
     async def wake(self, run_id: str, attempt: int = 0) -> None:
         try:
-            # Bounded (SIGNOFF_STEPS_IN_FLIGHT): steps past it would only queue for a pooled
-            # connection. A step waiting on the model or a provider lets its slot go.
-            async with self._step_slots.slot():
-                logs.bind(run_id=run_id)  # this task's lines carry the run's id
-                started = time.monotonic_ns()
-                with telemetry.span("continue", run_id=run_id):
-                    run = await self.agent.continue_run(run_id)
-            self.waits.woken.finished(run_id, started)
+            # Bounded (SIGNOFF_STEPS_IN_FLIGHT, agent.step_slot: taken under the run's lock):
+            # steps past it would only queue for a pooled connection. A step waiting on the
+            # model or a provider lets its slot go.
+            logs.bind(run_id=run_id)  # this task's lines carry the run's id
+            started = time.monotonic_ns()
+            with telemetry.span("continue", run_id=run_id):
+                run = await self.agent.continue_run(run_id)
+            # The step's own time starts once it holds its slot.
+            self.waits.woken.finished(run_id, max(started, slots.taken_ns()))
         except UnknownTool as exc:
             await self._hand_over(run_id, exc, attempt)
             return

@@ -59,3 +59,28 @@ def test_steps_in_flight_is_refused_at_zero() -> None:
     with pytest.raises(ConfigError, match="SIGNOFF_STEPS_IN_FLIGHT"):
         from_env({"SIGNOFF_STEPS_IN_FLIGHT": "0"})
     assert from_env({"SIGNOFF_STEPS_IN_FLIGHT": "7"}).steps_in_flight == 7
+
+
+async def test_a_second_wake_of_a_run_never_holds_the_slot_its_first_wake_needs(
+    database_url: str,
+) -> None:
+    # One slot. The approval's continuation lets it go while the model answers; a second
+    # wake of the same run (a retry, an adoption, a redelivered message) took it and
+    # waited on the run's lock, and the first, back from the model, waited for the slot
+    # forever: no step of this worker went on. The slot is now taken under the run's lock.
+    with FakeMessagesServer(responder=_answer, latency=1.0) as fake:
+        settings = Settings(steps_in_flight=1)
+        async with harness(database_url, fake=fake, settings=settings) as h:
+            thread = await h.thread("alice")
+            await h.say(thread, "cobre 10 do João", "alice")
+            [card] = await h.pending(thread)
+            await h.decide(card, "approve")
+            deadline = asyncio.get_running_loop().time() + 10
+            while fake.in_flight == 0:  # the continuation waits on the model, slot let go
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.02)
+            h.worker.wakes.now(card.run_id)
+            await h.settle(timeout=20)
+            assert (await h.card(card)).status is Status.EXECUTED
+            assert await h.last_reply(thread) == "Feito."
+            assert await h.charges() == 1
