@@ -12,7 +12,8 @@ A blocking ``XREADGROUP`` cannot span streams in different slots, so a ``take`` 
 one blocking read per partition in flight and returns what the first ones bring; the
 reads still waiting stay in flight and their entries are handed out by the next
 ``take`` of that consumer (cancelling one could strand an entry Redis already
-delivered, until a claim round). A delivery's id is ``<partition>/<entry id>``.
+delivered, until a claim round). Those reads ask, together, for no more than the room
+the consumer gave (``take``'s ``count``). A delivery's id is ``<partition>/<entry id>``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class PartitionedInbox:
             for index in range(partitions)
         ]
         self._reads: dict[tuple[str, int], Read] = {}
+        self._asks: dict[tuple[str, int], int] = {}  # the most each read in flight may bring
+        self._turn: dict[str, int] = {}  # where a consumer's next short share starts
         self._closed = False
 
     async def enqueue(self, job: Job) -> str:
@@ -65,27 +68,29 @@ class PartitionedInbox:
         return f"{index}/{await self.partitions[index].enqueue(job)}"
 
     async def take(self, consumer: str, timeout: float, count: int = TAKE_COUNT) -> list[Delivery]:
-        """Claimed entries of dead consumers first, else new ones of any partition: up to
-        ``count`` in all, give or take one per partition: each partition's read asks for its
-        share, rounded up (a worker asks for what it has room for, design note 58)."""
+        """Claimed entries of dead consumers first, else new ones of any partition.
+
+        ``count`` is the caller's room for what this take returns and what the reads it
+        leaves in flight may bring later: a read asks for its share of the room the reads
+        already in flight have not asked for, so the two together never exceed it, and a
+        caller whose room is full has no read in flight that Redis could hand entries to
+        (they would wait, claimed by it, until it had room: design note 58)."""
         claimed: list[Delivery] = []
+        room = count - self._asked(consumer)
         for index, part in enumerate(self.partitions):
-            if len(claimed) >= count:
+            if len(claimed) >= room:
                 break
             try:
-                claimed += self._tagged(index, await part.claim(consumer, count - len(claimed)))
+                claimed += self._tagged(index, await part.claim(consumer, room - len(claimed)))
             except Unavailable as exc:  # that partition's master is away: read the others
                 log.warning("inbox partition %d: claim round failed: %s", index, exc)
         if claimed:
             return claimed
-        each = -(-count // len(self.partitions))
-        for index, part in enumerate(self.partitions):
-            key = (consumer, index)
-            if key not in self._reads:
-                self._reads[key] = asyncio.create_task(
-                    part.read(consumer, timeout, each), name=f"signoff-inbox-{index}"
-                )
+        self._start_reads(consumer, timeout, room)
         mine = {key: task for key, task in self._reads.items() if key[0] == consumer}
+        if not mine:  # no room given (a caller that reads with none would spin)
+            await asyncio.sleep(min(max(timeout, 0.0), 0.05))
+            return []
         await asyncio.wait(
             mine.values(), timeout=max(timeout, 0.05), return_when=asyncio.FIRST_COMPLETED
         )
@@ -95,6 +100,7 @@ class PartitionedInbox:
             if not task.done():
                 continue
             del self._reads[key]
+            self._asks.pop(key, None)
             if task.cancelled():
                 continue
             if (failed := task.exception()) is not None:
@@ -106,6 +112,32 @@ class PartitionedInbox:
         if error is not None:
             log.warning("an inbox partition failed to read: %s", error)
         return out
+
+    def _asked(self, consumer: str) -> int:
+        """Entries the reads of ``consumer`` in flight may still bring."""
+        return sum(n for key, n in self._asks.items() if key[0] == consumer)
+
+    def _start_reads(self, consumer: str, timeout: float, room: int) -> None:
+        """A read on each partition with none in flight, sharing ``room`` out (one each
+        while it lasts when it is short, starting one partition further every time, so
+        every partition is read in turn)."""
+        idle = [i for i in range(len(self.partitions)) if (consumer, i) not in self._reads]
+        if room <= 0 or not idle:
+            return
+        turn = self._turn.get(consumer, 0)
+        self._turn[consumer] = turn + 1
+        idle = idle[turn % len(idle) :] + idle[: turn % len(idle)]
+        base, extra = divmod(room, len(idle))
+        for n, index in enumerate(idle):
+            ask = base + (1 if n < extra else 0)
+            if ask <= 0:
+                break
+            key = (consumer, index)
+            self._asks[key] = ask
+            self._reads[key] = asyncio.create_task(
+                self.partitions[index].read(consumer, timeout, ask),
+                name=f"signoff-inbox-{index}",
+            )
 
     async def stats(self) -> tuple[int, int]:
         """(lag, pending) summed over the partitions (the metrics port's inbox gauges)."""
@@ -128,6 +160,7 @@ class PartitionedInbox:
         self._closed = True
         reads = list(self._reads.values())
         self._reads.clear()
+        self._asks.clear()
         for task in reads:
             task.cancel()
         if reads:
