@@ -13,7 +13,8 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
-from contextvars import Context
+from contextlib import AbstractAsyncContextManager
+from contextvars import Context, ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +53,8 @@ from signoff.runtime.wakes import Wakes
 from signoff.runtime.workflows.engine import WorkflowEngine
 
 log = logging.getLogger("signoff.worker")
+# Set in an adopted run's continuation (and what it spawns): it takes an adoption slot.
+_ADOPTED: ContextVar[bool] = ContextVar("signoff_adopted", default=False)
 
 # A message whose run could not be started because the store or the bus did not answer
 # is tried again after these waits, then handed back to the inbox (delivered again later).
@@ -102,9 +105,12 @@ class Worker:
         self.loops: list[asyncio.Task[Any]] = []
         self.ticks = Ticks()
         self._subscribed = asyncio.Event()
-        self._adopt_slots = asyncio.Semaphore(max(settings.pool_size * 2, 4))
+        # Adopted runs' continuations have slots of their own (a batch of them must not
+        # queue on the pool past its timeout, nor ahead of every live decision); like the
+        # step slots, one is let go while its step waits on the model or a provider.
+        self._adopt_slots = StepSlots(max(settings.pool_size * 2, 4))
         self._step_slots = StepSlots(settings.steps_in_flight)
-        self.agent.step_slot = self._step_slots.slot
+        self.agent.step_slot = self._slot
         self._adopting = 0  # adopted runs not yet continued
         # First turns: the inbox is read for what this worker has room for (note 58).
         self.intake = Intake(
@@ -452,14 +458,17 @@ class Worker:
         return adopted
 
     async def _adopted(self, run_id: str) -> None:
-        # Bounded: a batch of adopted runs must not queue on the pool past its timeout.
+        _ADOPTED.set(True)  # this task's continuation takes an adoption slot
         try:
-            async with self._adopt_slots:
-                self.waits.woken.woke(run_id, "adoption")
-                await self.wake(run_id)
+            self.waits.woken.woke(run_id, "adoption")
+            await self.wake(run_id)
         finally:
             self._adopting -= 1
             self.wakes.end(run_id)
+
+    def _slot(self) -> AbstractAsyncContextManager[None]:
+        """The slot a continuation takes under its run's lock (Agent.step_slot)."""
+        return (self._adopt_slots if _ADOPTED.get() else self._step_slots).slot()
 
     async def _renew(self) -> None:
         sent = time.monotonic()

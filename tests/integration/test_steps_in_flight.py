@@ -5,14 +5,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from signoff.runtime.cards import Status
+from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings, from_env
 from signoff.runtime.errors import ConfigError
 from signoff.testing import FakeMessagesServer, ScriptedReply, reply, text, tool_use
+from tests.conftest import migrated_database
 from tests.harness import harness
 
 pytestmark = pytest.mark.anyio
@@ -84,3 +86,42 @@ async def test_a_second_wake_of_a_run_never_holds_the_slot_its_first_wake_needs(
             assert (await h.card(card)).status is Status.EXECUTED
             assert await h.last_reply(thread) == "Feito."
             assert await h.charges() == 1
+
+
+@pytest.fixture
+def own_database() -> Iterator[str]:
+    # Its own: a harness adopts every lapsed run of its database, other tests' included.
+    yield from migrated_database("so_adopt")
+
+
+async def test_adopted_runs_wait_on_the_model_together(own_database: str) -> None:
+    # A worker dies with twelve runs parked; their cards are approved meanwhile. The
+    # worker that adopts them had 2 x SIGNOFF_POOL_SIZE (4 here) adoption slots, each held
+    # through the model's second: four at a time. A slot is now let go while the model
+    # answers, as a step slot is.
+    fast = Settings(lease_seconds=1.0, pool_size=2)
+    with FakeMessagesServer(responder=_answer, latency=1.0) as fake:
+        async with harness(own_database, fake=fake, settings=fast, leave_runs=True) as a:
+            threads = [await a.thread("alice") for _ in range(RUNS)]
+            await asyncio.gather(*(a.say(t, "cobre 10 do João", "alice") for t in threads))
+            cards = [card for t in threads for card in await a.pending(t)]
+            assert len(cards) == RUNS
+            await a.worker.stop(drain=False, release=False)  # dies: nothing released
+            for card in cards:
+                await a.store.decide(
+                    card.id,
+                    principal=card.owner,
+                    decision=Decision.APPROVE,
+                    snapshot_hash=card.snapshot_hash,
+                    channel="test",
+                )
+        fake.reset_most_in_flight()
+        async with harness(own_database, fake=fake, settings=fast) as b:
+            deadline = asyncio.get_running_loop().time() + 30
+            while [(await b.card(c)).status for c in cards] != [Status.EXECUTED] * RUNS:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.1)
+            await b.settle(timeout=30)
+            for t in threads:
+                assert await b.last_reply(t) == "Feito."
+        assert fake.most_in_flight >= 6, fake.most_in_flight
