@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from signoff.runtime.errors import Unavailable
 from signoff.store.apps import Apps
 from signoff.store.cards import Cards
 from signoff.store.connector import Connector
@@ -145,7 +146,15 @@ class PostgresStore:
         return await migrate(self.db)
 
     async def ping(self) -> None:
-        await self.db.fetchval(SQL.ping)
+        """Postgres answers and takes writes (``/readyz``): a standby, a demoted primary or
+        a database set read-only answers ``SELECT 1`` while every write of a step fails.
+        A read-only answer is asked again on a new session (an idle one may have been
+        opened before the setting was lifted, or on the old primary)."""
+        if await self.db.fetchval(SQL.ping):
+            return
+        self.db.pool.drop_free()
+        if not await self.db.fetchval(SQL.ping):
+            raise Unavailable("Postgres is read-only (a standby?): nothing can be written")
 
 
 if TYPE_CHECKING:

@@ -48,7 +48,8 @@ INSERT INTO signoff_migrations (version, checksum) VALUES ($1, $2);
 UPDATE signoff_migrations SET checksum = $2 WHERE version = $1 AND checksum IS NULL;
 
 -- name: ping
-SELECT 1;
+-- True when this session can write: not a standby, not read-only by default.
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off';
 
 
 -- == threads and the thread log (store/threads.py) =======================================

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,12 +18,22 @@ from signoff.runtime.bus import Job
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.keys import Keys
+from signoff.runtime.metrics_server import worker_ready
 from signoff.store.postgres import PostgresStore
 from tests import pgbouncer
 from tests.conftest import drop_database, fresh_database
 from tests.rediscluster import cli, plain_servers
 
 pytestmark = pytest.mark.anyio
+
+
+class _Idle:
+    """A worker that is up and has nothing running, for worker_ready."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.loops: list[asyncio.Task[None]] = []
+        self.ticks = SimpleNamespace(tasks=[])
 
 
 @pytest.fixture
@@ -60,7 +71,13 @@ async def test_a_read_only_primary_gives_unavailable_and_the_store_recovers(
         assert "read-only" in str(raised.value)
         # Reads still answer, and answer the truth.
         assert (await store.get_thread(kept.id)).owner == "ana"
+        # Not ready (/readyz): it answers SELECT 1, yet nothing a step does could be written.
+        with pytest.raises(Unavailable, match="read-only"):
+            await store.ping()
+        assert await worker_ready(_Idle(), store, None) == "postgres unavailable"
         await set_read_only(url, name, False)
+        await store.ping()  # its idle sessions were opened read-only: a new one is asked
+        assert await worker_ready(_Idle(), store, None) is None
         # The read-only session was dropped: the next try reaches a writable one.
         made = await store.create_thread("demo", "bob")
         assert (await store.get_thread(made.id)).owner == "bob"
