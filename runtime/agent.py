@@ -5,18 +5,16 @@ The live path (a decision arrives on the bus) and the recovery path (another pro
 adopts the run) both call ``continue_run``, which re-reads Postgres and never trusts the
 message that woke it. Tools are called by :mod:`signoff.runtime.execution`; every hint
 goes through the worker's :class:`~signoff.runtime.notify.Notifier`. Locks: a thread's,
-then a run's, never the other way round."""
+then a run's, then a step slot (``step_slot``), never the other way round."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,10 +52,6 @@ CONVERSATION = frozenset({"user", "assistant", "tool_results"})
 _RUN_NS = uuid.UUID("8f1d2c3b-4a5e-4f60-8a7b-9c0d1e2f3a4b")
 
 
-def _no_slot() -> AbstractAsyncContextManager[None]:
-    return contextlib.nullcontext()
-
-
 class Agent:
     def __init__(
         self,
@@ -93,11 +87,9 @@ class Agent:
         self._unpark = unpark
         self.tools_for: Callable[[Run], Awaitable[Registry]] | None = None
         self.on_settled: Callable[[Run], Awaitable[None]] | None = None  # both: agent steps
-        # A continuation's step slot (the worker's StepSlots.slot), taken once it holds its
-        # run's lock: a step waiting on a lock holds no slot, so the lock's holder, back
-        # from the model, always gets one (with every slot held by steps queued on its
-        # lock, it waited for a slot forever).
-        self.step_slot: Callable[[], AbstractAsyncContextManager[None]] = _no_slot
+        # A continuation's slot (the worker's), taken under its run's lock: one queued on
+        # the lock holds none that the lock's holder, back from the model, would wait for.
+        self.step_slot: Callable[[], slots.Slot] = slots.unbounded
         # The one publisher of this worker's hints (thread, deltas, signals, wait tokens).
         self.notify = Notifier(bus, keys, store)
         self.executor = Executor(

@@ -74,6 +74,14 @@ class StepSlots:
             held.owner = None
 
 
+Slot = contextlib.AbstractAsyncContextManager[None]
+
+
+def unbounded() -> Slot:
+    """No slot: what a continuation takes where nothing bounds them (no worker)."""
+    return contextlib.nullcontext()
+
+
 async def _within(call: Awaitable[T], timeout: float) -> T:
     async with asyncio.timeout(timeout):
         return await call

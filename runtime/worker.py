@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
-from contextlib import AbstractAsyncContextManager
 from contextvars import Context, ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -466,7 +465,7 @@ class Worker:
             self._adopting -= 1
             self.wakes.end(run_id)
 
-    def _slot(self) -> AbstractAsyncContextManager[None]:
+    def _slot(self) -> slots.Slot:
         """The slot a continuation takes under its run's lock (Agent.step_slot)."""
         return (self._adopt_slots if _ADOPTED.get() else self._step_slots).slot()
 
