@@ -137,7 +137,11 @@ async def worker_ready(
     ended = sorted(t.get_name() for t in (*worker.loops, *worker.ticks.tasks) if t.done())
     if ended:
         return f"loops ended: {', '.join(ended)}"
-    checks = [("postgres", store.ping)]
+
+    async def postgres() -> None:  # a worker that cannot write can do nothing
+        await store.ping(writable=True)
+
+    checks: list[tuple[str, Callable[[], Awaitable[None]]]] = [("postgres", postgres)]
     if getattr(bus, "ping", None) is not None:
         checks.append(("redis", bus.ping))
     for name, check in checks:

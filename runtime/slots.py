@@ -10,6 +10,10 @@ A slot belongs to the task that took it: a task started during a step (it copies
 step's context) or the call ``outside`` runs does not let go of it, or take it back. A
 call's deadline bounds the call alone, never the wait to take the slot back: a provider
 that answered in time is not turned into a timeout by a queue of other steps.
+
+Slots may be nested (``StepSlots(n, within=steps)``: adopted runs' continuations take
+one of their own, then a step slot): a slot holds both, lets both go, and takes them
+back in the same order, so the outer bound holds every continuation of the process.
 """
 
 from __future__ import annotations
@@ -30,12 +34,30 @@ class _Held:
     """One continuation's slot: its owner task; ``holding`` False while it is let go or
     once the owner's block has ended."""
 
-    __slots__ = ("holding", "owner", "sem")
+    __slots__ = ("chain", "holding", "owner")
 
-    def __init__(self, sem: asyncio.Semaphore, owner: asyncio.Task[Any] | None) -> None:
-        self.sem = sem
+    def __init__(self, chain: tuple[StepSlots, ...], owner: asyncio.Task[Any] | None) -> None:
+        self.chain = chain
         self.owner = owner
         self.holding = True
+
+
+async def _take(chain: tuple[StepSlots, ...]) -> None:
+    """A slot of each, in order; none if cancelled on the way."""
+    taken: list[StepSlots] = []
+    try:
+        for slots in chain:
+            await slots._sem.acquire()
+            taken.append(slots)
+            slots.most_taken = max(slots.most_taken, slots.size - slots._sem._value)
+    except BaseException:
+        _give(tuple(taken))
+        raise
+
+
+def _give(chain: tuple[StepSlots, ...]) -> None:
+    for slots in reversed(chain):
+        slots._sem.release()
 
 
 _current: ContextVar[_Held | None] = ContextVar("signoff_step_slot", default=None)
@@ -49,9 +71,11 @@ def taken_ns() -> int:
 
 
 class StepSlots:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, within: StepSlots | None = None) -> None:
         self._sem = asyncio.Semaphore(max(size, 1))
         self.size = max(size, 1)
+        self._chain: tuple[StepSlots, ...] = (self, *(within._chain if within else ()))
+        self.most_taken = 0  # the most slots held at once (diagnostics and tests)
 
     @property
     def free(self) -> int:
@@ -60,9 +84,9 @@ class StepSlots:
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Hold a slot for the block (the calling task; see :func:`outside`)."""
-        await self._sem.acquire()
+        await _take(self._chain)
         _taken_ns.set(time.monotonic_ns())
-        held = _Held(self._sem, asyncio.current_task())
+        held = _Held(self._chain, asyncio.current_task())
         token = _current.set(held)
         try:
             yield
@@ -70,7 +94,7 @@ class StepSlots:
             _current.reset(token)
             if held.holding:
                 held.holding = False  # a task that copied the context finds it closed
-                self._sem.release()
+                _give(self._chain)
             held.owner = None
 
 
@@ -106,11 +130,11 @@ async def outside(call: Coroutine[Any, Any, T], timeout: float | None = None) ->
     if done:
         return task.result()
     held.holding = False
-    held.sem.release()
+    _give(held.chain)
     try:
         return await task  # a cancellation of the caller cancels the call, and waits for it
     finally:
-        await held.sem.acquire()  # cancelled again here: not held, and not released
+        await _take(held.chain)  # cancelled again here: none held, and none released
         held.holding = True
 
 

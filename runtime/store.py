@@ -178,8 +178,9 @@ class Store(Protocol):
         """Workflow runs and their gates."""
         ...
 
-    async def ping(self) -> None:
-        """Answer or raise ``Unavailable`` (readiness)."""
+    async def ping(self, *, writable: bool = False) -> None:
+        """Answer or raise ``Unavailable`` (readiness); ``writable``: also when the store
+        answers but cannot write (a worker's readiness)."""
         ...
 
     # -- threads and the thread log ------------------------------------------------

@@ -104,11 +104,11 @@ class Worker:
         self.loops: list[asyncio.Task[Any]] = []
         self.ticks = Ticks()
         self._subscribed = asyncio.Event()
-        # Adopted runs' continuations have slots of their own (a batch of them must not
-        # queue on the pool past its timeout, nor ahead of every live decision); like the
-        # step slots, one is let go while its step waits on the model or a provider.
-        self._adopt_slots = StepSlots(max(settings.pool_size * 2, 4))
+        # Adopted runs' continuations take one of their own slots, then a step slot (a
+        # batch of them must not queue ahead of every live decision); both are let go
+        # while the step waits on the model or a provider.
         self._step_slots = StepSlots(settings.steps_in_flight)
+        self._adopt_slots = StepSlots(max(settings.pool_size * 2, 4), within=self._step_slots)
         self.agent.step_slot = self._slot
         self._adopting = 0  # adopted runs not yet continued
         # First turns: the inbox is read for what this worker has room for (note 58).
@@ -466,8 +466,13 @@ class Worker:
             self.wakes.end(run_id)
 
     def _slot(self) -> slots.Slot:
-        """The slot a continuation takes under its run's lock (Agent.step_slot)."""
-        return (self._adopt_slots if _ADOPTED.get() else self._step_slots).slot()
+        """The slot a continuation takes under its run's lock (Agent.step_slot): an
+        adopted run's first takes an adoption slot, then a step slot; what it starts
+        (a workflow's wake, a retry) is live work again."""
+        if _ADOPTED.get():
+            _ADOPTED.set(False)
+            return self._adopt_slots.slot()
+        return self._step_slots.slot()
 
     async def _renew(self) -> None:
         sent = time.monotonic()

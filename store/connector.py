@@ -165,6 +165,11 @@ class Connector:
     async def fetchval(self, query: str, *args: Any) -> Any:
         return await self._one(lambda c: c.fetchval(query, *args))
 
+    async def on_connection(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """``fn`` on one pooled connection, outside a transaction; an exception that is not
+        the driver's closes the connection instead of pooling it again."""
+        return await self._one(fn)
+
     async def _one(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         async def once() -> T:
             try:

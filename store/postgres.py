@@ -16,7 +16,7 @@ engine's calls read ``store.decide(...)`` whatever the module behind them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from signoff.runtime.errors import Unavailable
 from signoff.store.apps import Apps
@@ -32,6 +32,11 @@ from signoff.store.threads import Threads
 from signoff.store.whatsapp import WhatsAppRows
 from signoff.store.workers import Workers
 from signoff.store.workflows import WorkflowRows
+
+
+class _ReadOnlySession(Exception):
+    """A session that cannot write answered the readiness check."""
+
 
 if TYPE_CHECKING:
     from signoff.runtime.store import Store
@@ -145,16 +150,24 @@ class PostgresStore:
         """Apply pending migrations in order; return the versions applied now."""
         return await migrate(self.db)
 
-    async def ping(self) -> None:
-        """Postgres answers and takes writes (``/readyz``): a standby, a demoted primary or
-        a database set read-only answers ``SELECT 1`` while every write of a step fails.
-        A read-only answer is asked again on a new session (an idle one may have been
-        opened before the setting was lifted, or on the old primary)."""
-        if await self.db.fetchval(SQL.ping):
-            return
-        self.db.pool.drop_free()
-        if not await self.db.fetchval(SQL.ping):
-            raise Unavailable("Postgres is read-only (a standby?): nothing can be written")
+    async def ping(self, *, writable: bool = False) -> None:
+        """Postgres answers (``/readyz``); ``writable`` (a worker's): and takes writes. A
+        standby, a demoted primary or a database set read-only answers ``SELECT 1`` while
+        every write of a step fails. The session that answered read-only is closed, not
+        pooled again, and one other session is asked (an idle one may predate the setting
+        being lifted; behind PgBouncer its server sessions keep it, as writes do)."""
+
+        async def check(conn: Any) -> None:
+            if writable and not await conn.fetchval(SQL.ping):
+                raise _ReadOnlySession  # not a driver error: the session is not pooled again
+
+        for _ in range(2):
+            try:
+                await self.db.on_connection(check)
+                return
+            except _ReadOnlySession:
+                continue
+        raise Unavailable("Postgres is read-only (a standby?): nothing can be written")
 
 
 if TYPE_CHECKING:

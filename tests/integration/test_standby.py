@@ -71,12 +71,16 @@ async def test_a_read_only_primary_gives_unavailable_and_the_store_recovers(
         assert "read-only" in str(raised.value)
         # Reads still answer, and answer the truth.
         assert (await store.get_thread(kept.id)).owner == "ana"
-        # Not ready (/readyz): it answers SELECT 1, yet nothing a step does could be written.
+        # A worker is not ready (/readyz): it answers SELECT 1, yet nothing a step does
+        # could be written. A gateway is (every gateway shares this Postgres: reads and
+        # the page still work, and a decision answers 503 meanwhile).
         with pytest.raises(Unavailable, match="read-only"):
-            await store.ping()
+            await store.ping(writable=True)
+        await store.ping()
         assert await worker_ready(_Idle(), store, None) == "postgres unavailable"
         await set_read_only(url, name, False)
-        await store.ping()  # its idle sessions were opened read-only: a new one is asked
+        # The sessions that answered read-only were closed, not pooled again.
+        await store.ping(writable=True)
         assert await worker_ready(_Idle(), store, None) is None
         # The read-only session was dropped: the next try reaches a writable one.
         made = await store.create_thread("demo", "bob")

@@ -98,7 +98,8 @@ async def test_adopted_runs_wait_on_the_model_together(own_database: str) -> Non
     # A worker dies with twelve runs parked; their cards are approved meanwhile. The
     # worker that adopts them had 2 x SIGNOFF_POOL_SIZE (4 here) adoption slots, each held
     # through the model's second: four at a time. A slot is now let go while the model
-    # answers, as a step slot is.
+    # answers, as a step slot is; and an adopted continuation also takes a step slot, so
+    # SIGNOFF_STEPS_IN_FLIGHT bounds everything that works (a review: it did not).
     fast = Settings(lease_seconds=1.0, pool_size=2)
     with FakeMessagesServer(responder=_answer, latency=1.0) as fake:
         async with harness(own_database, fake=fake, settings=fast, leave_runs=True) as a:
@@ -116,7 +117,8 @@ async def test_adopted_runs_wait_on_the_model_together(own_database: str) -> Non
                     channel="test",
                 )
         fake.reset_most_in_flight()
-        async with harness(own_database, fake=fake, settings=fast) as b:
+        # One step slot: adopted continuations take it too, so nothing works beside it.
+        async with harness(own_database, fake=fake, settings=fast.with_(steps_in_flight=1)) as b:
             deadline = asyncio.get_running_loop().time() + 30
             while [(await b.card(c)).status for c in cards] != [Status.EXECUTED] * RUNS:
                 assert asyncio.get_running_loop().time() < deadline
@@ -124,4 +126,5 @@ async def test_adopted_runs_wait_on_the_model_together(own_database: str) -> Non
             await b.settle(timeout=30)
             for t in threads:
                 assert await b.last_reply(t) == "Feito."
+            assert b.worker._step_slots.most_taken == 1  # 0: adoption bypassed the bound
         assert fake.most_in_flight >= 6, fake.most_in_flight

@@ -238,3 +238,62 @@ async def test_outside_a_slot_is_a_plain_await() -> None:
         return 7
 
     assert await slots.outside(value()) == 7
+
+
+async def test_nested_slots_hold_both_bounds_and_let_both_go() -> None:
+    # An adopted run's continuation: one of four adoption slots, then the one step slot.
+    steps = StepSlots(1)
+    adopted = StepSlots(4, within=steps)
+    inside, most = 0, 0
+    free_while_waiting: list[tuple[int, int]] = []
+
+    async def work(slow: bool) -> None:
+        nonlocal inside, most
+        async with adopted.slot():
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(0.01)
+            inside -= 1
+            if slow:
+
+                async def call() -> None:
+                    await asyncio.sleep(slots.PATIENCE + 0.1)
+                    free_while_waiting.append((steps.free, adopted.free))
+
+                await slots.outside(call())
+
+    await asyncio.gather(work(True), *(work(False) for _ in range(5)))
+    assert most == 1  # the outer bound holds every nested slot
+    assert steps.most_taken == 1 and adopted.most_taken <= 4
+    assert free_while_waiting == [(1, 4)]  # both let go while the call waited
+    assert (steps.free, adopted.free) == (1, 4)
+
+
+async def test_a_nested_slot_cancelled_while_taken_back_holds_nothing() -> None:
+    steps = StepSlots(1)
+    adopted = StepSlots(2, within=steps)
+    started = asyncio.Event()
+
+    async def waiter() -> None:
+        async with adopted.slot():
+
+            async def call() -> None:
+                started.set()
+                await asyncio.sleep(slots.PATIENCE + 0.05)
+
+            await slots.outside(call())
+
+    async def hog() -> None:  # holds the step slot while the waiter wants it back
+        await started.wait()
+        await asyncio.sleep(slots.PATIENCE + 0.01)
+        async with steps.slot():
+            await asyncio.sleep(0.3)
+
+    task = asyncio.create_task(waiter())
+    other = asyncio.create_task(hog())
+    await asyncio.sleep(slots.PATIENCE + 0.2)  # the waiter holds its adoption slot again,
+    task.cancel()  # and waits for the step slot
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await other
+    assert (steps.free, adopted.free) == (1, 2)
