@@ -71,7 +71,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # First turns (users' messages) one worker runs at once, their model calls included:
     # past it the worker reads nothing from the inbox, and other workers take the rest
     # (runtime/intake.py, design note 58).
-    turns_in_flight: PositiveInt = 64
+    turns_in_flight: PositiveInt = 256
     # Connect / pool wait / statement timeout: a stalled Postgres answers 503, never hangs.
     db_timeout_seconds: Positive = 5.0
     # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in

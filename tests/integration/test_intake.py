@@ -106,7 +106,7 @@ async def test_turns_in_flight_is_read_from_the_environment_and_refused_at_zero(
     with pytest.raises(ConfigError, match="SIGNOFF_TURNS_IN_FLIGHT"):
         from_env({"SIGNOFF_TURNS_IN_FLIGHT": "0"})
     assert from_env({"SIGNOFF_TURNS_IN_FLIGHT": "5"}).turns_in_flight == 5
-    assert Settings().turns_in_flight == 64
+    assert Settings().turns_in_flight == 256
 
 
 def _thread_on(keys: Keys, partition: int, partitions: int) -> str:
