@@ -116,6 +116,35 @@ def _thread_on(keys: Keys, partition: int, partitions: int) -> str:
             return thread
 
 
+class _Stuck:
+    """An intake whose turns never end until the block does; ``most``: the most turns
+    it ran at once."""
+
+    def __init__(self, bus: RedisBus, consumer: str, size: int) -> None:
+        self.release = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.most = 0
+        self.intake = Intake(bus, consumer, size, self._handle, self._spawn)
+
+    async def _handle(self, _: Delivery) -> None:
+        self.most = max(self.most, self.intake.in_flight)
+        await self.release.wait()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def __aenter__(self) -> Intake:
+        self.loop = asyncio.create_task(self.intake.run(lambda: False))
+        return self.intake
+
+    async def __aexit__(self, *_: object) -> None:
+        self.release.set()
+        self.loop.cancel()
+        await asyncio.gather(self.loop, *self.tasks, return_exceptions=True)
+
+
 async def test_a_full_worker_holds_no_entry_of_a_partitioned_inbox() -> None:
     # Four partitions, room for two. A read left waiting on each partition used to take
     # what arrived there while the worker was full: the entries waited, claimed by it,
@@ -124,36 +153,21 @@ async def test_a_full_worker_holds_no_entry_of_a_partitioned_inbox() -> None:
     keys = Keys(f"so-intake-{secrets.token_hex(3)}:")
     mine = RedisBus.from_url(services.redis_url(), keys, partitions=partitions)
     other = RedisBus.from_url(services.redis_url(), keys, partitions=partitions)
-    release = asyncio.Event()
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def handle(_: Delivery) -> None:
-        await release.wait()
-
-    def spawn(coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    intake = Intake(mine, "w-1", 2, handle, spawn)
-    loop = asyncio.create_task(intake.run(lambda: False))
     try:
-        await asyncio.sleep(0.3)  # its reads wait on the partitions
-        for partition in (0, 1, 2, 3):
-            thread = _thread_on(keys, partition, partitions)
-            await mine.enqueue(Job(thread_id=thread, text="x", user="u", tenant="t"))
-        got: list[Delivery] = []
-        deadline = time.monotonic() + 5
-        while len(got) < 2 and time.monotonic() < deadline:
-            got += await other.take("w-2", 0.2, 4)
-        assert intake.in_flight == 2
-        assert len(got) == 2  # the two the full worker has no room for
-        lag, pending = await mine.inbox.stats()
-        assert (lag, pending) == (0, 4)  # two running on each worker, none held
+        async with _Stuck(mine, "w-1", 2) as intake:
+            await asyncio.sleep(0.3)  # its reads wait on the partitions
+            for partition in (0, 1, 2, 3):
+                thread = _thread_on(keys, partition, partitions)
+                await mine.enqueue(Job(thread_id=thread, text="x", user="u", tenant="t"))
+            got: list[Delivery] = []
+            deadline = time.monotonic() + 5
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += await other.take("w-2", 0.2, 4)
+            assert intake.in_flight == 2
+            assert len(got) == 2  # the two the full worker has no room for
+            lag, pending = await mine.inbox.stats()
+            assert (lag, pending) == (0, 4)  # two running on each worker, none held
     finally:
-        release.set()
-        loop.cancel()
-        await asyncio.gather(loop, *tasks, return_exceptions=True)
         await mine.close()
         await other.close()
 
@@ -162,33 +176,16 @@ async def test_a_partitioned_inbox_gives_a_worker_no_more_than_its_room() -> Non
     partitions, room, messages = 8, 16, 120
     keys = Keys(f"so-intake-{secrets.token_hex(3)}:")
     bus = RedisBus.from_url(services.redis_url(), keys, partitions=partitions)
-    release = asyncio.Event()
-    most = 0
-    tasks: set[asyncio.Task[None]] = set()
-    intake: Intake
-
-    async def handle(_: Delivery) -> None:
-        nonlocal most
-        most = max(most, intake.in_flight)
-        await release.wait()
-
-    def spawn(coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    intake = Intake(bus, "w-1", room, handle, spawn)
-    for n in range(messages):
-        await bus.enqueue(Job(thread_id=str(uuid.uuid4()), text=f"m{n}", user="u", tenant="t"))
-    loop = asyncio.create_task(intake.run(lambda: False))
     try:
-        await asyncio.sleep(1.5)
-        assert intake.in_flight == room
-        assert most <= room
-        lag, pending = await bus.inbox.stats()
-        assert pending == room and lag == messages - room
+        for n in range(messages):
+            job = Job(thread_id=str(uuid.uuid4()), text=f"m{n}", user="u", tenant="t")
+            await bus.enqueue(job)
+        stuck = _Stuck(bus, "w-1", room)
+        async with stuck as intake:
+            await asyncio.sleep(1.5)
+            assert intake.in_flight == room
+            assert stuck.most <= room
+            lag, pending = await bus.inbox.stats()
+            assert pending == room and lag == messages - room
     finally:
-        release.set()
-        loop.cancel()
-        await asyncio.gather(loop, *tasks, return_exceptions=True)
         await bus.close()
