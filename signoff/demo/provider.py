@@ -40,17 +40,29 @@ NO_ANSWER: tuple[type[BaseException], ...] = (
     # key is what a provider would have the caller do, not an approval lost for good.
     asyncpg.exceptions.TransactionRollbackError,
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    # A standby, a demoted primary, a database set read-only: the write was refused, and
+    # a session opened then stays read-only for its life (see ``answered``).
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
 )
 
 
 def answered(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """A provider call whose database did not answer raises ``ConnectionError``."""
+    """A provider call whose database did not answer raises ``ConnectionError``.
+
+    A read-only refusal also closes the pool's sessions (each is replaced when next
+    taken): one opened while the database was read-only stays so after the setting is
+    lifted or a new primary takes over, and every write that drew it failed again (a
+    third of the approvals after a read-only minute, long after Postgres took writes)."""
 
     @functools.wraps(fn)
     async def call(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await fn(*args, **kwargs)
         except NO_ANSWER as exc:
+            if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+                provider = args[0]
+                if isinstance(provider, Provider):
+                    await provider.pool.expire_connections()
             raise ConnectionError(f"the provider did not answer: {exc}") from exc
 
     return call

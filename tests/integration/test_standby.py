@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from signoff.demo.provider import Provider
 from signoff.runtime.bus import Job
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.errors import Unavailable
@@ -120,3 +121,39 @@ async def test_a_redis_replica_answering_readonly_gives_unavailable_then_recover
             assert await bus.alive("w-1")
         finally:
             await bus.close()
+
+
+async def test_the_demo_provider_asks_again_once_a_read_only_primary_takes_writes(
+    own_database: tuple[str, str],
+) -> None:
+    # The demo's provider keeps a pool of its own. A session opened while the database
+    # was read-only stays so after the setting is lifted: each approval that drew one
+    # failed for good ("the tool failed (ReadOnlySQLTransactionError)"), a third of them
+    # a minute after Postgres took writes again. A read-only refusal is now an unknown
+    # outcome (asked again with the same key) and replaces the pool's sessions.
+    url, name = own_database
+    provider = await Provider.connect(url)
+    try:
+        await provider.seed("t1")
+        customer = await provider.pool.fetchval(
+            "SELECT id FROM demo_customers WHERE tenant = 't1' LIMIT 1"
+        )
+        await set_read_only(url, name, True)
+        await provider.pool.expire_connections()
+        # Reads still work, and open sessions that are read-only for their whole life.
+        await asyncio.gather(*(provider.balance("t1") for _ in range(5)))
+        with pytest.raises(ConnectionError):
+            await provider.create_charge("k-ro", "t1", customer, 100, "x")
+        await asyncio.gather(*(provider.balance("t1") for _ in range(5)))
+        await set_read_only(url, name, False)
+        refused = 0
+        for n in range(10):
+            try:
+                await provider.create_charge(f"k-{n}", "t1", customer, 100, "x")
+            except ConnectionError:
+                refused += 1
+        assert refused <= 1, refused  # the first may draw a stale session, not the next
+        charged = await provider.pool.fetchval("SELECT count(*) FROM demo_charges")
+        assert charged == 10 - refused
+    finally:
+        await provider.close()
