@@ -145,7 +145,7 @@ class Bench:
         else:
             return False
         while time.monotonic() < deadline:
-            if await asyncio.to_thread(self.c.steps_in_flight) == 0:
+            if await asyncio.to_thread(self.c.worker_tasks) == 0:
                 return True
             await asyncio.sleep(0.05)
         return False

@@ -139,7 +139,7 @@ async def wait_parked(c: Cluster, n: int, timeout: float, bar: Any) -> tuple[flo
         parked = int(await asyncio.to_thread(c.worker_gauge, "signoff_parked_runs"))
         bar.update(max(parked - last, 0))
         last = max(last, parked)
-        if parked >= n and await asyncio.to_thread(c.steps_in_flight) == 0:
+        if parked >= n and await asyncio.to_thread(c.worker_tasks) == 0:
             return time.monotonic() - t, parked
         await asyncio.sleep(0.5)
     log(f"parked: only {last} of {n} runs parked after {timeout}s; measuring those")

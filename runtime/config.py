@@ -284,6 +284,27 @@ def env_names() -> dict[str, str]:
     return dict(_ENV)
 
 
+_KINDS = {"int": "a whole number", "float": "a number", "str": "a text", "bool": "1 or 0"}
+
+
+def _said(error: str, raw: Mapping[str, Any]) -> str:
+    """msgspec's refusal as the operator set it: the variable, the value given, what it
+    must be (``SIGNOFF_TURNS_IN_FLIGHT='abc': expected a whole number``)."""
+    field = re.search(r"`\$\.(\w+)`", error)
+    if field is None:
+        return error
+    name = field.group(1)
+    var = _ENV.get(name, name)
+    what = error.split(" - at ", 1)[0]
+    what = re.sub(r", got `str`$", "", what)
+    what = re.sub(r"`(\w+)`", lambda m: _KINDS.get(m.group(1), m.group(1)), what)
+    given = raw.get(name)
+    if isinstance(given, str):
+        shown = repr(given) if len(given) <= 60 else repr(given[:57] + "...")
+        return f"{var}={shown}: {what[:1].lower()}{what[1:]}"
+    return f"{var}: {what[:1].lower()}{what[1:]}"
+
+
 def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Build settings from the environment, then apply explicit overrides (CLI flags)."""
     source = os.environ if env is None else env
@@ -303,8 +324,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         # msgspec names the field (`$.poll_seconds`); the operator set a variable.
-        said = re.sub(r"`\$\.(\w+)`", lambda m: _ENV.get(m.group(1), m.group(1)), str(exc))
-        raise ConfigError(f"bad setting: {said}") from exc
+        raise ConfigError(f"bad setting: {_said(str(exc), raw)}") from exc
     _check_url("SIGNOFF_DATABASE_URL", settings.database_url, _PG_SCHEMES)
     _check_url("SIGNOFF_REDIS_URL", settings.redis_url, _REDIS_SCHEMES)
     if not settings.worker_id:

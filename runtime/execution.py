@@ -21,7 +21,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from signoff.runtime import outcomes, slots
@@ -73,14 +73,17 @@ class LeaseClock:
     it (the row is upserted), but runs may have been adopted in between, so an execution
     begun in an earlier epoch sends nothing more."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, on_lapsed: Callable[[], object] | None = None) -> None:
         self.seconds = seconds
         self.until = 0.0
         self.epoch = 0
+        self.on_lapsed = on_lapsed  # told when a renewal follows a lapse (not the first)
 
     def renewed(self, sent_at: float) -> None:
         if sent_at >= self.until:
             self.epoch += 1
+            if self.epoch > 1 and self.on_lapsed is not None:
+                self.on_lapsed()
         self.until = max(self.until, sent_at + self.seconds * 0.8)
 
     def holds(self, since: float | None = None) -> bool:

@@ -133,7 +133,8 @@ def setup(fmt: str, level: str, stream: Any = None, **static: str) -> logging.Ha
     root.addHandler(handler)
     root.setLevel(LEVELS[level.lower()])
     # Chatty libraries stay at warning whatever signoff's level (their info is not ours).
-    for name in ("httpx", "httpcore", "anthropic", "asyncio"):
+    # (httpx2: the HTTP client some anthropic releases use, one info line per model call.)
+    for name in ("httpx", "httpx2", "httpcore", "anthropic", "asyncio"):
         logging.getLogger(name).setLevel(max(LEVELS[level.lower()], logging.WARNING))
     return handler
 

@@ -93,12 +93,15 @@ class InboxStats:
         return [
             (
                 "signoff_inbox_lag",
-                "Inbox entries no worker has read yet (the consumer group's lag).",
+                "Inbox entries no worker has read yet (the consumer group's lag; every "
+                "worker reports the same value: aggregate with max, not sum).",
                 self.lag,
             ),
             (
                 "signoff_inbox_pending",
-                "Inbox entries read by a worker and not yet acknowledged.",
+                "Inbox entries read by any worker and not yet acknowledged (every worker "
+                "reports the same value: aggregate with max; signoff_turns_in_flight is "
+                "this worker's own).",
                 self.pending,
             ),
         ]
@@ -109,7 +112,16 @@ def worker_gauges(worker: Any) -> list[tuple[str, str, float]]:
     return [
         ("signoff_parked_runs", "Runs parked on this worker.", len(worker.waits)),
         ("signoff_parked_cards", "Cards this worker waits on.", len(worker.waits.parked_cards())),
-        ("signoff_steps_in_flight", "Agent steps running now.", len(worker._tasks)),
+        (
+            "signoff_steps_in_flight",
+            "Continuations holding a step slot now; SIGNOFF_STEPS_IN_FLIGHT at most.",
+            worker._step_slots.size - worker._step_slots.free,
+        ),
+        (
+            "signoff_worker_tasks",
+            "Turns, continuations and hints of this worker running or waiting to (0: idle).",
+            len(worker._tasks),
+        ),
         (
             "signoff_turns_in_flight",
             "Inbox entries (first turns) this worker runs now; SIGNOFF_TURNS_IN_FLIGHT at most.",

@@ -12,10 +12,15 @@ at once (design note 38).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
+
+from signoff.runtime.errors import SignoffError
 
 if TYPE_CHECKING:
     from signoff.runtime.worker import Worker
+
+log = logging.getLogger("signoff.worker")
 
 POLL_FULL_EVERY = 12
 RECHECK_CHUNK = 5000
@@ -32,6 +37,32 @@ class Poller:
             chunk = card_ids[start : start + RECHECK_CHUNK]
             for card_id, status in (await w.store.decided_among(chunk)).items():
                 w.waits.resolve(card_id, status, path)
+
+    async def let_go_of_taken(self) -> None:
+        """After this worker's lease lapsed (a renewal came too late: Postgres away, or a
+        read-only while): forget the parked runs another worker adopted meanwhile. They
+        stayed parked here (counted in ``signoff_parked_runs`` by both workers) until a
+        card of theirs was decided."""
+        w = self.worker
+        parked = w.waits.parked_runs()
+        held: set[str] = set()
+        try:
+            for start in range(0, len(parked), RECHECK_CHUNK):
+                chunk = parked[start : start + RECHECK_CHUNK]
+                held |= await w.store.runs_held_among(w.worker_id, chunk)
+        except SignoffError as exc:  # each is let go once a card of it is decided
+            log.warning("could not look for parked runs taken over: %s", exc)
+            return
+        taken = [run_id for run_id in parked if run_id not in held]
+        for run_id in taken:
+            w.waits.drop_run(run_id)
+            w.agent.executor.forget_elsewhere(run_id)
+        if taken:
+            log.warning(
+                "this worker's lease had lapsed: %d parked run(s) are no longer its own "
+                "(another worker took them over); let go",
+                len(taken),
+            )
 
     async def poll(self, tick: int = 0) -> None:
         """One tick: the approved cards of runs held here, or, every

@@ -260,6 +260,10 @@ class Store(Protocol):
         """Seconds since the run was created (the database's clock); None: no such run."""
         ...
 
+    async def runs_held_among(self, holder: str, run_ids: list[str]) -> set[str]:
+        """Which of ``run_ids`` ``holder`` still holds (active and its own)."""
+        ...
+
     async def active_run(self, thread_id: str) -> Run | None: ...
 
     async def set_run(

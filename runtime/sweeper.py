@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from signoff.runtime.cards import Card, Status
@@ -69,13 +70,15 @@ class Sweeper:
         stale = await w.store.approved_stale(every)
         invalidated: list[Card] = []
         now, signalled = time.monotonic(), self.signalled_again
+        again: Counter[str] = Counter()  # holder -> cards signalled again (one line a sweep)
         for card, run_active, holder in stale:
             if run_active:
                 if now - signalled.get(card.id, -every) < every:
                     continue
                 signalled[card.id] = now
                 COUNTERS.inc("signoff_approved_stale_total")
-                log.warning("card %s approved but not started; signalling its run again", card.id)
+                again[holder or "nobody"] += 1
+                log.debug("card %s approved but not started; signalling its run again", card.id)
                 if w.waits.resolve(card.id, str(card.status), "sweep"):
                     continue
                 if holder != w.worker_id:
@@ -101,4 +104,12 @@ class Sweeper:
                 await w.notify.thread(card.thread_id, [moved.entry])
         for gone in signalled.keys() - {c.id for c, _, _ in stale}:
             del signalled[gone]
+        if again:  # after a worker died, its runs' approvals wait here until adopted
+            log.warning(
+                "%d approved card(s) not started after %.0fs: their runs signalled again "
+                "(held by %s; a holder that died is taken over once its lease lapses)",
+                sum(again.values()),
+                every,
+                ", ".join(f"{who} ×{n}" for who, n in again.most_common(5)),
+            )
         return invalidated

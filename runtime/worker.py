@@ -120,7 +120,9 @@ class Worker:
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
         self._lease_every = min(max(settings.lease_seconds / 3, 0.2), 2.0)
-        self.lease = LeaseClock(settings.lease_seconds)  # the provider is called while it holds
+        self.lease = LeaseClock(  # the provider is called while it holds
+            settings.lease_seconds, lambda: self.spawn(self.poller.let_go_of_taken())
+        )
         self.wakes = Wakes(self.spawn, self.wake, lambda: self.draining)  # every continuation
         self.agent.executor.tool_timeout = settings.tool_timeout_seconds
 

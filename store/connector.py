@@ -92,6 +92,7 @@ TRANSIENT = (
 # What a client is told of a Postgres error (the driver's words name hosts, statements
 # and arguments: logged where the error is).
 POSTGRES_UNANSWERED = "the database did not answer; try again"
+POSTGRES_READ_ONLY = "the database takes no writes right now; try again"
 
 _json_encode = msgspec.json.Encoder()
 
@@ -240,9 +241,10 @@ def _translated(exc: Exception) -> Exception | None:
     if isinstance(exc, asyncpg.DataError):
         return InvalidInput(f"invalid value: {exc}").said_as("a value could not be stored")
     if isinstance(exc, READ_ONLY):
+        COUNTERS.inc("signoff_postgres_errors_total")
         return Unavailable(
             f"Postgres is read-only (a standby?); retry: {exc}", retriable=True
-        ).said_as(POSTGRES_UNANSWERED)
+        ).said_as(POSTGRES_READ_ONLY)
     if isinstance(exc, TRANSIENT):
         COUNTERS.inc("signoff_postgres_errors_total")
         return Unavailable(f"Postgres refused the statement; retry: {exc}", retriable=True).said_as(

@@ -75,6 +75,7 @@ class PostgresStore:
         self.start_quiet_run = runs.start_quiet_run
         self.get_run = runs.get_run
         self.run_age = runs.run_age
+        self.runs_held_among = runs.runs_held_among
         self.active_run = runs.active_run
         self.set_run = runs.set_run
         self.run_step = runs.run_step

@@ -43,6 +43,7 @@ class Queries:
     # runs
     run_get: str
     run_age: str
+    runs_held_among: str
     run_active_for_thread: str
     run_supersede_active: str
     run_insert: str

@@ -145,6 +145,11 @@ FROM runs WHERE id = $1;
 -- Seconds since run $1 was created (by the database's clock); no row: no such run.
 SELECT extract(epoch FROM now() - created_at)::float8 AS age FROM runs WHERE id = $1;
 
+-- name: runs_held_among
+-- Which of runs $2 worker $1 still holds (active, and its own).
+SELECT id::text FROM runs
+WHERE id = ANY($2::uuid[]) AND worker_id = $1 AND status IN ('running', 'waiting');
+
 -- name: run_active_for_thread
 SELECT id::text, thread_id::text, tenant, owner, role, status, worker_id AS holder, state, error
 FROM runs WHERE thread_id = $1 AND status IN ('running', 'waiting');

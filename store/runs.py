@@ -152,6 +152,13 @@ class Runs:
         age = await self._db.fetchval(SQL.run_age, rows.uuid_of(run_id))
         return None if age is None else float(age)
 
+    async def runs_held_among(self, holder: str, run_ids: list[str]) -> set[str]:
+        """Which of ``run_ids`` ``holder`` still holds (active and its own)."""
+        if not run_ids:
+            return set()
+        found = await self._db.fetch(SQL.runs_held_among, holder, run_ids)
+        return {r["id"] for r in found}
+
     async def active_run(self, thread_id: str) -> Run | None:
         row = await self._db.fetchrow(SQL.run_active_for_thread, rows.uuid_of(thread_id))
         return None if row is None else rows.run(row)

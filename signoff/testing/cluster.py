@@ -283,7 +283,13 @@ class Cluster:
         return _get(_metrics(proc)).decode()
 
     def steps_in_flight(self) -> int:
+        """Continuations holding a step slot now, over the live workers."""
         return int(self.worker_gauge("signoff_steps_in_flight"))
+
+    def worker_tasks(self) -> int:
+        """Turns, continuations and hints running or waiting to, over the live workers
+        (0: every worker is idle)."""
+        return int(self.worker_gauge("signoff_worker_tasks"))
 
     def _live_workers(self) -> list[Proc]:
         return [w for w in self.workers if w.alive()]

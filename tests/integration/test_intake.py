@@ -189,3 +189,16 @@ async def test_a_partitioned_inbox_gives_a_worker_no_more_than_its_room() -> Non
             assert pending == room and lag == messages - room
     finally:
         await bus.close()
+
+
+def test_a_bad_setting_names_the_variable_the_value_and_what_it_must_be() -> None:
+    # An operator probe: "Expected `int`, got `str` - at SIGNOFF_TURNS_IN_FLIGHT" said
+    # neither what was given nor what a variable (always text) should hold.
+    with pytest.raises(ConfigError) as raised:
+        from_env({"SIGNOFF_TURNS_IN_FLIGHT": "1.5"})
+    assert (
+        str(raised.value) == "bad setting: SIGNOFF_TURNS_IN_FLIGHT='1.5': expected a whole number"
+    )
+    with pytest.raises(ConfigError) as raised:
+        from_env({"SIGNOFF_POLL_SECONDS": "-1"})
+    assert str(raised.value) == "bad setting: SIGNOFF_POLL_SECONDS='-1': expected a number > 0.0"

@@ -5,6 +5,7 @@ settled, the audit names who really moved a card (real Postgres)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -329,7 +330,7 @@ async def test_the_sweeper_racing_the_start_of_an_execution_one_of_them_wins(
 
 
 async def test_the_sweeper_signals_a_stale_approved_card_at_most_once_per_interval(
-    database_url: str,
+    database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Under a backlog many approved cards wait longer than approved_stale_seconds: each
     sweep must not signal every one of them again (more load on a saturated pool)."""
@@ -350,9 +351,14 @@ async def test_the_sweeper_signals_a_stale_approved_card_at_most_once_per_interv
             return COUNTERS.values["signoff_approved_stale_total"]
 
         before = signalled()
-        await h.worker.sweep_approved()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="signoff"):
+            await h.worker.sweep_approved()
         mine = signalled() - before
         assert mine >= 1  # this card (other tests' stale cards may count too)
+        # One line a sweep, by holder (after a worker died: hundreds of lines, one a card).
+        (line,) = [r.getMessage() for r in caplog.records if "not started after" in r.message]
+        assert "ghost ×1" in line
         await h.worker.sweep_approved()
         await h.worker.sweep_approved()
         assert card.id in h.worker.sweeper.signalled_again

@@ -15,10 +15,12 @@ from types import SimpleNamespace
 import pytest
 
 from signoff.demo.provider import Provider
+from signoff.gateway.errors import error_body
 from signoff.runtime.bus import Job
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.errors import Unavailable
 from signoff.runtime.keys import Keys
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.metrics_server import worker_ready
 from signoff.store.postgres import PostgresStore
 from tests import pgbouncer
@@ -67,9 +69,15 @@ async def test_a_read_only_primary_gives_unavailable_and_the_store_recovers(
     await set_read_only(url, name, True)
     store = await PostgresStore.connect(url, max_size=2)
     try:
+        errors = COUNTERS.values.get("signoff_postgres_errors_total", 0)
         with pytest.raises(Unavailable) as raised:
             await store.create_thread("demo", "bob")
         assert "read-only" in str(raised.value)
+        # Counted, and told as what it is: the database answers, and takes no writes.
+        assert COUNTERS.values.get("signoff_postgres_errors_total", 0) > errors
+        assert error_body(raised.value)["message"] == (
+            "the database takes no writes right now; try again"
+        )
         # Reads still answer, and answer the truth.
         assert (await store.get_thread(kept.id)).owner == "ana"
         # A worker is not ready (/readyz): it answers SELECT 1, yet nothing a step does

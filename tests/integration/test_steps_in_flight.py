@@ -13,6 +13,7 @@ import pytest
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings, from_env
 from signoff.runtime.errors import ConfigError
+from signoff.runtime.metrics_server import worker_gauges
 from signoff.testing import FakeMessagesServer, ScriptedReply, reply, text, tool_use
 from tests.conftest import migrated_database
 from tests.harness import harness
@@ -128,3 +129,28 @@ async def test_adopted_runs_wait_on_the_model_together(own_database: str) -> Non
                 assert await b.last_reply(t) == "Feito."
             assert b.worker._step_slots.most_taken == 1  # 0: adoption bypassed the bound
         assert fake.most_in_flight >= 6, fake.most_in_flight
+
+
+async def test_the_step_gauge_counts_slots_held_not_every_task(database_url: str) -> None:
+    # An operator probe read signoff_steps_in_flight 200 with SIGNOFF_STEPS_IN_FLIGHT=10:
+    # it counted every task (adopted runs queued for a slot, hints). It is now the slots
+    # held; signoff_worker_tasks counts everything (0: idle, what benches wait for).
+    with FakeMessagesServer(responder=_answer) as fake:
+        async with harness(database_url, fake=fake, settings=Settings(steps_in_flight=2)) as h:
+
+            def gauges() -> dict[str, float]:
+                return {name: value for name, _, value in worker_gauges(h.worker)}
+
+            await h.settle()
+            idle = gauges()
+            assert idle["signoff_steps_in_flight"] == 0
+            async with h.worker._step_slots.slot():
+                queued = [asyncio.create_task(asyncio.sleep(0.2)) for _ in range(3)]
+                for task in queued:
+                    h.worker._tasks.add(task)
+                    task.add_done_callback(h.worker._tasks.discard)
+                busy = gauges()
+                assert busy["signoff_steps_in_flight"] == 1
+                assert busy["signoff_worker_tasks"] >= 3
+                await asyncio.gather(*queued)
+            assert gauges()["signoff_steps_in_flight"] == 0

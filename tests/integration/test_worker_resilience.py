@@ -206,6 +206,34 @@ async def test_a_worker_that_lost_its_run_does_not_continue_it(own_database: str
         assert model_a.calls == 1  # a never asked its model again
 
 
+async def test_a_worker_whose_lease_lapsed_lets_go_of_the_runs_taken_over(
+    own_database: str,
+) -> None:
+    # An operator probe: Postgres read-only for a minute, every lease lapsed; once it took
+    # writes again one worker took over the other's 98 parked runs, and both reported
+    # them parked (signoff_parked_runs) until a card of each was decided. The renewal
+    # that follows a lapse now looks for what was taken over and lets it go.
+    fast = Settings(lease_seconds=1.0)
+    async with harness(
+        own_database, model=Scripted(pix()), worker_id="lapse-a", settings=fast
+    ) as a:
+        card = await one_card(a)
+        kept = await one_card(a)
+        (lease,) = [t for t in a.worker.ticks.tasks if t.get_name() == "signoff-lease"]
+        lease.cancel()
+        await asyncio.sleep(fast.lease_seconds)  # by a's own clock, its lease lapsed
+        # Meanwhile another worker adopted one of its runs (as its adoption writes it).
+        await a.store.db.execute("UPDATE runs SET worker_id = 'lapse-b' WHERE id = $1", card.run_id)
+        await a.worker._renew()  # the renewal after the lapse
+        for _ in range(100):
+            if not a.worker.waits.is_parked(card.id):
+                break
+            await asyncio.sleep(0.02)
+        assert not a.worker.waits.is_parked(card.id)  # let go: the other worker holds it
+        assert a.worker.waits.is_parked(kept.id)  # still its own
+        assert len(a.worker.waits) == 1
+
+
 async def test_a_stopping_worker_lets_a_tick_finish_its_statement(
     own_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
