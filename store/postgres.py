@@ -159,7 +159,8 @@ class PostgresStore:
         being lifted; behind PgBouncer its server sessions keep it, as writes do)."""
 
         async def check(conn: Any) -> None:
-            if writable and not await conn.fetchval(SQL.ping):
+            can_write = await conn.fetchval(SQL.ping)  # asked either way: Postgres answers
+            if writable and not can_write:
                 raise _ReadOnlySession  # not a driver error: the session is not pooled again
 
         for _ in range(2):
