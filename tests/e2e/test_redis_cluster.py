@@ -86,6 +86,7 @@ async def probe_until_writable(bus: RedisBus, key: str, started: float) -> float
             await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow  # 10-11 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_failovers_under_load_lose_no_decision(
     cluster_pools: Cluster, database_url: str, redis_cluster: LocalCluster
 ) -> None:

@@ -56,6 +56,7 @@ async def post_until_taken(
         await asyncio.sleep(0.5)
 
 
+@pytest.mark.slow  # ~11 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_a_message_whose_enqueue_got_no_answer_runs_once_when_sent_again(
     database_url: str, valkey: EmbeddedServer, tmp_path: Path, invariants: Invariants
 ) -> None:

@@ -220,6 +220,7 @@ async def test_decisions_are_answered_soon_while_redis_stalls_and_applied_once(
             await db.close()
 
 
+@pytest.mark.slow  # 11-12 s: the default run leaves it to `pytest -m slow` (CI runs it)
 @pytest.mark.no_store
 async def test_a_decision_waits_for_its_hints_at_most_their_budget_on_a_stalled_cluster(
     database_url: str,
