@@ -23,6 +23,7 @@ from signoff.demo.offline_words import (
     HELP,
     NEGATED,
     NOT_ASKED,
+    PLURAL,
     PT,
     TYPED_YES,
     YES,
@@ -255,9 +256,8 @@ class OfflineDemoModel:
         calls = _calls(messages)
         # One sentence per outcome, each said once ("Reject all" of two cards said "you
         # rejected the card" twice).
-        said = list(
-            dict.fromkeys(describe(r, calls.get(str(r.get("tool_use_id"))), lang) for r in results)
-        )
+        each = [describe(r, calls.get(str(r.get("tool_use_id"))), lang) for r in results]
+        said = [PLURAL.get(s, s) if each.count(s) > 1 else s for s in dict.fromkeys(each)]
         if results and not texts:
             return await self._text(LABEL + " ".join(said), on_text)
         request = " ".join(texts)
@@ -275,7 +275,16 @@ class OfflineDemoModel:
                 after = missing(request, lang) or HELP[lang]
             return await self._text(LABEL + " ".join([*said, after]), on_text)
         # No words before the calls: a write's card is shown by the runtime once it
-        # exists (a refused call has none), a read's answer comes with its result.
+        # exists (a refused call has none), a read's answer comes with its result. But
+        # what became of the cards the message replaced is said first ("saldo" under a
+        # waiting card replaced it, and the balance alone said nothing of it).
+        if said:
+            first = LABEL + " ".join(said)
+            if on_text is not None:
+                await on_text(first)
+            return ModelReply(
+                content=[{"type": "text", "text": first}, *uses], stop_reason="tool_use"
+            )
         return ModelReply(content=list(uses), stop_reason="tool_use")
 
     @staticmethod

@@ -279,6 +279,17 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
 ]
 
 
+# A sentence said once for several calls, as it reads for more than one.
+PLURAL = {
+    "Esse cartão foi substituído pela sua nova mensagem; nada foi feito.": (
+        "Esses cartões foram substituídos pela sua nova mensagem; nada foi feito."
+    ),
+    "That card was replaced by your newer message; nothing was done.": (
+        "Those cards were replaced by your newer message; nothing was done."
+    ),
+}
+
+
 def not_done(text: str, lang: str) -> str:
     """One sentence for a call that did not run (a refusal or a card that was not executed)."""
     for pattern, pt, en in _NOT_DONE:

@@ -80,3 +80,24 @@ async def test_typing_yes_under_a_card_is_told_it_replaced_the_card_and_how_to_a
         reply = await h.last_reply(thread)
         assert replaced in reply and how in reply, reply
         assert await h.charges() == 0
+
+
+async def test_a_read_under_a_waiting_card_says_the_card_was_replaced(database_url: str) -> None:
+    # A newcomer probe: "saldo" under a waiting charge answered the balance alone while the
+    # card above turned "replaced".
+    async with harness(database_url, model=OfflineDemoModel()) as h:
+        thread = await h.thread("alice")
+        await h.say(thread, "cobre 30 da Maria", "alice")
+        [card] = await h.store.pending_cards(thread)
+        await h.say(thread, "saldo", "alice")
+        await h.settle()
+        assert (await h.store.get_card(card.id)).status is Status.SUPERSEDED
+        said = [
+            block.get("text", "")
+            for e in await h.store.entries_after(thread, 0)
+            if e.kind == "assistant"
+            for block in e.body.get("content", [])
+            if block.get("type") == "text"
+        ]
+        assert LABEL + "Esse cartão foi substituído pela sua nova mensagem; nada foi feito." in said
+        assert said[-1] == LABEL + "Seu saldo é R$ 5.000,00."

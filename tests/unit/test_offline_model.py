@@ -476,3 +476,44 @@ def test_a_sale_refunded_in_full_is_said_in_the_persons_language() -> None:
     assert not_done("sale V002 is already refunded in full", "pt") == (
         "A venda V002 já foi estornada por inteiro; não há o que estornar."
     )
+
+
+def _waiting(*ids: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": [
+            {"type": "tool_use", "id": i, "name": "create_pix_charge", "input": {}} for i in ids
+        ],
+    }
+
+
+def _replaced(text: str, *ids: str) -> dict[str, Any]:
+    """The person's new message under waiting cards, with the results the runtime gives
+    the calls it left without one (runtime/conversation.py: DANGLING)."""
+    dangling = "Not completed: the user sent a new message before this was decided."
+    return {
+        "role": "user",
+        "content": [
+            *(
+                {"type": "tool_result", "tool_use_id": i, "content": dangling, "is_error": True}
+                for i in ids
+            ),
+            {"type": "text", "text": text},
+        ],
+    }
+
+
+def test_a_request_under_a_waiting_card_says_the_card_was_replaced() -> None:
+    # A newcomer probe: "saldo" under a waiting charge answered the balance alone, and the
+    # card turned "replaced" with no word about it ("sim" under it was explained).
+    reply = ask([user("cobre 30 da Maria"), _waiting("a"), _replaced("saldo", "a")])
+    assert reply.stop_reason == "tool_use"
+    first, call = reply.content
+    assert first["type"] == "text" and first["text"].startswith(LABEL)
+    assert "Esse cartão foi substituído pela sua nova mensagem" in first["text"]
+    assert call["type"] == "tool_use"
+    both = ask(
+        [user("charge Maria 30 and João 10"), _waiting("a", "b"), _replaced("balance", "a", "b")]
+    )
+    assert "Those cards were replaced by your newer message" in both.content[0]["text"]
+    assert ask([user("saldo")]).content[0]["type"] == "tool_use"  # nothing replaced: no words
