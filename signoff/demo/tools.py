@@ -36,10 +36,17 @@ async def _resolve_customer(ctx: ToolContext, name: str) -> dict[str, Any]:
     matches = await _provider(ctx).find_customers(ctx.tenant, name.strip())
     active = [m for m in matches if m["active"]]
     if not active:
-        raise ToolValidationError(f"no customer matches {name!r}")
+        raise ToolValidationError(
+            {"en": f"no customer matches {name!r}", "pt-BR": f"nenhum cliente se chama {name!r}"}
+        )
     if len(active) > 1:
         names = ", ".join(m["name"] for m in active)
-        raise ToolValidationError(f"{name!r} is ambiguous: {names}; ask the user which one")
+        raise ToolValidationError(
+            {
+                "en": f"{name!r} is ambiguous: {names}; ask the user which one",
+                "pt-BR": f"{name!r} é ambíguo: {names}; diga qual",
+            }
+        )
     return active[0]
 
 
@@ -191,16 +198,33 @@ class RefundSale(Tool):
         provider = _provider(ctx)
         sale = await provider.sale(ctx.tenant, data.sale_id.strip().upper())
         if sale is None:
-            raise ToolValidationError(f"no sale {data.sale_id!r}")
+            raise ToolValidationError(
+                {"en": f"no sale {data.sale_id!r}", "pt-BR": f"não há venda {data.sale_id!r}"}
+            )
         left = sale["amount"] - sale["refunded"]
         if left <= 0:  # a card of R$ 0,00 would "execute" a refund of nothing
-            raise ToolValidationError(f"sale {sale['id']} is already refunded in full")
+            raise ToolValidationError(
+                {
+                    "en": f"sale {sale['id']} is already refunded in full",
+                    "pt-BR": f"a venda {sale['id']} já foi estornada por inteiro",
+                }
+            )
         cents = left if data.amount is None else parse_amount(data.amount)
         if cents > left:
-            raise ToolValidationError(f"only {brl(left)} of sale {sale['id']} can be refunded")
+            raise ToolValidationError(
+                {
+                    "en": f"only {brl(left)} of sale {sale['id']} can be refunded",
+                    "pt-BR": f"só {brl(left)} da venda {sale['id']} podem ser estornados",
+                }
+            )
         balance = await provider.balance(ctx.tenant)
         if cents > balance:
-            raise ToolValidationError(f"the balance ({brl(balance)}) does not cover {brl(cents)}")
+            raise ToolValidationError(
+                {
+                    "en": f"the balance ({brl(balance)}) does not cover {brl(cents)}",
+                    "pt-BR": f"o saldo ({brl(balance)}) não cobre {brl(cents)}",
+                }
+            )
         summary = (
             f"Estornar venda {sale['id']} · Cliente: {sale['name']} (CPF {mask_cpf(sale['cpf'])})"
             f" · Valor: {brl(cents)}"

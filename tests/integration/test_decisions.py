@@ -230,6 +230,31 @@ async def test_an_edit_the_tool_refuses_says_why_in_each_language(database_url: 
         assert (await h.store.get_card(card.id)).status is Status.PENDING
 
 
+async def test_the_demos_refusals_of_an_edit_are_in_each_language(database_url: str) -> None:
+    """A newcomer probe: "Inválido: only R$ 150,00 of sale V001 can be refunded" on a
+    Portuguese page. The demo's tools refuse in both languages."""
+    model = Scripted({"name": "refund_sale", "input": {"sale_id": "V001"}})
+    async with harness(database_url, model=model) as h:
+        card = await one_card(h)
+        from signoff.runtime.decisions import Resolution
+
+        with pytest.raises(InvalidInput) as refused:
+            await h.decisions.resolve(
+                card.id,
+                Resolution(
+                    decision=Decision.EDIT,
+                    snapshot_hash=card.snapshot_hash,
+                    edits={"amount": "500"},
+                ),
+                principal="alice",
+                channel="test",
+            )
+        assert refused.value.message.startswith("only R$ ")  # what the model is told
+        said = refused.value.detail["localized"]["pt-BR"]
+        assert said.startswith("só R$ ") and "da venda V001 podem ser estornados" in said
+        assert (await h.store.get_card(card.id)).status is Status.PENDING
+
+
 async def test_an_edit_back_to_the_proposed_values_is_a_new_card(database_url: str) -> None:
     """150 -> 200 -> 150: the person changes their mind back. The third card carries the
     model's original values and is decidable (it was a 409 "an identical card already
