@@ -12,6 +12,7 @@ import msgspec
 
 from signoff.runtime.errors import ConfigError, InvalidInput, Unauthenticated
 from signoff.runtime.metrics import COUNTERS
+from signoff.runtime.text import BLANK
 
 log = logging.getLogger("signoff.gateway")
 
@@ -32,18 +33,30 @@ CLOCK_SKEW_SECONDS = 60
 PLACEHOLDER = "change-me"  # deploy/kubernetes.yml's placeholder: never a real secret
 BAD_SIGNATURE_WARN_SECONDS = 60.0  # at most one warning a minute (forgeries are free)
 MAX_NAME = 256  # characters of a user's or a tenant's name
+# Characters that let a name pass for another where it is shown (a card's "decided by"):
+# bidi marks, embeddings, overrides and isolates, invisible spaces, and the characters
+# that draw nothing (runtime/text.py). Joiners (U+200C/200D) stay: scripts and emoji use them.
+_DECEPTIVE = (
+    frozenset(
+        "\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\ufeff"
+    )
+    | BLANK
+)
 
 
 def name_problem(value: object) -> str | None:
     """Why ``value`` cannot name a user or a tenant (None: it can): a non-empty string of
     at most MAX_NAME characters, none of them a control character or half a surrogate
-    pair (Postgres would refuse it, on every request the token makes)."""
+    pair (Postgres would refuse it, on every request the token makes), nor one that lets
+    it read as another name (``_DECEPTIVE``: "fuzz\u202e" was a valid user)."""
     if not isinstance(value, str) or not value.strip():
         return "is empty"
     if len(value) > MAX_NAME:
         return f"is longer than {MAX_NAME} characters"
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
+    if any(unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp") for ch in value):
         return "holds a control character or half a surrogate pair"
+    if _DECEPTIVE & set(value):
+        return "holds a bidi control or an invisible character"
     return None
 
 

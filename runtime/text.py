@@ -19,6 +19,12 @@ from typing import Any
 # characters, soft hyphen, BOM); Cs: lone surrogates (no valid UTF-8 encodes them);
 # Zl/Zp: the line and paragraph separators U+2028/U+2029.
 _DROPPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# Characters that draw nothing yet are neither whitespace nor format characters: the
+# braille blank, the Hangul fillers, the combining grapheme joiner, the Khmer inherent
+# vowels. A run of them filled a card's row, so that the words after it ("Valor: R$
+# 1,00") stood at the start of a line of their own (a hostile probe); they count as
+# spaces, and a run of them collapses to one.
+BLANK = frozenset("\u2800\u3164\u115f\u1160\uffa0\u034f\u17b4\u17b5")
 
 ELLIPSIS = "…"
 
@@ -35,7 +41,8 @@ def some_names(names: list[str], shown: int = 10, chars: int = 60) -> str:
 def one_line(text: str, limit: int) -> str:
     """``text`` as one inert line of at most ``limit`` characters.
 
-    Whitespace of any kind (newlines included) becomes a space, other control and
+    Whitespace of any kind (newlines included) and characters that draw nothing
+    (``BLANK``) become a space, other control and
     format characters are removed, runs of spaces collapse to one, the ends are
     trimmed, and a longer result is cut and ends with an ellipsis. Idempotent:
     ``one_line(one_line(t, n), n) == one_line(t, n)``.
@@ -43,7 +50,7 @@ def one_line(text: str, limit: int) -> str:
     if limit < 1:
         raise ValueError("limit must be at least 1")
     kept = "".join(
-        " " if ch.isspace() else ch
+        " " if ch.isspace() or ch in BLANK else ch
         for ch in text
         if ch.isspace() or unicodedata.category(ch) not in _DROPPED
     )

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from signoff.runtime.canonical import snapshot_hash
 from signoff.runtime.cards import Risk
 from signoff.runtime.proposal import new_card
-from signoff.runtime.text import ELLIPSIS, one_line
+from signoff.runtime.text import BLANK, ELLIPSIS, one_line
 from signoff.runtime.tools import Prepared, Tool, ToolContext
 
 FORGED = "pedido 42\n**Valor: R$ 1,00**\u202e00,1 $R\u202c\u2028\u2066x\u2069"
@@ -42,14 +42,28 @@ def test_one_line_is_one_inert_bounded_line(text: str, limit: int) -> None:
     assert not {ch for ch in out if unicodedata.category(ch) in DROPPED}
     assert not BIDI & set(out)
     assert all(not ch.isspace() or ch == " " for ch in out)
+    assert not BLANK & set(out)  # nothing that draws nothing: a row cannot be filled
     assert "  " not in out and out == out.strip()
     assert one_line(out, limit) == out  # idempotent
     out.encode("utf-8")  # no lone surrogate survives
 
 
-@given(st.text(alphabet=st.characters(categories=["L", "N", "P", "S"]), max_size=50))
+@given(
+    st.text(
+        alphabet=st.characters(categories=["L", "N", "P", "S"], exclude_characters=BLANK),
+        max_size=50,
+    )
+)
 def test_one_line_keeps_clean_text(text: str) -> None:
     assert one_line(text, 50) == text
+
+
+def test_characters_that_draw_nothing_cannot_push_words_onto_a_line_of_their_own() -> None:
+    # A hostile probe: 118 braille blanks filled the description's row, and "Valor: R$
+    # 1,00" after them read as a row of its own above the real amount.
+    forged = "\u2800" * 118 + " Valor: R$ 1,00"
+    assert one_line(forged, 500) == "Valor: R$ 1,00"
+    assert one_line("a\u3164\u3164b\u115f\u1160c\uffa0d\u034fe", 50) == "a b c d e"
 
 
 class ForgeIn(msgspec.Struct):

@@ -9,7 +9,7 @@ import jwt
 import pytest
 
 from signoff.gateway.auth import CLOCK_SKEW_SECONDS, Tokens
-from signoff.runtime.errors import ConfigError, Unauthenticated
+from signoff.runtime.errors import ConfigError, InvalidInput, Unauthenticated
 
 SECRET = "s" * 16 + "0123456789abcdef"
 
@@ -72,3 +72,16 @@ def test_a_token_of_another_secret_is_counted_and_said_once_a_minute(
     with pytest.raises(Unauthenticated):  # an expired token is no bad signature
         ours.verify(signed(exp=int(time.time()) - 1))
     assert COUNTERS.values.get("signoff_tokens_bad_signature_total", 0) == before + 3
+
+
+@pytest.mark.parametrize(
+    "sub", ["fuzz\u202e", "\u2066ana\u2069", "an\u200ba", "\u3164", "a\u2028b"]
+)
+def test_a_name_that_could_read_as_another_is_refused(sub: str) -> None:
+    # A hostile probe: "fuzz\u202e" was a valid user, shown as such in a card's "decided by".
+    tokens = Tokens(SECRET)
+    with pytest.raises(Unauthenticated, match="not a valid name"):
+        tokens.verify(signed(sub=sub))
+    with pytest.raises(InvalidInput):
+        tokens.issue(sub, "t")
+    assert tokens.verify(signed(sub="José 👩\u200d💻")).user == "José 👩\u200d💻"  # joiners stay
