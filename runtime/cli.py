@@ -12,11 +12,12 @@ import signal
 import sys
 import time
 import tomllib
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from signoff.runtime import (
+    banner,
     cli_cards,
     cli_clean,
     cli_ops,
@@ -30,7 +31,6 @@ from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.dev import DEMO_APP
 from signoff.runtime.errors import ConfigError, SignoffError
-from signoff.runtime.tools import label_text
 
 
 def _env_help() -> str:
@@ -171,9 +171,9 @@ async def _dev(args: argparse.Namespace) -> int:
                 f"  model:    {model}\n"
                 f"  database: {redacted(settings.database_url or '')}\n"
                 f"  bus:      {'redis ' + redis if redis else 'in-process'}\n"
-                f"  metrics:  {_metrics_where(settings, metrics)}\n"
-                f"  next:     open the chat link{_try_saying(app)}; Ctrl-C stops; "
-                "`signoff clean` removes the data folder",
+                f"  metrics:  {banner.metrics_where(settings, metrics)}\n"
+                f"  next:     open the chat link{banner.try_saying(app)}; Ctrl-C stops; "
+                f"`signoff clean{banner.data_dir_flag(settings)}` removes the data folder",
                 flush=True,
             )
             await serve
@@ -184,20 +184,6 @@ async def _dev(args: argparse.Namespace) -> int:
         for closer in closers:
             closer.stop()
     return 0
-
-
-def _try_saying(app: App) -> str:
-    """`` and ask, e.g. "<the app's hint>"`` (its English one), or nothing."""
-    hint = app.hint
-    if isinstance(hint, Mapping):
-        hint = label_text(dict(hint), "en")
-    return f" and ask, e.g. {hint}" if hint else ""
-
-
-def _metrics_where(settings: cfg.Settings, metrics: Any) -> str:
-    if metrics is None:
-        return "off (set SIGNOFF_METRICS_PORT or --metrics-port)"
-    return f"http://{settings.metrics_host or settings.host}:{metrics.port}/metrics"
 
 
 def _bus_where(settings: cfg.Settings) -> str:
@@ -235,7 +221,7 @@ async def _gateway(args: argparse.Namespace) -> int:
             print(
                 f"signoff gateway listening on http://{settings.host}:{settings.port} "
                 f"(WebSocket /v1/ws, API /v1, probes /healthz /readyz); "
-                f"metrics: {_metrics_where(settings, metrics)}; app {app.name}; "
+                f"metrics: {banner.metrics_where(settings, metrics)}; app {app.name}; "
                 f"bus {_bus_where(settings)}",
                 flush=True,
             )
@@ -262,7 +248,7 @@ async def _worker(args: argparse.Namespace) -> int:
         print(
             f"signoff worker {settings.worker_id} running app {app.name} "
             f"({settings.app}); model {model}; bus {_bus_where(settings)}; "
-            f"metrics: {_metrics_where(settings, metrics)}",
+            f"metrics: {banner.metrics_where(settings, metrics)}",
             flush=True,
         )
         claim = getattr(node, "claim", None)
