@@ -77,7 +77,11 @@ class Dev:
                 lines.append(self.proc.stdout.readline())
                 assert "next:" in lines[-1] and "signoff clean" in lines[-1], lines[-1]
                 # Not the default folder: the command that removes it names it.
-                assert f"signoff clean --data-dir {self.data_dir}`" in lines[-1], lines[-1]
+                if str(self.data_dir) != ".signoff":
+                    said = f"signoff clean --data-dir {self.data_dir}`"
+                else:
+                    said = "`signoff clean` removes"
+                assert said in lines[-1], lines[-1]
                 self.output = "".join(lines)
                 return
         raise AssertionError("signoff dev did not start:\n" + "".join(lines))
