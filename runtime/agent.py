@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from signoff.runtime import outcomes, replies, slots
+from signoff.runtime import approved, outcomes, replies, slots
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.conversation import SYSTEM_PROMPT, build_messages, messages_and_open_calls
@@ -29,7 +29,6 @@ from signoff.runtime.errors import (
     SignoffError,
     ToolValidationError,
     Unavailable,
-    UnknownTool,
 )
 from signoff.runtime.execution import Executor
 from signoff.runtime.faults import Faults
@@ -99,6 +98,7 @@ class Agent:
             actor=f"worker:{worker_id}",
             faults=self.faults,
         )
+        self.approved = approved.Approved(self.executor, tools, self._ctx, worker_id)
         # One lock per thread while anyone holds or waits on it; weak values let locks of
         # idle threads go (a held lock is referenced by the coroutine using it).
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -393,6 +393,9 @@ class Agent:
             )
         pending = [cards[c] for c in waiting.values() if cards[c].status is Status.PENDING]
         if pending:
+            # Approved siblings do not wait for these (design note 60).
+            for card_id in await self.approved.execute(run, waiting, cards):
+                await self.notify.clear_wait(card_id)
             if self._park is not None:
                 await self._park(run, pending)
             return run
@@ -468,31 +471,17 @@ class Agent:
         cards: dict[str, Card],
         conversation: list[Entry] | None = None,
     ) -> Run:
-        """Every card is decided: execute the approved ones, tell the model, step on.
-
-        An approved card of a tool this worker does not serve (another app version proposed
-        it) stops the continuation before anything runs: :class:`UnknownTool`, the card
-        left approved for a worker that serves it (``runtime/handover.py``); so does a card
-        found `executing`, for a while (``Executor.settle_elsewhere``)."""
+        """Every card is decided: execute the approved ones not run yet, tell the model,
+        step on. Nothing runs while an approved card's tool is not served here
+        (``approved.check_served``) or a card is found `executing`, for a while
+        (``Executor.settle_elsewhere``)."""
         results: dict[str, dict[str, Any]] = dict(run.state.get("results", {}))
-        for use_id in run.state.get("order", []):
-            card = cards[waiting[use_id]] if use_id in waiting else None
-            if (
-                use_id not in results
-                and card is not None
-                and card.status is Status.APPROVED
-                and self.tools.get(card.tool) is None
-            ):
-                raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
-        await self.executor.settle_elsewhere(
-            run.id, [cards[c] for u, c in waiting.items() if u not in results]
-        )
-        for use_id in run.state.get("order", []):
-            if use_id in results:
-                continue
+        calls = approved.open_calls(run, waiting)
+        self.approved.check_served(run, waiting, cards)
+        await self.executor.settle_elsewhere(run.id, [cards[waiting[u]] for u in calls])
+        await self.approved.execute(run, waiting, cards)
+        for use_id in calls:
             card = cards[waiting[use_id]]
-            if card.status is Status.APPROVED:
-                card = await self.executor.execute(card, self._ctx(run))
             results[use_id] = outcomes.card_outcome(use_id, card)
             await self.notify.clear_wait(card.id)
         blocks = [results[i] for i in run.state.get("order", [])]

@@ -56,9 +56,9 @@ def dangling_result(outcome: ToolUseOutcome | None) -> tuple[str, bool]:
         return DANGLING, True
     result = msgspec.json.encode(outcome.result).decode() if outcome.result is not None else ""
     if outcome.status == "executed":
-        return f"Executed after the user sent a new message. Result: {result}", False
+        return f"Executed: the user approved this and it ran. Result: {result}", False
     if outcome.status == "failed":
-        return f"Failed after the user sent a new message: {outcome.reason or result}", True
+        return f"Failed: the user approved this, but it failed: {outcome.reason or result}", True
     return EXECUTING, True
 
 

@@ -614,13 +614,12 @@ ORDER BY created_at DESC LIMIT $3;
 SELECT id::text, status FROM cards WHERE id = ANY($1::uuid[]) AND status <> 'pending';
 
 -- name: cards_approved_held
--- Approved cards not started whose run worker $1 holds and waits on nothing else: the
--- slow poll's read at every other tick, constant however many runs are parked (partial
--- index cards_approved: approved cards are few and short-lived). A run with a card still
--- pending stays parked on it: its approved card waits for that one, and is not woken for.
+-- Approved cards not started whose run worker $1 holds: the slow poll's read at every
+-- other tick, constant however many runs are parked (partial index cards_approved:
+-- approved cards are few and short-lived). Also those whose run still waits on a pending
+-- card: an approved card runs without waiting for its siblings (design note 60).
 SELECT c.id::text, c.run_id::text FROM cards c JOIN runs r ON r.id = c.run_id
 WHERE c.status = 'approved' AND r.worker_id = $1
-  AND NOT EXISTS (SELECT 1 FROM cards p WHERE p.run_id = c.run_id AND p.status = 'pending')
 ORDER BY c.decided_at LIMIT $2;
 
 -- name: card_lock_thread
@@ -1067,8 +1066,8 @@ ORDER BY expires_at LIMIT $1;
 
 -- name: cards_approved_stale
 -- Approved cards not started for $1 seconds, with whether their run is still active
--- and who holds it (partial index cards_approved: approved cards are few and short-lived). A card whose
--- run still waits on another, pending card is not stale: it waits for that one.
+-- and who holds it (partial index cards_approved: approved cards are few and short-lived),
+-- also while its run waits on another, pending card (design note 60).
 SELECT c.id::text, c.thread_id::text, c.run_id::text, c.tenant, c.owner, c.tool,
     c.tool_use_id, c.risk, c.input, c.args_snapshot, c.summary, c.impact, c.snapshot_hash,
     c.request_key, c.operation_id::text, c.editable, c.status, c.expires_at, c.decided_at,
@@ -1077,7 +1076,6 @@ SELECT c.id::text, c.thread_id::text, c.run_id::text, c.tenant, c.owner, c.tool,
     r.status IN ('running', 'waiting') AS run_active, r.worker_id AS holder
 FROM cards c JOIN runs r ON r.id = c.run_id
 WHERE c.status = 'approved' AND c.decided_at < now() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT 1 FROM cards p WHERE p.run_id = c.run_id AND p.status = 'pending')
 ORDER BY c.decided_at LIMIT $2;
 
 -- name: cards_stuck_executing

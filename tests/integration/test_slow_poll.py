@@ -15,6 +15,7 @@ import pytest
 from signoff.runtime import poller as worker_module
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.decisions import Resolution
+from signoff.runtime.records import RunStatus
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, one_card, pix
 from tests.integration.test_wake_spans import elsewhere, executed, wakes
@@ -92,33 +93,37 @@ async def test_an_edit_whose_signal_was_lost_then_an_approval_is_found_at_the_ne
         assert (await h.store.get_card(card.id)).status is Status.MODIFIED
 
 
-async def test_a_run_still_waiting_on_another_card_is_not_woken_at_every_tick(
+async def test_an_approval_lost_beside_a_pending_card_runs_at_the_next_tick_and_once(
     database_url: str,
 ) -> None:
-    """Two cards, one approved (its signal lost), one still pending: the run waits for the
-    other one. The approvals read used to return the approved card at every tick, and the
-    run was woken (a continuation, a Redis write per card) every 5 s for nothing."""
+    """Two cards, one approved (its signal lost), one still pending: the approved one
+    does not wait for its sibling (design note 60), so the next tick finds it and runs it;
+    once it ran, the run waiting on the other card is not woken at every tick again."""
     async with harness(database_url, model=Scripted(pix(), pix("90"))) as h:
         thread = await h.thread("alice")
         await h.say(thread, "cobre os dois", "alice")
         first, second = sorted(await h.store.pending_cards(thread), key=lambda c: c.created_at)
         await lost(h, first.id, Decision.APPROVE, first.snapshot_hash)
+        assert await h.store.approved_held(h.worker.worker_id) == {first.id: first.run_id}
+        assert first.id in [c.id for c, _, _ in await h.store.approved_stale(0.0)]
+        await h.worker.poll(tick=1)
+        await executed(h, first.id)
+        await h.settle()
+        assert await h.charges() == 1
+        assert (await h.store.get_card(second.id)).status is Status.PENDING
+        assert h.worker.waits.is_parked(second.id)
+        # Nothing approved is left: the ticks that follow do not wake the run.
         assert await h.store.approved_held(h.worker.worker_id) == {}
-        # Nor is it stale for the sweeper (which warned and signalled it again every
-        # approved_stale_seconds until the other card was decided).
-        assert first.id not in [c.id for c, _, _ in await h.store.approved_stale(0.0)]
         mark = h.worker.waits.woken.spans.count
         for tick in range(1, 4):
             await h.worker.poll(tick)
         await h.settle()
         assert [p for p, _ in wakes(h, mark) if p == "poll"] == []
-        # Once the other card is decided too, the next tick wakes the run.
-        await lost(h, second.id, Decision.REJECT, second.snapshot_hash)
-        assert await h.store.approved_held(h.worker.worker_id) == {first.id: first.run_id}
-        assert first.id in [c.id for c, _, _ in await h.store.approved_stale(0.0)]
-        await h.worker.poll(tick=1)
-        await executed(h, first.id)
+        await h.decide(second, Decision.REJECT)
+        await h.settle()
         assert (await h.store.get_card(second.id)).status is Status.REJECTED
+        assert (await h.store.get_run(first.run_id)).status is RunStatus.DONE
+        assert await h.charges() == 1
 
 
 async def test_approved_cards_of_another_workers_runs_are_not_read(database_url: str) -> None:
