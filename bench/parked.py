@@ -191,7 +191,7 @@ async def poll_cost(database_url: str, repeats: int = 5) -> dict[str, Any]:
                 await conn.fetch(SQL.cards_decided_among, ids[lo : lo + RECHECK_CHUNK])
 
         full = await timed(chunked)
-        tick = await timed(lambda: conn.fetch(SQL.cards_approved_held, holder, 1000))
+        tick = await timed(lambda: conn.fetch(SQL.cards_approved_held, holder, 1000, None))
     finally:
         await conn.close()
     every = POLL_FULL_EVERY

@@ -393,9 +393,13 @@ class Agent:
             )
         pending = [cards[c] for c in waiting.values() if cards[c].status is Status.PENDING]
         if pending:
-            # Approved siblings do not wait for these (design note 60).
-            for card_id in await self.approved.execute(run, waiting, cards):
-                await self.notify.clear_wait(card_id)
+            # Approved siblings do not wait for these (design note 60); then what is true
+            # now goes on: decided meanwhile, the run resumes; superseded, it ends here.
+            if await self.approved.execute(run, waiting, cards, early=True):
+                run, known, conversation = await self.store.run_with_cards(run.id)
+                if run.status is not RunStatus.WAITING or run.holder != self.worker_id:
+                    return run
+                return await self._settle(run, known, conversation)
             if self._park is not None:
                 await self._park(run, pending)
             return run

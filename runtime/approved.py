@@ -36,22 +36,38 @@ class Approved:
         self.ctx = ctx
         self.worker_id = worker_id
 
-    def check_served(self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]) -> None:
-        """An approved card of a tool this worker does not serve (another app version
-        proposed it) stops the continuation before anything runs: :class:`UnknownTool`,
-        the run handed to a worker that serves it (``runtime/handover.py``), so that one
-        run's cards are not executed by two versions."""
+    def unserved(
+        self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]
+    ) -> Card | None:
+        """The first approved, not started card of the run whose tool this worker does
+        not serve (another app version proposed it), if any."""
         for use_id in open_calls(run, waiting):
             card = cards[waiting[use_id]]
             if card.status is Status.APPROVED and self.tools.get(card.tool) is None:
-                raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
+                return card
+        return None
+
+    def check_served(self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]) -> None:
+        """An approved card of a tool this worker does not serve stops the continuation
+        before anything runs: :class:`UnknownTool`, the run handed to a worker that serves
+        it (``runtime/handover.py``), so that one run's cards are not executed by two
+        versions."""
+        card = self.unserved(run, waiting, cards)
+        if card is not None:
+            raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
 
     async def execute(
-        self, run: Run, waiting: Mapping[str, str], cards: dict[str, Card]
+        self, run: Run, waiting: Mapping[str, str], cards: dict[str, Card], *, early: bool = False
     ) -> list[str]:
         """Execute the run's cards that are approved and not started, in the model's
         order (after :meth:`check_served`); ``cards`` (by id) is updated with each as it
-        ends up. The ids of those executed."""
+        ends up. The ids of those executed.
+
+        ``early``: some card of the run is still pending. Then an approved card whose tool
+        this worker does not serve makes this run nothing (no :class:`UnknownTool`): the
+        run stays parked here, and is handed over whole once every card is decided."""
+        if early and self.unserved(run, waiting, cards) is not None:
+            return []
         self.check_served(run, waiting, cards)
         done = []
         for use_id in open_calls(run, waiting):

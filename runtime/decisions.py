@@ -294,29 +294,41 @@ class Decisions:
         channel: str,
         tenant: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Several decisions for one run's cards; each succeeds or fails on its own."""
+        """Several decisions for one run's cards; each succeeds or fails on its own, and
+        the answers come in the request's order. They are taken in the order the model
+        called the cards: an approved card runs as soon as it is approved (design note
+        60), so a batch that approves several runs them in the model's order."""
         run = await self.store.get_run(run_id)
         if tenant is not None and run.tenant != tenant:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
         if run.owner != principal:
             raise NotOwner("only the run's owner can decide its cards", run_id=run_id)
-        out: list[dict[str, Any]] = []
-        for card_id, res in items:
+        cards = {c.id: c for c in await self.store.cards_of_run(run.id)}
+        later = len(run.state.get("order", [])) + 1  # not the run's: refused, in turn
+        taken = sorted(
+            range(len(items)),
+            key=lambda i: run.call_position(cards[items[i][0]]) if items[i][0] in cards else later,
+        )
+        out: dict[int, dict[str, Any]] = {}
+        for i in taken:
+            card_id, res = items[i]
             try:
-                card = await self.store.get_card(card_id)
-                if card.run_id != run.id:
+                if card_id not in cards:
                     # Not this run's card: as if there were no such card. Whose it is,
                     # and whether it exists, is not this request's to learn.
                     raise CardNotFound(f"card {card_id} not found", card_id=card_id)
                 outcome = await self.resolve(
                     card_id, res, principal=principal, channel=channel, tenant=tenant
                 )
-                out.append({"card_id": card_id, "ok": True, **msgspec.to_builtins(outcome)})
+                out[i] = {"card_id": card_id, "ok": True, **msgspec.to_builtins(outcome)}
             except SignoffError as exc:
-                out.append(
-                    {"card_id": card_id, "ok": False, "error": exc.code, "message": exc.message}
-                )
-        return out
+                out[i] = {
+                    "card_id": card_id,
+                    "ok": False,
+                    "error": exc.code,
+                    "message": exc.message,
+                }
+        return [out[i] for i in range(len(items))]
 
 
 # A person's edit is a card field, not a document (a hostile probe stored a 100,000

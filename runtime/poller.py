@@ -71,6 +71,12 @@ class Poller:
         if tick % POLL_FULL_EVERY == 0:
             await self.recheck(w.waits.parked_cards(), "poll")
             return
-        for card_id, run_id in (await w.store.approved_held(w.worker_id)).items():
-            if not w.waits.resolve(card_id, "approved", "poll"):
-                w.waits.wake_run(run_id, "poll")  # a card an unseen edit proposed
+        served = [t.name for t in w.agent.tools]
+        for card_id, run_id in (await w.store.approved_held(w.worker_id, tools=served)).items():
+            if w.waits.resolve(card_id, "approved", "poll"):
+                continue
+            # A card an unseen edit proposed; not a run being continued now (its approved
+            # card is still revalidating while a sibling waits: design note 60), nor one
+            # already due to be continued again.
+            if not w.wakes.pending(run_id) and not w.agent.lock(run_id).locked():
+                w.waits.wake_run(run_id, "poll")

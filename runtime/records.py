@@ -71,6 +71,12 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     state: dict[str, Any]
     error: str | None
 
+    def call_position(self, card: Card) -> int:
+        """Where the model put the card's call among the run's calls (a sort key: an
+        edit's card takes its call's place; a card of no call of the run goes last)."""
+        order: list[str] = self.state.get("order", [])
+        return order.index(card.tool_use_id) if card.tool_use_id in order else len(order)
+
 
 class NewCard(msgspec.Struct, frozen=True, kw_only=True):
     """What a proposal writes: everything but the status and the timestamps."""

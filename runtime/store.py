@@ -23,7 +23,7 @@ one to it):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -387,7 +387,9 @@ class Store(Protocol):
 
     async def decided_among(self, card_ids: list[str]) -> dict[str, str]: ...
 
-    async def approved_held(self, worker_id: str, limit: int = 1000) -> dict[str, str]: ...
+    async def approved_held(
+        self, worker_id: str, limit: int = 1000, tools: Sequence[str] | None = None
+    ) -> dict[str, str]: ...
 
     async def overdue_card_ids(self, limit: int = 500) -> list[str]: ...
 

@@ -8,6 +8,7 @@ card's status, so Postgres decides races between processes (I4, I8).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -151,9 +152,13 @@ class Cards:
         found = await self._db.fetch(SQL.cards_decided_among, card_ids)
         return {r["id"]: r["status"] for r in found}
 
-    async def approved_held(self, worker_id: str, limit: int = 1000) -> dict[str, str]:
-        """Approved cards not started whose run ``worker_id`` holds (card id -> run id)."""
-        found = await self._db.fetch(SQL.cards_approved_held, worker_id, limit)
+    async def approved_held(
+        self, worker_id: str, limit: int = 1000, tools: Sequence[str] | None = None
+    ) -> dict[str, str]:
+        """Approved cards not started whose run ``worker_id`` holds (card id -> run id),
+        of these ``tools`` only when given."""
+        names = None if tools is None else list(tools)
+        found = await self._db.fetch(SQL.cards_approved_held, worker_id, limit, names)
         return {r["id"]: r["run_id"] for r in found}
 
     # -- a person's decision ------------------------------------------------------------

@@ -617,9 +617,12 @@ SELECT id::text, status FROM cards WHERE id = ANY($1::uuid[]) AND status <> 'pen
 -- Approved cards not started whose run worker $1 holds: the slow poll's read at every
 -- other tick, constant however many runs are parked (partial index cards_approved:
 -- approved cards are few and short-lived). Also those whose run still waits on a pending
--- card: an approved card runs without waiting for its siblings (design note 60).
+-- card: an approved card runs without waiting for its siblings (design note 60). Only
+-- those of tools $3 when not NULL: the worker's own (another version's card beside a
+-- pending sibling waits parked for it: not woken at every tick).
 SELECT c.id::text, c.run_id::text FROM cards c JOIN runs r ON r.id = c.run_id
 WHERE c.status = 'approved' AND r.worker_id = $1
+  AND ($3::text[] IS NULL OR c.tool = ANY($3::text[]))
 ORDER BY c.decided_at LIMIT $2;
 
 -- name: card_lock_thread

@@ -36,7 +36,7 @@ PERIODIC: dict[str, tuple[Any, ...]] = {
     "workers_forget": (60.0,),
     # worker slow poll, every poll_seconds (runtime/worker.py; the full re-read of the
     # parked cards, every 12th tick, is a chunk of ids by their primary key)
-    "cards_approved_held": ("w1", 1000),
+    "cards_approved_held": ("w1", 1000, ["create_pix_charge"]),
     # worker lease tick
     "worker_renew": ("w1", 10.0),
     "run_adopt": ("w2", 10.0, 100, False),

@@ -232,9 +232,16 @@ class AgentSteps:
             return
         listed = listed_cards(last.schema)
         by = last.resolved_by or ctx.principal
-        for i, (card_id, value) in enumerate(sorted(last.payload.items())):
-            if card_id in listed:
-                await self._apply_one(card_id, value, by)
+        # In the order the model called the cards: an approved card runs as soon as it is
+        # approved (design note 60), so the map's approvals run in the model's order.
+        run = await self.store.get_run(Agent.run_id_for(message_id(ctx.run_id, step.name)))
+        cards = {c.id: c for c in await self.store.cards_of_run(run.id)}
+        ids = sorted(
+            (c for c in last.payload if c in listed and c in cards),
+            key=lambda c: (run.call_position(cards[c]), c),
+        )
+        for i, card_id in enumerate(ids):
+            await self._apply_one(card_id, last.payload[card_id], by)
             if i == 0:
                 self.worker.faults.hit(FAULT_AFTER_FIRST)
 

@@ -5,15 +5,22 @@ and a new message sent meanwhile invalidated it: the person's approval was lost.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from signoff import App, Registry
+from signoff.demo.tools import ALL_TOOLS
+from signoff.runtime import handover, presence
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Resolution
 from signoff.runtime.errors import SignoffError
+from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import RunStatus
+from signoff.runtime.worker import Worker
 from tests.conftest import migrated_database
 from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, pix
@@ -185,3 +192,173 @@ async def test_an_executed_card_is_not_run_again_by_the_worker_that_adopts_its_r
         assert model.calls == 1
         told = results_told(model.seen[0])
         assert all('"executed"' in told[c.tool_use_id]["content"] for c in (first, second))
+
+
+async def started_in_order(h: Harness, cards: list[Card]) -> list[str]:
+    """The cards' ids in the order they entered `executing` (audit ids are a sequence)."""
+    first: dict[str, int] = {}
+    for card in cards:
+        for event in await h.events(card):
+            if event.to_status == "executing":
+                first[card.id] = event.id
+    return sorted(first, key=first.__getitem__)
+
+
+async def test_a_batch_runs_its_approvals_in_the_models_order(database_url: str) -> None:
+    """A batch listing the cards in another order than the model's is taken in the
+    model's: its first approval already runs its card (a review reproduced the second
+    card executing first), and the answers still come in the request's order."""
+    model = Scripted(pix("10"), pix("20", "Maria"), pix("30", "Ana"))
+    async with harness(database_url, model=model) as h:
+        for i in range(3):
+            thread = await h.thread(f"b{i}")
+            await h.say(thread, "cobre os três", f"b{i}")
+            cards = sorted(await h.store.pending_cards(thread), key=lambda c: c.tool_use_id)
+            asked = [cards[2], cards[0], cards[1]]
+            answers = await h.decisions.resolve_batch(
+                cards[0].run_id,
+                [
+                    (c.id, Resolution(decision=Decision.APPROVE, snapshot_hash=c.snapshot_hash))
+                    for c in asked
+                ],
+                principal=f"b{i}",
+                channel="test",
+            )
+            assert [a["card_id"] for a in answers] == [c.id for c in asked]
+            assert all(a["ok"] for a in answers)
+            await h.settle()
+            assert await started_in_order(h, cards) == [c.id for c in cards]
+        assert await h.charges() == 9
+
+
+async def test_an_approved_card_of_a_tool_not_served_here_waits_for_its_sibling_quietly(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker of another app version holds the run: an approved card it cannot run
+    does not make it hand the run over (nor retry and log) while a sibling is pending;
+    nothing of the run runs here, and once every card is decided the run is handed to
+    a worker that serves the tool (design note 21), which runs the approved card."""
+    monkeypatch.setattr(handover, "RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(handover, "RETRY_MAX_SECONDS", 0.5)
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        _, first, second = await two_cards(h)
+        settings = h.settings.with_(lease_seconds=1.0)
+        await h.worker.stop()  # hands the parked run back (holder NULL)
+        old_app = App(
+            name="payments",
+            tools=Registry(t for t in ALL_TOOLS if t.name != "create_pix_charge"),
+        )
+        old_app.services = h.provider
+        old = Worker(
+            settings=settings.with_(worker_id="old-" + secrets.token_hex(3)),
+            store=h.store,
+            bus=h.bus,
+            app=old_app,
+            model=Scripted(),
+        )
+        new: Worker | None = None
+        handed = COUNTERS.values["signoff_runs_handed_over_total"]
+        try:
+            await old.start()  # adopts the run, parks on both cards
+            await until_parked(old, second.id)
+            await h.decide(first, Decision.APPROVE)
+            await asyncio.sleep(1.0)
+            run = await h.store.get_run(first.run_id)
+            assert run.holder == old.worker_id and run.status is RunStatus.WAITING
+            assert (await h.card(first)).status is Status.APPROVED
+            assert COUNTERS.values["signoff_runs_handed_over_total"] == handed
+            assert old.waits.is_parked(second.id) and await h.charges() == 0
+            # Nor does its slow poll wake the run for that card at every tick.
+            served = [t.name for t in old_app.tools]
+            assert await h.store.approved_held(old.worker_id, tools=served) == {}
+            mark = old.waits.woken.spans.count
+            for tick in range(1, 4):
+                await old.poll(tick)
+            await asyncio.sleep(0.2)
+            assert [p for _, p, _ in old.waits.woken.spans.after(mark) if p == "poll"] == []
+            new = Worker(
+                settings=settings.with_(worker_id="new-" + secrets.token_hex(3)),
+                store=h.store,
+                bus=h.bus,
+                app=h.worker.app,
+                model=Scripted(),
+            )
+            me = presence.describe(h.worker.app, new.worker_id, ["worker"])
+            await h.store.join_app(me, presence.LIVE_SECONDS, lambda _: None)
+            await new.start()
+            await h.decide(second, Decision.REJECT)
+            deadline = asyncio.get_running_loop().time() + 15
+            while (await h.card(first)).status is not Status.EXECUTED:
+                assert asyncio.get_running_loop().time() < deadline, "not executed"
+                await asyncio.sleep(0.1)
+            assert await h.charges() == 1
+        finally:
+            await old.stop()
+            if new is not None:
+                await new.stop()
+                await h.store.leave_app(new.worker_id)
+
+
+async def until_parked(worker: Worker, card_id: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 10
+    while not worker.waits.is_parked(card_id):
+        assert asyncio.get_running_loop().time() < deadline, "the run was not parked"
+        await asyncio.sleep(0.05)
+
+
+class Held:
+    """The demo's Pix charge held inside the provider call until released."""
+
+    def __init__(self, h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        self.real = tool.execute
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        monkeypatch.setattr(tool, "execute", self.execute)  # the demo's tools are shared
+
+    async def execute(self, snapshot: Any, operation_id: str, ctx: Any) -> Any:
+        self.entered.set()
+        await self.release.wait()
+        return await self.real(snapshot, operation_id, ctx)
+
+
+async def test_a_sibling_decided_while_the_approved_card_runs_resumes_the_run(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = Scripted(pix("10"), pix("20", "Maria"))
+    async with harness(database_url, model=model) as h:
+        _, first, second = await two_cards(h)
+        held = Held(h, monkeypatch)
+        await h.decide(first, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        await h.decide(second, Decision.REJECT)  # while the provider has the first
+        held.release.set()
+        await h.settle()
+        assert (await h.card(first)).status is Status.EXECUTED
+        assert (await h.store.get_run(first.run_id)).status is RunStatus.DONE
+        assert model.calls == 2 and await h.charges() == 1
+        told = results_told(model.seen[-1])
+        assert '"executed"' in told[first.tool_use_id]["content"]
+        assert "REJECTED" in told[second.tool_use_id]["content"]
+
+
+async def test_a_run_superseded_while_its_approved_card_runs_leaves_no_wait_behind(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's finding: the continuation parked again on the sibling after the run
+    was superseded, writing its wait token back after the supersede had deleted it."""
+    model = Scripted(pix("10"), pix("20", "Maria"))
+    async with harness(database_url, model=model) as h:
+        thread, first, second = await two_cards(h)
+        held = Held(h, monkeypatch)
+        await h.decide(first, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        await h.say(thread, "outra coisa", "alice")
+        assert (await h.card(second)).status is Status.SUPERSEDED
+        held.release.set()
+        await h.settle()
+        assert (await h.card(first)).status is Status.EXECUTED
+        assert await h.bus.wait_holder(second.id) is None
+        assert not h.worker.waits.is_parked(second.id)
+        assert await h.charges() == 1
