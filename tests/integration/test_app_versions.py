@@ -27,11 +27,12 @@ from signoff.demo.tools import ALL_TOOLS
 from signoff.gateway.errors import status_of
 from signoff.runtime import handover, presence
 from signoff.runtime.cards import Decision, Status
+from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions
 from signoff.runtime.keys import Keys
 from signoff.runtime.worker import Worker
 from signoff.store.postgres import PostgresStore
-from tests.harness import harness
+from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, one_card, pix
 
 pytestmark = pytest.mark.anyio
@@ -139,6 +140,35 @@ async def test_a_gateway_refuses_to_approve_or_edit_a_card_of_a_tool_it_does_not
         assert (await h.store.get_card(card.id)).status is Status.REJECTED
 
 
+def old_version_worker(h: Harness, settings: Settings) -> Worker:
+    """A worker of an older version of the harness's app: it lacks create_pix_charge."""
+    old_app = _app("payments", without="create_pix_charge")
+    old_app.services = h.provider
+    return Worker(
+        settings=settings.with_(worker_id="old-" + secrets.token_hex(3)),
+        store=h.store,
+        bus=h.bus,
+        app=old_app,
+        model=Scripted(),
+    )
+
+
+async def new_version_worker(h: Harness, settings: Settings) -> Worker:
+    """A live worker of the harness's own app version, started (stop it, then
+    ``h.store.leave_app(worker.worker_id)``)."""
+    new = Worker(
+        settings=settings.with_(worker_id="new-" + secrets.token_hex(3)),
+        store=h.store,
+        bus=h.bus,
+        app=h.worker.app,
+        model=Scripted(),
+    )
+    me = presence.describe(h.worker.app, new.worker_id, ["worker"])
+    await h.store.join_app(me, presence.LIVE_SECONDS, lambda _: None)
+    await new.start()
+    return new
+
+
 async def test_a_worker_leaves_an_approved_card_of_an_unknown_tool_to_a_worker_that_serves_it(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,15 +178,7 @@ async def test_a_worker_leaves_an_approved_card_of_an_unknown_tool_to_a_worker_t
         card = await one_card(h)
         settings = h.settings.with_(lease_seconds=1.0)
         await h.worker.stop()  # hands the parked run back (holder NULL)
-        old_app = _app("payments", without="create_pix_charge")
-        old_app.services = h.provider
-        old = Worker(
-            settings=settings.with_(worker_id="old-" + secrets.token_hex(3)),
-            store=h.store,
-            bus=h.bus,
-            app=old_app,
-            model=Scripted(),
-        )
+        old = old_version_worker(h, settings)
         new: Worker | None = None
         try:
             await old.start()  # adopts the run, parks on the pending card
@@ -169,16 +191,7 @@ async def test_a_worker_leaves_an_approved_card_of_an_unknown_tool_to_a_worker_t
             assert await h.charges() == 0
 
             # a worker of the version that proposed the card starts: the run goes there
-            new = Worker(
-                settings=settings.with_(worker_id="new-" + secrets.token_hex(3)),
-                store=h.store,
-                bus=h.bus,
-                app=h.worker.app,
-                model=Scripted(),
-            )
-            me = presence.describe(h.worker.app, new.worker_id, ["worker"])
-            await h.store.join_app(me, presence.LIVE_SECONDS, lambda _: None)
-            await new.start()
+            new = await new_version_worker(h, settings)
             deadline = asyncio.get_running_loop().time() + 15
             while (await h.store.get_card(card.id)).status is not Status.EXECUTED:
                 assert asyncio.get_running_loop().time() < deadline, "not executed"

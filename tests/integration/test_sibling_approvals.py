@@ -5,15 +5,12 @@ and a new message sent meanwhile invalidated it: the person's approval was lost.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from signoff import App, Registry
-from signoff.demo.tools import ALL_TOOLS
-from signoff.runtime import handover, presence
+from signoff.runtime import handover
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Resolution
@@ -23,6 +20,7 @@ from signoff.runtime.records import RunStatus
 from signoff.runtime.worker import Worker
 from tests.conftest import migrated_database
 from tests.harness import Harness, harness
+from tests.integration.test_app_versions import new_version_worker, old_version_worker
 from tests.integration.test_decisions import Scripted, pix
 from tests.integration.test_slow_poll import lost
 
@@ -244,18 +242,7 @@ async def test_an_approved_card_of_a_tool_not_served_here_waits_for_its_sibling_
         _, first, second = await two_cards(h)
         settings = h.settings.with_(lease_seconds=1.0)
         await h.worker.stop()  # hands the parked run back (holder NULL)
-        old_app = App(
-            name="payments",
-            tools=Registry(t for t in ALL_TOOLS if t.name != "create_pix_charge"),
-        )
-        old_app.services = h.provider
-        old = Worker(
-            settings=settings.with_(worker_id="old-" + secrets.token_hex(3)),
-            store=h.store,
-            bus=h.bus,
-            app=old_app,
-            model=Scripted(),
-        )
+        old = old_version_worker(h, settings)
         new: Worker | None = None
         handed = COUNTERS.values["signoff_runs_handed_over_total"]
         try:
@@ -269,23 +256,14 @@ async def test_an_approved_card_of_a_tool_not_served_here_waits_for_its_sibling_
             assert COUNTERS.values["signoff_runs_handed_over_total"] == handed
             assert old.waits.is_parked(second.id) and await h.charges() == 0
             # Nor does its slow poll wake the run for that card at every tick.
-            served = [t.name for t in old_app.tools]
+            served = [t.name for t in old.app.tools]
             assert await h.store.approved_held(old.worker_id, tools=served) == {}
             mark = old.waits.woken.spans.count
             for tick in range(1, 4):
                 await old.poll(tick)
             await asyncio.sleep(0.2)
             assert [p for _, p, _ in old.waits.woken.spans.after(mark) if p == "poll"] == []
-            new = Worker(
-                settings=settings.with_(worker_id="new-" + secrets.token_hex(3)),
-                store=h.store,
-                bus=h.bus,
-                app=h.worker.app,
-                model=Scripted(),
-            )
-            me = presence.describe(h.worker.app, new.worker_id, ["worker"])
-            await h.store.join_app(me, presence.LIVE_SECONDS, lambda _: None)
-            await new.start()
+            new = await new_version_worker(h, settings)
             await h.decide(second, Decision.REJECT)
             deadline = asyncio.get_running_loop().time() + 15
             while (await h.card(first)).status is not Status.EXECUTED:
