@@ -22,7 +22,7 @@ import msgspec
 
 from signoff.runtime import approved, outcomes, replies, slots
 from signoff.runtime.bus import Bus
-from signoff.runtime.cards import Card, Status
+from signoff.runtime.cards import Card, Status, latest
 from signoff.runtime.conversation import SYSTEM_PROMPT, build_messages, messages_and_open_calls
 from signoff.runtime.errors import (
     RunInactive,
@@ -369,38 +369,36 @@ class Agent:
     # -- waiting and continuing ------------------------------------------------
 
     async def _settle(
-        self, run: Run, known: list[Card] | None = None, conversation: list[Entry] | None = None
+        self,
+        run: Run,
+        known: list[Card] | None = None,
+        conversation: list[Entry] | None = None,
+        early: list[Card] | None = None,
     ) -> Run:
         """Look at the run's cards in Postgres: park on the pending ones or go on.
 
         ``known``: the run's cards as just read or written, when they tell the whole
-        story (an edited card sends us to Postgres for its successor)."""
+        story (an edited card sends us to Postgres for its successor). ``early``: the
+        approved cards to run while others are pending are claimed into it, for the
+        caller to run outside the run's lock (without it, the slow poll finds them)."""
         if known is None or any(c.status is Status.MODIFIED for c in known):
             known = await self.store.cards_of_run(run.id)
         cards = {c.id: c for c in known}
-        waiting: dict[str, str] = dict(run.state.get("waiting", {}))
-        changed = False
-        for use_id, card_id in list(waiting.items()):
-            card = cards[card_id]
-            while card.status is Status.MODIFIED and card.superseded_by in cards:
-                card = cards[card.superseded_by]
-            if card.id != card_id:
-                waiting[use_id] = card.id
-                changed = True
-        if changed:
+        waiting = latest(run.state.get("waiting", {}), cards)
+        if waiting != run.state.get("waiting", {}):
             run = await self.store.set_run(
                 run.id, RunStatus.WAITING, {**run.state, "waiting": waiting}, holder=self.worker_id
             )
         pending = [cards[c] for c in waiting.values() if cards[c].status is Status.PENDING]
-        if pending:
-            # Approved siblings do not wait for these (design note 60); then what is true
-            # now goes on: decided meanwhile, the run resumes; superseded, it ends here.
-            if await self.approved.execute(run, waiting, cards, early=True):
-                run, known, conversation = await self.store.run_with_cards(run.id)
-                if run.status is not RunStatus.WAITING or run.holder != self.worker_id:
-                    return run
-                return await self._settle(run, known, conversation)
-            if self._park is not None:
+        busy = self.approved.busy(run.id)  # a card of it runs in another continuation here
+        if pending or busy:
+            # Approved siblings do not wait for these (design note 60), nor for one
+            # another: the continuation that ran the last of them goes on.
+            if early is not None:
+                early.extend(self.approved.claim(run, waiting, cards))
+                if early:
+                    return run  # parked again once they ran (the caller reads it again)
+            if pending and self._park is not None:
                 await self._park(run, pending)
             return run
         return await self._resume(run, waiting, cards, conversation)
@@ -419,23 +417,31 @@ class Agent:
         return run
 
     async def _continue(self, run_id: str) -> Run | None:
-        async with self.lock(run_id), self.step_slot():
-            run, cards, conversation = await self.store.run_with_cards(run_id)
-            if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
-                return await self._recover_running(run)
-            if run.status is not RunStatus.WAITING:
-                return run
-            if run.holder not in (None, self.worker_id):  # adopted while our lease lapsed:
-                # the holder goes on; here the model and the provider would be called for
-                # a run whose writes are then refused (I4, I5).
-                log.warning("run %s is held by %s now: left to it", run_id, run.holder)
-                self.executor.forget_elsewhere(run_id)
-                return run
-            try:
-                cards = await self._expire_overdue(cards)
-                return await self._settle(run, cards, conversation)
-            except RunInactive:
-                return await self.store.get_run(run_id)
+        while True:
+            early: list[Card] = []
+            async with self.lock(run_id), self.step_slot():
+                run, cards, conversation = await self.store.run_with_cards(run_id)
+                if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
+                    run = await self._recover_running(run, early)
+                elif run.status is not RunStatus.WAITING:
+                    return run
+                elif run.holder not in (None, self.worker_id):  # adopted while our lease
+                    # lapsed: the holder goes on; here the model and the provider would be
+                    # called for a run whose writes are then refused (I4, I5).
+                    log.warning("run %s is held by %s now: left to it", run_id, run.holder)
+                    self.executor.forget_elsewhere(run_id)
+                    return run
+                else:
+                    try:
+                        cards = await self._expire_overdue(cards)
+                        run = await self._settle(run, cards, conversation, early)
+                    except RunInactive:
+                        return await self.store.get_run(run_id)
+                if not early:
+                    return run
+            # Outside the run's lock, so that a sibling approved meanwhile runs at once
+            # too, in its own continuation; then the run is read again (design note 60).
+            await self.approved.run_claimed(run, early, self.step_slot)
 
     async def _expire_overdue(self, cards: list[Card]) -> list[Card]:
         """Pending cards past their deadline expire now (the database clock decides, I7)."""
@@ -447,7 +453,7 @@ class Agent:
             out.append(card)
         return out
 
-    async def _recover_running(self, run: Run) -> Run:
+    async def _recover_running(self, run: Run, early: list[Card]) -> Run:
         """A run that was mid-step when its process died: step again from the log.
 
         Proposals are idempotent (request_key), so a repeated model call that asks
@@ -464,7 +470,7 @@ class Agent:
                 run = await self.store.set_run(
                     run.id, RunStatus.WAITING, state, holder=self.worker_id
                 )
-                return await self._settle(run)
+                return await self._settle(run, early=early)
             return await self._finish(run, RunStatus.DONE)
         return await self._step(run)
 

@@ -15,6 +15,7 @@ from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import UnknownTool
 from signoff.runtime.execution import Executor
 from signoff.runtime.records import Run
+from signoff.runtime.slots import Slot
 from signoff.runtime.tools import Registry, ToolContext
 
 
@@ -35,6 +36,8 @@ class Approved:
         self.tools = tools
         self.ctx = ctx
         self.worker_id = worker_id
+        # run -> its cards a continuation here claimed to run outside the run's lock
+        self._claimed: dict[str, set[str]] = {}
 
     def unserved(
         self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]
@@ -56,23 +59,47 @@ class Approved:
         if card is not None:
             raise UnknownTool.approved(card.id, card.tool, card.run_id, self.worker_id)
 
-    async def execute(
-        self, run: Run, waiting: Mapping[str, str], cards: dict[str, Card], *, early: bool = False
-    ) -> list[str]:
+    async def execute(self, run: Run, waiting: Mapping[str, str], cards: dict[str, Card]) -> None:
         """Execute the run's cards that are approved and not started, in the model's
         order (after :meth:`check_served`); ``cards`` (by id) is updated with each as it
-        ends up. The ids of those executed.
-
-        ``early``: some card of the run is still pending. Then an approved card whose tool
-        this worker does not serve makes this run nothing (no :class:`UnknownTool`): the
-        run stays parked here, and is handed over whole once every card is decided."""
-        if early and self.unserved(run, waiting, cards) is not None:
-            return []
+        ends up."""
         self.check_served(run, waiting, cards)
-        done = []
         for use_id in open_calls(run, waiting):
             card = cards[waiting[use_id]]
             if card.status is Status.APPROVED:
                 cards[card.id] = await self.executor.execute(card, self.ctx(run))
-                done.append(card.id)
-        return done
+
+    def claim(self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]) -> list[Card]:
+        """The run's approved, not started cards no continuation here runs yet, in the
+        model's order, claimed for the caller to run (:meth:`run_claimed`; under the
+        run's lock). None while an approved card's tool is not served here (the run is
+        handed over whole once every card is decided)."""
+        if self.unserved(run, waiting, cards) is not None:
+            return []
+        held = self._claimed.setdefault(run.id, set())
+        out = []
+        for use_id in open_calls(run, waiting):
+            card = cards[waiting[use_id]]
+            if card.status is Status.APPROVED and card.id not in held:
+                held.add(card.id)
+                out.append(card)
+        if not held:
+            del self._claimed[run.id]
+        return out
+
+    def busy(self, run_id: str) -> bool:
+        """A continuation here is running a claimed card of the run."""
+        return run_id in self._claimed
+
+    async def run_claimed(self, run: Run, claimed: list[Card], slot: Callable[[], Slot]) -> None:
+        """Execute the claimed cards in order, holding a step slot (let go of while a
+        provider answers); the claims end however this ends."""
+        try:
+            async with slot():
+                for card in claimed:
+                    await self.executor.execute(card, self.ctx(run))
+        finally:
+            held = self._claimed.get(run.id, set())
+            held.difference_update(c.id for c in claimed)
+            if not held:
+                self._claimed.pop(run.id, None)

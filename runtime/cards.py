@@ -8,6 +8,7 @@ of which moves exist.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -111,3 +112,15 @@ class Card(msgspec.Struct, frozen=True, kw_only=True):
         """The JSON a client is shown (everything, dates as ISO strings)."""
         out: dict[str, Any] = msgspec.to_builtins(self)
         return out
+
+
+def latest(waiting: Mapping[str, str], cards: Mapping[str, Card]) -> dict[str, str]:
+    """A run's waiting calls (call id -> card id) with each card followed to the card its
+    edits made (a ``modified`` card's ``superseded_by``, as far as ``cards`` holds)."""
+    out = {}
+    for use_id, card_id in waiting.items():
+        card = cards[card_id]
+        while card.status is Status.MODIFIED and (nxt := card.superseded_by) in cards:
+            card = cards[nxt or ""]
+        out[use_id] = card.id
+    return out

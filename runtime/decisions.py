@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
@@ -95,15 +96,21 @@ class Decisions:
         principal: str,
         channel: str,
         tenant: str | None = None,
+        hints: list[Coroutine[Any, Any, None]] | None = None,
     ) -> Outcome:
         """``tenant``: the principal's (I3: the same user name in another tenant is not the owner).
+        ``hints``: an approval's or a rejection's hints (the worker's signal, the
+        thread's) are put there for the caller to send once its other decisions are
+        committed, instead of sent now (a batch: its approvals run in one continuation).
 
         Counted in ``signoff_decisions_total{channel,outcome}``, timed as the ``resolve``
         span (traced when configured: the trace goes on to the worker in the signal)."""
         received = time.time_ns()
         with span("resolve", card_id=card_id, channel=channel):
             try:
-                outcome = await self._resolve(card_id, res, principal, channel, tenant, received)
+                outcome = await self._resolve(
+                    card_id, res, principal, channel, tenant, received, hints
+                )
             except SignoffError as exc:
                 decided(channel, exc.code)
                 raise
@@ -130,6 +137,7 @@ class Decisions:
         channel: str,
         tenant: str | None,
         received: int,
+        hints: list[Coroutine[Any, Any, None]] | None = None,
     ) -> Outcome:
         if res.reason is not None and len(res.reason) > MAX_REASON:
             raise InvalidInput(f"reason longer than {MAX_REASON} characters")
@@ -157,7 +165,11 @@ class Decisions:
             reason=res.reason,
             tenant=tenant,
         )
-        await self._notify(moved.card, received, moved.holder, moved.entry)
+        hint = self._notify(moved.card, received, moved.holder, moved.entry)
+        if hints is None:
+            await hint
+        else:
+            hints.append(hint)
         return Outcome(card=moved.card.public())
 
     async def _notify(
@@ -296,8 +308,9 @@ class Decisions:
     ) -> list[dict[str, Any]]:
         """Several decisions for one run's cards; each succeeds or fails on its own, and
         the answers come in the request's order. They are taken in the order the model
-        called the cards: an approved card runs as soon as it is approved (design note
-        60), so a batch that approves several runs them in the model's order."""
+        called the cards, and the worker is told once they are all committed: an approved
+        card runs as soon as it is approved (design note 60), so the batch's approvals run
+        together, in the model's order."""
         run = await self.store.get_run(run_id)
         if tenant is not None and run.tenant != tenant:
             raise NotFound(f"run {run_id} not found", run_id=run_id)
@@ -310,25 +323,47 @@ class Decisions:
             key=lambda i: run.call_position(cards[items[i][0]]) if items[i][0] in cards else later,
         )
         out: dict[int, dict[str, Any]] = {}
-        for i in taken:
-            card_id, res = items[i]
-            try:
-                if card_id not in cards:
-                    # Not this run's card: as if there were no such card. Whose it is,
-                    # and whether it exists, is not this request's to learn.
-                    raise CardNotFound(f"card {card_id} not found", card_id=card_id)
-                outcome = await self.resolve(
-                    card_id, res, principal=principal, channel=channel, tenant=tenant
-                )
-                out[i] = {"card_id": card_id, "ok": True, **msgspec.to_builtins(outcome)}
-            except SignoffError as exc:
-                out[i] = {
-                    "card_id": card_id,
-                    "ok": False,
-                    "error": exc.code,
-                    "message": exc.message,
-                }
+        hints: list[Coroutine[Any, Any, None]] = []
+        try:
+            for i in taken:
+                card_id, res = items[i]
+                try:
+                    if card_id not in cards:
+                        # Not this run's card: as if there were no such card. Whose it is,
+                        # and whether it exists, is not this request's to learn.
+                        raise CardNotFound(f"card {card_id} not found", card_id=card_id)
+                    outcome = await self.resolve(
+                        card_id,
+                        res,
+                        principal=principal,
+                        channel=channel,
+                        tenant=tenant,
+                        hints=hints,
+                    )
+                    out[i] = {"card_id": card_id, "ok": True, **msgspec.to_builtins(outcome)}
+                except SignoffError as exc:
+                    out[i] = {
+                        "card_id": card_id,
+                        "ok": False,
+                        "error": exc.code,
+                        "message": exc.message,
+                    }
+        finally:
+            await send_all(hints)
         return [out[i] for i in range(len(items))]
+
+
+async def send_all(hints: list[Coroutine[Any, Any, None]]) -> None:
+    """Send the hints of committed decisions, in order, however the caller ends (each
+    never raises; on a cancellation the rest are closed unsent: the worker's poll finds
+    the decisions in Postgres, I6)."""
+    for n, hint in enumerate(hints):
+        try:
+            await hint
+        except BaseException:
+            for rest in hints[n + 1 :]:
+                rest.close()
+            raise
 
 
 # A person's edit is a card field, not a document (a hostile probe stored a 100,000

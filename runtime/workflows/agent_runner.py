@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from signoff.runtime.agent import Agent
 from signoff.runtime.cards import Card, Decision, Status
-from signoff.runtime.decisions import Decisions, Resolution
+from signoff.runtime.decisions import Decisions, Resolution, send_all
 from signoff.runtime.errors import (
     ConfigError,
     NotFound,
@@ -232,26 +232,33 @@ class AgentSteps:
             return
         listed = listed_cards(last.schema)
         by = last.resolved_by or ctx.principal
-        # In the order the model called the cards: an approved card runs as soon as it is
-        # approved (design note 60), so the map's approvals run in the model's order.
+        # In the order the model called the cards, the worker told once all are applied:
+        # an approved card runs as soon as it is approved (design note 60), so the map's
+        # approvals run together, in the model's order.
         run = await self.store.get_run(Agent.run_id_for(message_id(ctx.run_id, step.name)))
         cards = {c.id: c for c in await self.store.cards_of_run(run.id)}
         ids = sorted(
             (c for c in last.payload if c in listed and c in cards),
             key=lambda c: (run.call_position(cards[c]), c),
         )
-        for i, card_id in enumerate(ids):
-            await self._apply_one(card_id, last.payload[card_id], by)
-            if i == 0:
-                self.worker.faults.hit(FAULT_AFTER_FIRST)
+        hints: list[Coroutine[Any, Any, None]] = []  # sent once the map is applied
+        try:
+            for i, card_id in enumerate(ids):
+                await self._apply_one(card_id, last.payload[card_id], by, hints)
+                if i == 0:
+                    self.worker.faults.hit(FAULT_AFTER_FIRST)
+        finally:
+            await send_all(hints)
 
-    async def _apply_one(self, card_id: str, value: Any, by: str) -> None:
+    async def _apply_one(
+        self, card_id: str, value: Any, by: str, hints: list[Coroutine[Any, Any, None]]
+    ) -> None:
         card = await self.store.get_card(card_id)
         try:
             if isinstance(value, bool):
                 if card.status is Status.PENDING:
                     decision = Decision.APPROVE if value else Decision.REJECT
-                    await self._decide(card, decision, by)
+                    await self._decide(card, decision, by, hints)
                 return
             edits: dict[str, Any] = value["edit"]
             if card.status is Status.PENDING:
@@ -269,19 +276,22 @@ class AgentSteps:
             else:
                 card = await self._successor(card, edits)
             if card is not None and card.status is Status.PENDING:
-                await self._decide(card, Decision.APPROVE, by)
+                await self._decide(card, Decision.APPROVE, by, hints)
         except SignoffError as exc:
             # Expired, refused by policy, edited values the tool rejects: the card stays as
             # it is; a pending one is listed again on the step's next interrupt.
             log.warning("decision on card %s not applied: %s", card_id, exc)
 
-    async def _decide(self, card: Card, decision: Decision, by: str) -> None:
+    async def _decide(
+        self, card: Card, decision: Decision, by: str, hints: list[Coroutine[Any, Any, None]]
+    ) -> None:
         await self.decisions.resolve(
             card.id,
             Resolution(decision=decision, snapshot_hash=card.snapshot_hash),
             principal=by,
             channel=CHANNEL,
             tenant=card.tenant,
+            hints=hints,
         )
 
     async def _successor(self, card: Card, edits: dict[str, Any]) -> Card | None:

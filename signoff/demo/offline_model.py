@@ -226,8 +226,11 @@ def describe(result: dict[str, Any], call: dict[str, Any] | None, lang: str) -> 
     text = str(result.get("content", ""))
     if result.get("is_error"):
         return not_done(text, lang)
+    # A call of an earlier run that ran after all: "Executed: ... Result: {...}"
+    # (runtime/conversation.py); else the result is the JSON itself.
+    _, said, after = text.partition(" Result: ")
     try:
-        data = json.loads(text)
+        data = json.loads(after if said and text.startswith("Executed") else text)
     except ValueError:
         data = None
     if isinstance(data, dict) and data.get("status") == "executed":

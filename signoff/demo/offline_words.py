@@ -192,6 +192,18 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "The execution failed; nothing was confirmed.",
     ),
     (
+        re.compile(r"the user approved this, but it failed"),
+        "Foi aprovado, mas a execução falhou; nada foi confirmado.",
+        "It was approved, but it failed; nothing was confirmed.",
+    ),
+    (
+        re.compile(r"Outcome unknown: this was approved and already executing"),
+        "Foi aprovado e já estava em execução quando você escreveu: pode ter sido feito. "
+        "Confira antes de pedir de novo.",
+        "It was approved and already running when you wrote: it may have been done. Check "
+        "before asking again.",
+    ),
+    (
         re.compile(r"outcome is unknown"),
         "O resultado é incerto; um operador vai verificar. Não repita o pedido.",
         "The outcome is unknown; an operator will check it. Do not repeat the request.",

@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 import asyncpg
 
 from signoff import ToolRefused
+from signoff.demo.money import brl
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -340,7 +341,9 @@ class Provider:
                     amount,
                 )
                 if status != "UPDATE 1":
-                    raise RefundRefused(f"sale {sale_id} has less than {amount} left to refund")
+                    raise RefundRefused(
+                        f"sale {sale_id} has less than {brl(amount)} left to refund"
+                    )
                 await conn.execute(
                     "UPDATE demo_accounts SET balance = balance - $2 WHERE tenant = $1",
                     tenant,

@@ -458,7 +458,9 @@ async def test_one_sale_is_never_refunded_twice(database_url: str) -> None:
 
         from signoff.demo.provider import RefundRefused
 
-        with pytest.raises(RefundRefused):  # checked together, refused at the provider
+        # Checked together, refused at the provider, in the person's money (a hostile
+        # probe read "less than 10000 left", in cents).
+        with pytest.raises(RefundRefused, match=r"less than R\$ 0,01 left to refund"):
             await h.provider.refund("other-key", h.tenant, "V002", 1)
         assert (
             await h.provider.pool.fetchval(

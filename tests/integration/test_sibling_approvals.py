@@ -285,20 +285,51 @@ async def until_parked(worker: Worker, card_id: str) -> None:
 
 
 class Held:
-    """The demo's Pix charge held inside the provider call until released."""
+    """The demo's Pix charge held inside the provider call until released (only the
+    charge of the card with this ``snapshot`` when given)."""
 
-    def __init__(self, h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, h: Harness, monkeypatch: pytest.MonkeyPatch, snapshot: Any = None) -> None:
         tool = h.worker.agent.tools.get("create_pix_charge")
         assert tool is not None
         self.real = tool.execute
+        self.snapshot = snapshot
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
         monkeypatch.setattr(tool, "execute", self.execute)  # the demo's tools are shared
 
     async def execute(self, snapshot: Any, operation_id: str, ctx: Any) -> Any:
-        self.entered.set()
-        await self.release.wait()
+        if self.snapshot is None or snapshot == self.snapshot:
+            self.entered.set()
+            await self.release.wait()
         return await self.real(snapshot, operation_id, ctx)
+
+
+async def test_an_approved_card_does_not_wait_for_a_siblings_slow_provider_call(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile probe: with the first card's provider call hanging, the second card,
+    approved meanwhile, waited for it (its continuation queued on the run's lock), and a
+    message sent then invalidated it. It runs at once now, in its own continuation."""
+    model = Scripted(pix("10"), pix("20", "Maria"))
+    async with harness(database_url, model=model) as h:
+        thread, first, second = await two_cards(h)
+        held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+        await h.decide(first, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        await h.decide(second, Decision.APPROVE)
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await h.card(second)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "the second card waited"
+            await asyncio.sleep(0.05)
+        assert (await h.card(first)).status is Status.EXECUTING
+        await h.say(thread, "e o saldo?", "alice")  # the run is superseded meanwhile
+        held.release.set()
+        await h.settle()
+        assert [(await h.card(c)).status for c in (first, second)] == [Status.EXECUTED] * 2
+        assert [await operations(h, c.id) for c in (first, second)] == [1, 1]
+        assert await h.charges() == 2
+        told = results_told(model.seen[-1])
+        assert told[second.tool_use_id]["content"].startswith("Executed")
 
 
 async def test_a_sibling_decided_while_the_approved_card_runs_resumes_the_run(

@@ -12,7 +12,9 @@ import pytest
 from signoff.demo.money import parse_amount
 from signoff.demo.offline_model import LABEL, OfflineDemoModel, intent, language
 from signoff.demo.offline_words import money, not_done
+from signoff.runtime.conversation import dangling_result
 from signoff.runtime.errors import ToolValidationError
+from signoff.runtime.records import ToolUseOutcome
 
 CHARGES = {
     "en": [
@@ -517,3 +519,45 @@ def test_a_request_under_a_waiting_card_says_the_card_was_replaced() -> None:
     )
     assert "Those cards were replaced by your newer message" in both.content[0]["text"]
     assert ask([user("saldo")]).content[0]["type"] == "tool_use"  # nothing replaced: no words
+
+
+def _told(text: str, outcomes: dict[str, ToolUseOutcome]) -> dict[str, Any]:
+    """The person's new message under cards, each call given the result the runtime gives
+    a call its run left without one (conversation.dangling_result), from its card."""
+    blocks = []
+    for use_id, outcome in outcomes.items():
+        content, is_error = dangling_result(outcome)
+        blocks.append(
+            {"type": "tool_result", "tool_use_id": use_id, "content": content, "is_error": is_error}
+        )
+    return {"role": "user", "content": [*blocks, {"type": "text", "text": text}]}
+
+
+def test_a_card_that_ran_or_may_have_run_before_the_new_message_is_not_said_undone() -> None:
+    """A hostile probe: a charge approved beside a waiting card ran (design note 60), or
+    was still running, when the person wrote again; the demo said "nothing was done" (or
+    "I could not do that") of it."""
+    charge = {"type": "tool_use", "id": "a", "name": "create_pix_charge"}
+    asked = {
+        "role": "assistant",
+        "content": [
+            {**charge, "input": {"customer": "João", "amount": "30"}},
+            {**charge, "id": "b", "input": {"customer": "Maria", "amount": "20"}},
+        ],
+    }
+    ran = ToolUseOutcome(
+        status="executed", result={"charge_id": "pix-1", "amount": 3000, "copy_paste": "000201"}
+    )
+    left = ToolUseOutcome(status="superseded")
+    said = ask(
+        [user("cobre 30 do João e 20 da Maria"), asked, _told("obrigado", {"a": ran, "b": left})]
+    )
+    text = said.content[0]["text"]
+    assert "R$ 30,00 criada para João" in text
+    assert "Esse cartão foi substituído" in text and "Não consegui" not in text
+    running = ToolUseOutcome(status="executing")
+    said = ask(
+        [user("charge João 30 and Maria 20"), asked, _told("thanks", {"a": running, "b": left})]
+    )
+    text = said.content[0]["text"]
+    assert "it may have been done" in text and "could not" not in text
