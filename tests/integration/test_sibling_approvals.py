@@ -14,14 +14,14 @@ from signoff.runtime import handover
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Resolution
-from signoff.runtime.errors import SignoffError
+from signoff.runtime.errors import SignoffError, Unavailable
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import RunStatus
 from signoff.runtime.worker import Worker
 from tests.conftest import migrated_database
 from tests.harness import Harness, harness
 from tests.integration.test_app_versions import new_version_worker, old_version_worker
-from tests.integration.test_decisions import Scripted, pix
+from tests.integration.test_decisions import Scripted, _Patched, pix
 from tests.integration.test_slow_poll import lost
 
 pytestmark = pytest.mark.anyio
@@ -371,3 +371,38 @@ async def test_a_run_superseded_while_its_approved_card_runs_leaves_no_wait_behi
         assert await h.bus.wait_holder(second.id) is None
         assert not h.worker.waits.is_parked(second.id)
         assert await h.charges() == 1
+
+
+async def test_a_store_outage_after_the_early_card_ran_is_tried_again_and_runs_it_once(
+    database_url: str,
+) -> None:
+    """The re-read after the approved card ran finds Postgres away (a retriable
+    ``Unavailable``): the continuation is tried again later (runtime/worker.py ``wake``),
+    parks on the pending card, and nothing runs twice."""
+    model = Scripted(pix("10"), pix("20", "Maria"))
+    async with harness(database_url, model=model) as h:
+        _, first, second = await two_cards(h)
+        agent = h.worker.agent
+        real = agent.store
+        reads = {"n": 0}
+
+        async def flaky(run_id: str) -> Any:
+            reads["n"] += 1
+            if reads["n"] == 2:  # the read again, once the claimed card ran
+                raise Unavailable("postgres did not answer (test)")
+            return await real.run_with_cards(run_id)
+
+        agent.store = _Patched(real, run_with_cards=flaky)  # type: ignore[assignment]
+        try:
+            await h.decide(first, Decision.APPROVE)
+            deadline = asyncio.get_running_loop().time() + 15
+            while not (reads["n"] >= 3 and h.worker.waits.is_parked(second.id)):
+                assert asyncio.get_running_loop().time() < deadline, "not parked again"
+                await asyncio.sleep(0.05)
+        finally:
+            agent.store = real
+        assert (await h.card(first)).status is Status.EXECUTED
+        assert not agent.approved.busy(first.run_id)
+        assert (await h.approve(second)).status is Status.EXECUTED
+        assert (await h.store.get_run(first.run_id)).status is RunStatus.DONE
+        assert [await operations(h, c.id) for c in (first, second)] == [1, 1]
