@@ -374,6 +374,7 @@ class Agent:
         known: list[Card] | None = None,
         conversation: list[Entry] | None = None,
         early: list[Card] | None = None,
+        was_busy: bool = False,
     ) -> Run:
         """Look at the run's cards in Postgres: park on the pending ones or go on.
 
@@ -390,36 +391,37 @@ class Agent:
                 run.id, RunStatus.WAITING, {**run.state, "waiting": waiting}, holder=self.worker_id
             )
         pending = [cards[c] for c in waiting.values() if cards[c].status is Status.PENDING]
-        busy = self.approved.busy(run.id)  # a card of it runs in another continuation here
+        busy = was_busy or self.approved.busy(run.id)  # a card runs in a continuation here
         if pending or busy:
             # Approved siblings do not wait for these (design note 60), nor for one
-            # another: the continuation that ran the last of them goes on.
-            if early is not None:
-                early.extend(self.approved.claim(run, waiting, cards))
-                if early:
-                    return run  # parked again once they ran (the caller reads it again)
+            # another: the continuation that ran the last of them goes on. Parked first:
+            # an adopted run waits on nothing here yet, and a decision meanwhile is heard.
             if pending and self._park is not None:
                 await self._park(run, pending)
+            if early is not None and run.holder == self.worker_id:  # only ours start
+                early.extend(self.approved.claim(run, waiting, cards))
             return run
         return await self._resume(run, waiting, cards, conversation)
 
     async def continue_run(self, run_id: str) -> Run | None:
-        """Continue a parked run from the store (live path and recovery path alike); then
-        ``on_settled`` (an agent step's run wakes its workflow run).
-
-        One read of the run and its cards, under the run's lock. (Runs of one thread in
-        other processes are kept apart by Postgres alone: every step is conditional on
-        the run being active; the same conditions keep them apart here.)
-        """
+        """Continue a parked run from the store (live path and recovery path alike), from
+        one read of the run and its cards under the run's lock; then ``on_settled`` (an
+        agent step's run wakes its workflow run). Other processes are kept apart by
+        Postgres alone: every step is conditional on the run being active and held."""
         run = await self._continue(run_id)
-        if run is not None and self.on_settled is not None:
-            await self.on_settled(run)
+        if run is None or self.on_settled is None:
+            return run
+        if run.status is not RunStatus.WAITING or not self.approved.busy(run.id):
+            await self.on_settled(run)  # else the continuation running its card goes on
         return run
 
     async def _continue(self, run_id: str) -> Run | None:
         while True:
             early: list[Card] = []
             async with self.lock(run_id), self.step_slot():
+                # before the read: a claim let go while it is on its way leaves a snapshot
+                # older than the claimed card's outcome (its claimant reads again after us)
+                was_busy = self.approved.busy(run_id)
                 run, cards, conversation = await self.store.run_with_cards(run_id)
                 if run.status is RunStatus.RUNNING and run.holder == self.worker_id:
                     run = await self._recover_running(run, early)
@@ -434,14 +436,16 @@ class Agent:
                 else:
                     try:
                         cards = await self._expire_overdue(cards)
-                        run = await self._settle(run, cards, conversation, early)
+                        run = await self._settle(run, cards, conversation, early, was_busy)
                     except RunInactive:
                         return await self.store.get_run(run_id)
                 if not early:
                     return run
             # Outside the run's lock, so that a sibling approved meanwhile runs at once
-            # too, in its own continuation; then the run is read again (design note 60).
-            await self.approved.run_claimed(run, early, self.step_slot)
+            # too, in its own continuation; then the run is read again (design note 60),
+            # unless none of them could start (the run was taken over meanwhile).
+            if not await self.approved.run_claimed(run, early, self.step_slot):
+                return run
 
     async def _expire_overdue(self, cards: list[Card]) -> list[Card]:
         """Pending cards past their deadline expire now (the database clock decides, I7)."""
@@ -455,10 +459,7 @@ class Agent:
 
     async def _recover_running(self, run: Run, early: list[Card]) -> Run:
         """A run that was mid-step when its process died: step again from the log.
-
-        Proposals are idempotent (request_key), so a repeated model call that asks
-        for the same writes finds the same cards.
-        """
+        Proposals are idempotent (request_key): a repeated call finds the same cards."""
         entries = await self.store.conversation(run.thread_id)
         if entries and entries[-1].kind == "assistant" and entries[-1].run_id == run.id:
             uses = [b for b in entries[-1].body.get("content", []) if b.get("type") == "tool_use"]

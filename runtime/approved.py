@@ -91,13 +91,17 @@ class Approved:
         """A continuation here is running a claimed card of the run."""
         return run_id in self._claimed
 
-    async def run_claimed(self, run: Run, claimed: list[Card], slot: Callable[[], Slot]) -> None:
+    async def run_claimed(self, run: Run, claimed: list[Card], slot: Callable[[], Slot]) -> bool:
         """Execute the claimed cards in order, holding a step slot (let go of while a
-        provider answers); the claims end however this ends."""
+        provider answers); the claims end however this ends. False if none of them
+        left `approved` (none could start: the run is no longer this worker's)."""
+        moved = False
         try:
             async with slot():
                 for card in claimed:
-                    await self.executor.execute(card, self.ctx(run))
+                    done = await self.executor.execute(card, self.ctx(run))
+                    moved = moved or done.status is not Status.APPROVED
+            return moved
         finally:
             held = self._claimed.get(run.id, set())
             held.difference_update(c.id for c in claimed)

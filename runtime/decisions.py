@@ -99,9 +99,9 @@ class Decisions:
         hints: list[Coroutine[Any, Any, None]] | None = None,
     ) -> Outcome:
         """``tenant``: the principal's (I3: the same user name in another tenant is not the owner).
-        ``hints``: an approval's or a rejection's hints (the worker's signal, the
-        thread's) are put there for the caller to send once its other decisions are
-        committed, instead of sent now (a batch: its approvals run in one continuation).
+        ``hints``: the decision's hints (the worker's signal, the thread's) are put there
+        for the caller to send once its other decisions are committed, instead of sent
+        now (a batch, a decision map: its approvals run in one continuation).
 
         Counted in ``signoff_decisions_total{channel,outcome}``, timed as the ``resolve``
         span (traced when configured: the trace goes on to the worker in the signal)."""
@@ -145,7 +145,11 @@ class Decisions:
             old, new = await self._edit(
                 card_id, res, principal=principal, channel=channel, tenant=tenant
             )
-            await self._notify(old, received)
+            edited = self._notify(old, received)
+            if hints is None:
+                await edited
+            else:
+                hints.append(edited)
             return Outcome(card=old.public(), new_card=new.public())
         if res.edits is not None:
             raise InvalidInput("edits are only accepted with decision 'edit'")

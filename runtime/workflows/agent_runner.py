@@ -270,6 +270,7 @@ class AgentSteps:
                     principal=by,
                     channel=CHANNEL,
                     tenant=card.tenant,
+                    hints=hints,
                 )
                 assert outcome.new_card is not None
                 card = await self.store.get_card(str(outcome.new_card["id"]))

@@ -406,3 +406,121 @@ async def test_a_store_outage_after_the_early_card_ran_is_tried_again_and_runs_i
         assert (await h.approve(second)).status is Status.EXECUTED
         assert (await h.store.get_run(first.run_id)).status is RunStatus.DONE
         assert [await operations(h, c.id) for c in (first, second)] == [1, 1]
+
+
+async def test_a_run_nobody_holds_is_not_run_early_in_a_loop(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's repro: a run released (holder NULL: a graceful stop, a hand-over)
+    continued directly (as an agent step does): its approved card could not start (only
+    the run's holder starts one), came back `approved`, was claimed again, and the
+    continuation revalidated it 1,079 times in 2 s without returning."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        _, first, _ = await two_cards(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real, calls = tool.revalidate, {"n": 0}
+
+        async def counting(args: Any, ctx: Any) -> Any:
+            calls["n"] += 1
+            return await real(args, ctx)
+
+        monkeypatch.setattr(tool, "revalidate", counting)
+        await h.store.pool.execute(
+            "UPDATE runs SET worker_id = NULL WHERE id = $1::uuid", first.run_id
+        )
+        await lost(h, first.id, Decision.APPROVE, first.snapshot_hash)
+        h.worker.waits.drop_run(first.run_id)
+        await asyncio.wait_for(h.worker.agent.continue_run(first.run_id), 5)
+        assert calls["n"] <= 1
+        assert await operations(h, first.id) == 0
+
+
+async def test_an_adopted_runs_sibling_approved_while_a_card_hangs_runs_at_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's repro: the adopter ran the dead worker's approved card without parking
+    on its pending sibling first, so the sibling's approval was heard by nobody and
+    waited for the hanging provider call (and a message sent then invalidated it)."""
+    fast = Settings(lease_seconds=1.0)
+    async with harness(
+        database_url, model=Scripted(pix("10"), pix("20", "Maria")), settings=fast, leave_runs=True
+    ) as a:
+        _, first, second = await two_cards(a)
+        await a.worker.stop(drain=False, release=False)
+        await lost(a, first.id, Decision.APPROVE, first.snapshot_hash)
+        held = Held(a, monkeypatch, snapshot=first.args_snapshot)  # the tools are shared
+    async with harness(
+        database_url, model=Scripted(pix("10"), pix("20", "Maria")), settings=fast
+    ) as b:
+        await asyncio.wait_for(held.entered.wait(), 15)  # adopted; its first card hangs
+        assert b.worker.waits.is_parked(second.id)
+        await b.decide(second, Decision.APPROVE)
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await b.card(second)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "the sibling waited"
+            await asyncio.sleep(0.05)
+        held.release.set()
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await b.store.get_run(first.run_id)).status is not RunStatus.DONE:
+            assert asyncio.get_running_loop().time() < deadline, "the run did not go on"
+            await asyncio.sleep(0.05)
+        assert [await operations(b, c.id) for c in (first, second)] == [1, 1]
+
+
+async def test_a_claim_ends_however_its_card_ends_and_the_run_goes_on(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first revalidation of the approved card fails for a moment (a retriable
+    outcome: the continuation is tried again); the sibling is rejected meanwhile. A claim
+    kept after that failure would leave the run waiting for ever on a card nobody runs."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        _, first, second = await two_cards(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real, failed = tool.revalidate, asyncio.Event()
+
+        async def once_down(args: Any, ctx: Any) -> Any:
+            if not failed.is_set():
+                failed.set()
+                raise ConnectionError("the provider did not answer (test)")
+            return await real(args, ctx)
+
+        monkeypatch.setattr(tool, "revalidate", once_down)
+        await h.decide(first, Decision.APPROVE)
+        await asyncio.wait_for(failed.wait(), 10)
+        await h.decide(second, Decision.REJECT)
+        deadline = asyncio.get_running_loop().time() + 15
+        while (await h.store.get_run(first.run_id)).status is not RunStatus.DONE:
+            assert asyncio.get_running_loop().time() < deadline, "the run did not go on"
+            await asyncio.sleep(0.05)
+        assert (await h.card(first)).status is Status.EXECUTED
+        assert not h.worker.agent.approved.busy(first.run_id)
+
+
+async def test_two_continuations_of_one_run_start_its_approved_card_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two continuations of the run at once (a signal and the slow poll, say): the one
+    that claimed the card runs it; the other does not revalidate it again."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        _, first, _ = await two_cards(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real, calls = tool.revalidate, {"n": 0}
+
+        async def counting(args: Any, ctx: Any) -> Any:
+            calls["n"] += 1
+            return await real(args, ctx)
+
+        monkeypatch.setattr(tool, "revalidate", counting)
+        held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+        await lost(h, first.id, Decision.APPROVE, first.snapshot_hash)
+        agent = h.worker.agent
+        one = asyncio.ensure_future(agent.continue_run(first.run_id))
+        await asyncio.wait_for(held.entered.wait(), 10)
+        await asyncio.wait_for(agent.continue_run(first.run_id), 5)  # finds it claimed
+        held.release.set()
+        await one
+        await h.settle()
+        assert calls["n"] == 1 and await operations(h, first.id) == 1
