@@ -501,26 +501,30 @@ async def test_a_claim_ends_however_its_card_ends_and_the_run_goes_on(
 async def test_two_continuations_of_one_run_start_its_approved_card_once(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two continuations of the run at once (a signal and the slow poll, say): the one
-    that claimed the card runs it; the other does not revalidate it again."""
+    """Two continuations of the run at once (a signal and the slow poll, say) while the
+    card is still `approved` (its revalidation under way): the one that claimed it runs
+    it; the other does not revalidate it again."""
     async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
         _, first, _ = await two_cards(h)
         tool = h.worker.agent.tools.get("create_pix_charge")
         assert tool is not None
         real, calls = tool.revalidate, {"n": 0}
+        entered, release = asyncio.Event(), asyncio.Event()
 
-        async def counting(args: Any, ctx: Any) -> Any:
+        async def held(args: Any, ctx: Any) -> Any:
             calls["n"] += 1
+            entered.set()
+            await release.wait()
             return await real(args, ctx)
 
-        monkeypatch.setattr(tool, "revalidate", counting)
-        held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+        monkeypatch.setattr(tool, "revalidate", held)
         await lost(h, first.id, Decision.APPROVE, first.snapshot_hash)
         agent = h.worker.agent
         one = asyncio.ensure_future(agent.continue_run(first.run_id))
-        await asyncio.wait_for(held.entered.wait(), 10)
+        await asyncio.wait_for(entered.wait(), 10)
+        assert (await h.card(first)).status is Status.APPROVED
         await asyncio.wait_for(agent.continue_run(first.run_id), 5)  # finds it claimed
-        held.release.set()
+        release.set()
         await one
         await h.settle()
         assert calls["n"] == 1 and await operations(h, first.id) == 1
