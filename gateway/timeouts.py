@@ -146,6 +146,13 @@ class TimedH11Protocol(H11Protocol):
         )
         if what == "headers" and self._partial:
             self.transport.write(RESPONSE_408)
+        elif what == "body" and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            # No answer begun (no handler reads this body, or the one that does is late
+            # with its own 408 on a loaded loop): the client is told why all the same.
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.disconnected = True  # its send() is a no-op from now on
+                self.cycle.message_event.set()
+            self.transport.write(RESPONSE_408)
         self.transport.close()
 
 
