@@ -89,6 +89,7 @@ class Agent:
         # A continuation's slot (the worker's), taken under its run's lock: one queued on
         # the lock holds none that the lock's holder, back from the model, would wait for.
         self.step_slot: Callable[[], slots.Slot] = slots.unbounded
+        self.accepting = True  # False once the worker stops: no continuation starts
         # The one publisher of this worker's hints (thread, deltas, signals, wait tokens).
         self.notify = Notifier(bus, keys, store)
         self.executor = Executor(
@@ -376,12 +377,10 @@ class Agent:
         early: list[Card] | None = None,
         was_busy: bool = False,
     ) -> Run:
-        """Look at the run's cards in Postgres: park on the pending ones or go on.
-
-        ``known``: the run's cards as just read or written, when they tell the whole
-        story (an edited card sends us to Postgres for its successor). ``early``: the
-        approved cards to run while others are pending are claimed into it, for the
-        caller to run outside the run's lock (without it, the slow poll finds them)."""
+        """Look at the run's cards in Postgres: park on the pending ones or go on. ``known``:
+        the run's cards as just read or written, if they tell all (an edited card sends us
+        to Postgres for its successor). ``early``: approved cards to run while others are
+        pending are claimed into it, for the caller to run outside the run's lock."""
         if known is None or any(c.status is Status.MODIFIED for c in known):
             known = await self.store.cards_of_run(run.id)
         cards = {c.id: c for c in known}
@@ -416,7 +415,7 @@ class Agent:
         return run
 
     async def _continue(self, run_id: str) -> Run | None:
-        while True:
+        while self.accepting:  # a stopping worker starts nothing: its runs go to others
             early: list[Card] = []
             async with self.lock(run_id), self.step_slot():
                 # before the read: a claim let go while it is on its way leaves a snapshot
@@ -446,6 +445,7 @@ class Agent:
             # unless none of them could start (the run was taken over meanwhile).
             if not await self.approved.run_claimed(run, early, self.step_slot):
                 return run
+        return None
 
     async def _expire_overdue(self, cards: list[Card]) -> list[Card]:
         """Pending cards past their deadline expire now (the database clock decides, I7)."""

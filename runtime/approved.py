@@ -9,6 +9,7 @@ a card still ``approved``, not started, is invalidated then: design note 17)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 
 from signoff.runtime.cards import Card, Status
@@ -92,18 +93,26 @@ class Approved:
         return run_id in self._claimed
 
     async def run_claimed(self, run: Run, claimed: list[Card], slot: Callable[[], Slot]) -> bool:
-        """Execute the claimed cards in order, holding a step slot (let go of while a
-        provider answers); the claims end however this ends. False if none of them
-        left `approved` (none could start: the run is no longer this worker's)."""
-        moved = False
-        try:
+        """Execute the claimed cards, each in a task of its own holding a step slot (let
+        go of while a provider answers), started in the model's order: one whose
+        revalidation or provider call hangs holds none of the others (a hostile probe: a
+        batch's refund waited 65 s behind a charge's locked table, and a message sent
+        meanwhile invalidated it). The claims end once every one has ended, however.
+        False if none of them left `approved` (none could start: the run is no longer
+        this worker's). The first error of any is raised once all have ended."""
+
+        async def one(card: Card) -> Card:
             async with slot():
-                for card in claimed:
-                    done = await self.executor.execute(card, self.ctx(run))
-                    moved = moved or done.status is not Status.APPROVED
-            return moved
+                return await self.executor.execute(card, self.ctx(run))
+
+        try:
+            ended = await asyncio.gather(*(one(c) for c in claimed), return_exceptions=True)
         finally:
             held = self._claimed.get(run.id, set())
             held.difference_update(c.id for c in claimed)
             if not held:
                 self._claimed.pop(run.id, None)
+        for outcome in ended:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return any(c.status is not Status.APPROVED for c in ended if isinstance(c, Card))

@@ -21,7 +21,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from signoff.runtime import outcomes, slots
@@ -29,6 +29,7 @@ from signoff.runtime.begin import begin
 from signoff.runtime.cards import Card, Status
 from signoff.runtime.errors import ExecutingElsewhere, ToolTimedOut, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
+from signoff.runtime.lease import LeaseClock
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.notify import Notifier
 from signoff.runtime.store import Store
@@ -58,40 +59,15 @@ REVALIDATION_FAILED: dict[str, str] = {
     "en": "the check of the current situation failed, so it was not run",
     "pt-BR": "a verificação da situação atual falhou, então não foi executado",
 }
+CANCELLED_IN_CALL = (
+    "card %s: stopping while its provider call (operation %s) was in flight: outcome "
+    "unknown, left executing (flagged for reconciliation; check the provider for the "
+    "operation id, then `signoff cards reconcile %s`)"
+)
 NOT_SENT = (
     "not sent to the provider: this worker was held up (paused, or cut off from Postgres) "
     "past its lease after starting the execution; nothing ran, ask again"
 )
-
-
-class LeaseClock:
-    """Until when this worker's lease surely holds, by its own monotonic clock: when the
-    last renewal that succeeded was sent, plus the lease, less a fifth for safety (the
-    database's expiry is later still: it counts from when it ran the renewal).
-
-    A renewal sent after the lease had lapsed starts a new ``epoch``: the database takes
-    it (the row is upserted), but runs may have been adopted in between, so an execution
-    begun in an earlier epoch sends nothing more."""
-
-    def __init__(self, seconds: float, on_lapsed: Callable[[], object] | None = None) -> None:
-        self.seconds = seconds
-        self.until = 0.0
-        self.epoch = 0
-        self.on_lapsed = on_lapsed  # told when a renewal follows a lapse (not the first)
-
-    def renewed(self, sent_at: float) -> None:
-        if sent_at >= self.until:
-            self.epoch += 1
-            if self.epoch > 1 and self.on_lapsed is not None:
-                self.on_lapsed()
-        self.until = max(self.until, sent_at + self.seconds * 0.8)
-
-    def holds(self, since: float | None = None) -> bool:
-        """The lease holds now and, given ``since`` (when the execution began), the time
-        since then is short of most of a lease: no other worker can have adopted the run
-        (and told its model the outcome is unknown, or an operator reconciled it)."""
-        now = time.monotonic()
-        return now < self.until and (since is None or now - since < self.seconds * 0.8)
 
 
 class Executor:
@@ -114,6 +90,7 @@ class Executor:
         self.lease: LeaseClock | None = None  # None: no lease to keep (a worker sets one)
         self.tool_timeout: float | None = None  # seconds a tool call may take
         self._elsewhere: dict[str, tuple[str, float]] = {}  # card -> (run, first seen)
+        self._theirs: set[str] = set()  # cards found moved by another process (not logged)
 
     async def read(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
         """A read tool's call, under the tool deadline (:class:`ToolTimedOut`)."""
@@ -292,8 +269,15 @@ class Executor:
         the card as it ends up (timed and traced as the ``execute`` span, logged)."""
         with span("execute", card_id=card.id, run_id=card.run_id, tool=card.tool):
             done = await self._execute(card, ctx)
-        ids = {"card_id": card.id, "run_id": card.run_id, "thread_id": card.thread_id}
-        log.info("card %s", done.status, extra={**ids, "tool": card.tool, "status": done.status})
+        if card.id in self._theirs:
+            self._theirs.discard(card.id)
+        elif done.status is not Status.APPROVED:
+            # Logged by the process that moved it (a card another one started, found done
+            # here, is not "executed" twice in the logs: a hostile probe's false alarm).
+            ids = {"card_id": card.id, "run_id": card.run_id, "thread_id": card.thread_id}
+            log.info(
+                "card %s", done.status, extra={**ids, "tool": card.tool, "status": done.status}
+            )
         return done
 
     async def _execute(self, card: Card, ctx: ToolContext) -> Card:
@@ -351,6 +335,7 @@ class Executor:
                 # adopted, whose statement predates the adoption. Left to it for a lease,
                 # as a card found `executing` is (design note 49), not told unknown now.
                 raise ExecutingElsewhere(f"card {card.id} was started by another process")
+            self._theirs.add(card.id)
             return begun.card
         started = begun.card
         self.faults.hit("execute.after_start")
@@ -376,7 +361,11 @@ class Executor:
                 # I2: the frozen snapshot as read back from Postgres, never the model's arguments.
                 # The deadline bounds the call, not the wait for a step slot after it.
                 call = tool.execute(started.args_snapshot, started.operation_id, ctx)
-                answer = await slots.outside(call, self.tool_timeout)
+                try:
+                    answer = await slots.outside(call, self.tool_timeout)
+                except asyncio.CancelledError:
+                    log.error(CANCELLED_IN_CALL, card.id, started.operation_id, card.id)
+                    raise
                 ok = True  # the provider answered: whatever its answer holds, it acted
                 self.faults.hit("execute.after_provider")
             except UNKNOWN_OUTCOME as exc:

@@ -33,11 +33,11 @@ from signoff.runtime.errors import (
     UnknownTool,
     error_text,
 )
-from signoff.runtime.execution import LeaseClock
 from signoff.runtime.faults import Faults
 from signoff.runtime.handover import hand_over
 from signoff.runtime.intake import Intake
 from signoff.runtime.keys import Keys
+from signoff.runtime.lease import LeaseClock
 from signoff.runtime.metrics import COUNTERS, LatencySamples
 from signoff.runtime.models.base import Model
 from signoff.runtime.notify import quietly, signal_decoder
@@ -162,6 +162,7 @@ class Worker:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
         ``release=False`` leaves tokens and leases as they are, like a crash would)."""
         self.draining = True  # adopts nothing from now on
+        self.agent.accepting = False  # continues nothing more: released to other workers
         self.workflows.stop()  # takes no more wakes; its runs are released below
         for task in self.loops:  # these wait on Redis (listen, inbox): cancelled at once
             task.cancel()

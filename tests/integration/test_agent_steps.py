@@ -104,10 +104,10 @@ async def test_one_resume_approves_rejects_and_edits_each_exactly_once(h: Harnes
     assert gate.payload == {a.id: True, b.id: False, c.id: {"edit": {"amount": 25}}}
 
 
-async def test_a_maps_approvals_run_in_the_models_order(h: Harness) -> None:
-    """Each approval of the map runs its card at once (design note 60): the map is
-    applied in the order the model called the cards, not in the order of their ids
-    (which matched the model's in 1 run of 6: two runs here)."""
+async def test_a_map_is_applied_in_the_models_order(h: Harness) -> None:
+    """The map is applied in the order the model called the cards, not in the order of
+    their ids (which matched the model's in 1 run of 6: two runs here), and each card
+    runs once."""
     for _ in range(2):
         run, cards = await parked_on_cards(h)
         agent_run = await h.store.get_run(cards[0].run_id)
@@ -115,11 +115,12 @@ async def test_a_maps_approvals_run_in_the_models_order(h: Harness) -> None:
         decisions = {c.id: True for c in reversed(in_model_order)}
         await h.workflows.resume(run.id, decisions, tenant=h.tenant, by=OWNER)
         await until(status_is(h, run.id, "completed"), what="completed")
-        started = {}
+        approved = {}
         for card in cards:
-            (event,) = [e for e in await h.events(card) if e.to_status == "executing"]
-            started[card.id] = event.id
-        assert sorted(started, key=started.__getitem__) == [c.id for c in in_model_order]
+            (event,) = [e for e in await h.events(card) if e.to_status == "approved"]
+            approved[card.id] = event.id
+            assert [e.to_status for e in await h.events(card)].count("executing") == 1
+        assert sorted(approved, key=approved.__getitem__) == [c.id for c in in_model_order]
 
 
 async def test_applying_the_map_again_changes_nothing(h: Harness) -> None:

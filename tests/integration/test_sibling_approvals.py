@@ -5,9 +5,11 @@ and a new message sent meanwhile invalidated it: the person's approval was lost.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from signoff.runtime import handover
@@ -17,6 +19,7 @@ from signoff.runtime.decisions import Resolution
 from signoff.runtime.errors import SignoffError, Unavailable
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.records import RunStatus
+from signoff.runtime.tools import ToolContext
 from signoff.runtime.worker import Worker
 from tests.conftest import migrated_database
 from tests.harness import Harness, harness
@@ -192,20 +195,22 @@ async def test_an_executed_card_is_not_run_again_by_the_worker_that_adopts_its_r
         assert all('"executed"' in told[c.tool_use_id]["content"] for c in (first, second))
 
 
-async def started_in_order(h: Harness, cards: list[Card]) -> list[str]:
-    """The cards' ids in the order they entered `executing` (audit ids are a sequence)."""
+async def moved_in_order(h: Harness, cards: list[Card], status: str) -> list[str]:
+    """The cards' ids in the order they entered ``status`` (audit ids are a sequence)."""
     first: dict[str, int] = {}
     for card in cards:
         for event in await h.events(card):
-            if event.to_status == "executing":
+            if event.to_status == status:
                 first[card.id] = event.id
     return sorted(first, key=first.__getitem__)
 
 
-async def test_a_batch_runs_its_approvals_in_the_models_order(database_url: str) -> None:
-    """A batch listing the cards in another order than the model's is taken in the
-    model's: its first approval already runs its card (a review reproduced the second
-    card executing first), and the answers still come in the request's order."""
+async def test_a_batch_is_decided_in_the_models_order_and_runs_each_card_once(
+    database_url: str,
+) -> None:
+    """A batch listing the cards in another order than the model's is decided in the
+    model's, and the worker is told once all are committed; the answers still come in
+    the request's order, and every card runs once."""
     model = Scripted(pix("10"), pix("20", "Maria"), pix("30", "Ana"))
     async with harness(database_url, model=model) as h:
         for i in range(3):
@@ -225,8 +230,48 @@ async def test_a_batch_runs_its_approvals_in_the_models_order(database_url: str)
             assert [a["card_id"] for a in answers] == [c.id for c in asked]
             assert all(a["ok"] for a in answers)
             await h.settle()
-            assert await started_in_order(h, cards) == [c.id for c in cards]
+            assert await moved_in_order(h, cards, "approved") == [c.id for c in cards]
+            assert [await operations(h, c.id) for c in cards] == [1, 1, 1]
         assert await h.charges() == 9
+
+
+async def test_cards_approved_together_do_not_wait_for_one_that_hangs(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second hostile probe: one continuation ran the cards it claimed one after the
+    other, so a batch's refund waited 65 s behind a charge whose provider call hung (a
+    locked table), and a message sent meanwhile invalidated it. Each runs on its own."""
+    model = Scripted(pix("10"), pix("20", "Maria"), pix("30", "Ana"))
+    async with harness(database_url, model=model) as h:
+        thread = await h.thread("alice")
+        await h.say(thread, "cobre os três", "alice")
+        first, second, third = sorted(
+            await h.store.pending_cards(thread), key=lambda c: c.tool_use_id
+        )
+        held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+        await h.decisions.resolve_batch(
+            first.run_id,
+            [
+                (c.id, Resolution(decision=Decision.APPROVE, snapshot_hash=c.snapshot_hash))
+                for c in (first, second)
+            ],
+            principal="alice",
+            channel="test",
+        )
+        await asyncio.wait_for(held.entered.wait(), 10)
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await h.card(second)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "it waited for the first"
+            await asyncio.sleep(0.05)
+        await h.say(thread, "e o saldo?", "alice")
+        held.release.set()
+        await h.settle()
+        assert [(await h.card(c)).status for c in (first, second, third)] == [
+            Status.EXECUTED,
+            Status.EXECUTED,
+            Status.SUPERSEDED,
+        ]
+        assert await h.charges() == 2
 
 
 async def test_an_approved_card_of_a_tool_not_served_here_waits_for_its_sibling_quietly(
@@ -528,3 +573,56 @@ async def test_two_continuations_of_one_run_start_its_approved_card_once(
         await one
         await h.settle()
         assert calls["n"] == 1 and await operations(h, first.id) == 1
+
+
+async def test_a_stopping_worker_starts_no_approved_card(database_url: str) -> None:
+    """A second hostile probe: a worker told to stop (SIGTERM) went on starting cards
+    approved meanwhile, then cancelled their provider calls at the end of its drain.
+    A stopping worker continues nothing: its runs are released to the others."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        _, first, _ = await two_cards(h)
+        h.worker.agent.accepting = False  # what Worker.stop sets first
+        await h.decide(first, Decision.APPROVE)
+        await h.settle()
+        assert (await h.card(first)).status is Status.APPROVED and await h.charges() == 0
+        assert not h.worker.waits.is_parked(first.id)  # let go, for another worker
+        h.worker.agent.accepting = True
+        await h.worker.wake(first.run_id)  # what the worker adopting it does
+        await h.settle()
+        assert (await h.card(first)).status is Status.EXECUTED
+
+
+async def test_a_provider_call_cut_by_a_stop_is_said_in_the_log(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same probe: the calls cancelled at the end of the drain left cards
+    `executing` (outcome unknown) without a word in the stopping worker's log."""
+    async with harness(
+        database_url, model=Scripted(pix("10"), pix("20", "Maria")), leave_runs=True
+    ) as h:
+        _, first, _ = await two_cards(h)
+        held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+        await h.decide(first, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        with caplog.at_level(logging.ERROR, logger="signoff.agent"):
+            await h.worker.stop(drain=False)
+        said = [r.getMessage() for r in caplog.records]
+        assert any(f"card {first.id}: stopping while its provider call" in m for m in said)
+        assert (await h.card(first)).status is Status.EXECUTING
+
+
+async def test_a_card_another_process_ran_is_not_logged_as_executed_here(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same probe: a worker thawed after its run was adopted logged `card executed`
+    for 13 cards the adopter had executed (a false alarm for a log-based check)."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        _, first, _ = await two_cards(h)
+        assert (await h.approve(first)).status is Status.EXECUTED
+        run = await h.store.get_run(first.run_id)
+        stale = msgspec.structs.replace(first, status=Status.APPROVED)
+        with caplog.at_level(logging.INFO, logger="signoff.agent"):
+            done = await h.worker.agent.executor.execute(stale, ToolContext.of(run, h.provider))
+        assert done.status is Status.EXECUTED
+        assert not [r for r in caplog.records if r.getMessage() == "card executed"]
+        assert await operations(h, first.id) == 1
