@@ -75,13 +75,18 @@ async def test_concurrent_decisions_share_statements_and_each_gets_its_own_row(
             assert m.card.status is (Status.APPROVED if i % 3 else Status.REJECTED)
             assert m.entry.kind == "card_update" and m.entry.body["id"] == card.id
             assert m.entry.body["status"] == str(m.card.status)
-            assert (await h.trail(card))[-1] == str(m.card.status)
+            # (an approved card may have run since: it does not wait for its sibling)
+            assert (await h.trail(card))[:2] == ["pending", str(m.card.status)]
         # Each thread's log: one entry per decision, seqs unique and gap-free in the log.
         for thread in {c.thread_id for c in cards}:
             log = await h.store.entries_after(thread, 0)
             seqs = [e.seq for e in log]
             assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-            updates = [e for e in log if e.kind == "card_update"]
+            updates = [  # the decisions' (an approved card may have run since)
+                e
+                for e in log
+                if e.kind == "card_update" and e.body["status"] in ("approved", "rejected")
+            ]
             assert Counter(e.body["id"] for e in updates) == Counter(
                 c.id for c in cards if c.thread_id == thread
             )
@@ -117,7 +122,7 @@ async def test_refusals_in_a_batch_are_each_persons_own_and_change_nothing(
         for card in (stale, stranger):
             assert (await h.card(card)).status is Status.PENDING
             assert await h.trail(card) == ["pending"]
-        assert await h.trail(twice) == ["pending", str(won[0].card.status)]
+        assert (await h.trail(twice))[:2] == ["pending", str(won[0].card.status)]
 
 
 async def test_a_batch_that_fails_as_a_whole_runs_each_decision_alone(database_url: str) -> None:
@@ -227,8 +232,8 @@ async def test_a_slow_thread_holds_its_batch_then_it_commits_whole(database_url:
             await held.release()
             moved = [await first, *await batch]
             assert [m.card.status for m in moved] == [Status.APPROVED] * len(cards)
-            for card in cards:
-                assert await h.trail(card) == ["pending", "approved"]
+            for card in cards:  # (an approved card may have run since)
+                assert (await h.trail(card))[:2] == ["pending", "approved"]
         finally:
             await held.close()
 
@@ -263,7 +268,7 @@ async def test_a_batch_killed_mid_statement_writes_nothing_then_each_runs_alone(
             results = await rest
             assert all(not isinstance(r, BaseException) for r in results), results
             for card in (cards[2], cards[4], cards[1], cards[6]):
-                assert await h.trail(card) == ["pending", "approved"]
+                assert (await h.trail(card))[:2] == ["pending", "approved"]
             assert await h.trail(cards[0]) == ["pending"]
         finally:
             await held.close()
