@@ -172,6 +172,7 @@ async def all_runs_done(db: asyncpg.Connection, tenant: str, n: int) -> bool:
     return bool(done == n)
 
 
+@pytest.mark.slow  # ~16 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_500_threads_across_pools(pools: Cluster, database_url: str) -> None:
     a, b = pools.gateways
     db = await asyncpg.connect(database_url)

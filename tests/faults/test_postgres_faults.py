@@ -47,6 +47,7 @@ async def ready(c: Cluster) -> bool:
             return False
 
 
+@pytest.mark.slow  # ~15 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_postgres_stalled_then_continued_gives_503_and_nothing_half_written(
     private_pg: PrivatePostgres,
     redis_url: str,
