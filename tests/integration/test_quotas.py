@@ -293,6 +293,19 @@ async def trickle_until_closed(
     return time.monotonic() - t0, bytes(got)
 
 
+async def trickled_post(h: Harness, path: str, limit: float) -> tuple[float, bytes]:
+    """ivo's POST to ``path`` announcing a 1000-byte JSON body, then sent a byte every
+    0.1 s (:func:`trickle_until_closed`)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {h.token('ivo')}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    ).encode()
+    reader, writer = await raw_connection(h)
+    writer.write(head)
+    await writer.drain()
+    return await trickle_until_closed(reader, writer, b"x" * 1000, limit=limit)
+
+
 async def test_slow_headers_are_cut_at_the_header_timeout(h: Harness) -> None:
     headers = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200
     took, got = await trickle_until_closed(*await raw_connection(h), headers, limit=5)
@@ -323,14 +336,7 @@ async def test_slow_body_gets_a_typed_408_and_changes_nothing(h: Harness) -> Non
     # A body on a request that needs none (POST /v1/threads) is read all the same before
     # anything is done: cut at the deadline, and no thread made (it was made before).
     before = await threads_of(h, "ivo")
-    head = (
-        f"POST /v1/threads HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {h.token('ivo')}\r\n"
-        f"Content-Length: 1000\r\n\r\n"
-    ).encode()
-    reader, writer = await raw_connection(h)
-    writer.write(head)
-    await writer.drain()
-    took, got = await trickle_until_closed(reader, writer, b"x" * 1000, limit=6)
+    took, got = await trickled_post(h, "/v1/threads", limit=6)
     assert took < 3.5, took
     assert got.startswith(b"HTTP/1.1 408"), got
     assert await threads_of(h, "ivo") == before
@@ -344,15 +350,7 @@ async def test_a_body_cut_by_the_connections_deadline_gets_the_typed_408_too(
     408 came later than the grace, and the client saw its connection reset."""
     monkeypatch.setattr(timeouts, "BODY_GRACE", -0.5)  # the connection's cut comes first
     thread = await h.thread("ivo")
-    head = (
-        f"POST /v1/threads/{thread}/messages HTTP/1.1\r\nHost: x\r\n"
-        f"Authorization: Bearer {h.token('ivo')}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: 1000\r\n\r\n"
-    ).encode()
-    reader, writer = await raw_connection(h)
-    writer.write(head)
-    await writer.drain()
-    took, got = await trickle_until_closed(reader, writer, b"x" * 1000, limit=5)
+    took, got = await trickled_post(h, f"/v1/threads/{thread}/messages", limit=5)
     assert took < 1.0, took
     assert got.startswith(b"HTTP/1.1 408"), got
     assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "request_timeout"
