@@ -24,12 +24,7 @@ from signoff.runtime import approved, outcomes, replies, slots
 from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Status, latest
 from signoff.runtime.conversation import SYSTEM_PROMPT, build_messages, messages_and_open_calls
-from signoff.runtime.errors import (
-    RunInactive,
-    SignoffError,
-    ToolValidationError,
-    Unavailable,
-)
+from signoff.runtime.errors import RunInactive, SignoffError, ToolValidationError, Unavailable
 from signoff.runtime.execution import Executor
 from signoff.runtime.faults import Faults
 from signoff.runtime.keys import Keys
@@ -391,15 +386,20 @@ class Agent:
             )
         pending = [cards[c] for c in waiting.values() if cards[c].status is Status.PENDING]
         busy = was_busy or self.approved.busy(run.id)  # a card runs in a continuation here
-        if pending or busy:
+        ours = early is not None and run.holder == self.worker_id  # only ours start early
+        # Several approved with none pending ("approve all") run side by side too (note 60)
+        several = ours and self.approved.startable(run, waiting, cards) > 1
+        if pending or busy or several:
             # Approved siblings do not wait for these (design note 60), nor for one
             # another: the continuation that ran the last of them goes on. Parked first:
             # an adopted run waits on nothing here yet, and a decision meanwhile is heard.
             if pending and self._park is not None:
                 await self._park(run, pending)
-            if early is not None and run.holder == self.worker_id:  # only ours start
+            if ours and early is not None:
                 early.extend(self.approved.claim(run, waiting, cards))
             return run
+        if run.holder != self.worker_id:  # released: nothing of it can be written from
+            return run  # here (run_step is refused); the worker that adopts it goes on
         return await self._resume(run, waiting, cards, conversation)
 
     async def continue_run(self, run_id: str) -> Run | None:

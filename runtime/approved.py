@@ -88,6 +88,18 @@ class Approved:
             del self._claimed[run.id]
         return out
 
+    def startable(self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]) -> int:
+        """How many of the run's approved, not started cards :meth:`claim` would claim
+        now."""
+        if self.unserved(run, waiting, cards) is not None:
+            return 0
+        held = self._claimed.get(run.id, set())
+        return sum(
+            1
+            for use_id in open_calls(run, waiting)
+            if cards[waiting[use_id]].status is Status.APPROVED and waiting[use_id] not in held
+        )
+
     def busy(self, run_id: str) -> bool:
         """A continuation here is running a claimed card of the run."""
         return run_id in self._claimed

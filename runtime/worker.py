@@ -131,7 +131,7 @@ class Worker:
     async def start(self) -> None:
         """Subscribe first (and wait for it), then adopt runs, then take work (a stopped
         worker may be started again)."""
-        self.draining = False
+        self.draining, self.agent.accepting = False, True
         self.workflows.reopen()
         self.loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
         try:  # no decision can reach it without its bus: said, not a traceback

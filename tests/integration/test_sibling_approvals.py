@@ -626,3 +626,74 @@ async def test_a_card_another_process_ran_is_not_logged_as_executed_here(
         assert done.status is Status.EXECUTED
         assert not [r for r in caplog.records if r.getMessage() == "card executed"]
         assert await operations(h, first.id) == 1
+
+
+async def test_an_approve_all_runs_its_cards_side_by_side(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's repro: a batch deciding every card of the run ("approve all") left none
+    pending, so one continuation ran them one after the other under the run's lock: the
+    second waited behind the first's hanging provider call, and a message sent meanwhile
+    invalidated it. Several approved with none pending run each on their own too."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        thread, first, second = await two_cards(h)
+        held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+        await h.decisions.resolve_batch(
+            first.run_id,
+            [
+                (c.id, Resolution(decision=Decision.APPROVE, snapshot_hash=c.snapshot_hash))
+                for c in (first, second)
+            ],
+            principal="alice",
+            channel="test",
+        )
+        await asyncio.wait_for(held.entered.wait(), 10)
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await h.card(second)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "it waited for the first"
+            await asyncio.sleep(0.05)
+        await h.say(thread, "e o saldo?", "alice")  # supersedes the run: nothing is lost
+        held.release.set()
+        await h.settle()
+        assert [(await h.card(c)).status for c in (first, second)] == [Status.EXECUTED] * 2
+        assert await operations(h, first.id) == 1 and await operations(h, second.id) == 1
+
+
+async def test_a_worker_stopped_and_started_again_continues_its_runs(database_url: str) -> None:
+    """A review's repro: ``Worker.stop`` stops continuations and ``start`` did not let
+    them go on again: an approval reached the restarted worker, which held the run and
+    renewed its lease, so nobody else adopted it, and the card stayed approved."""
+    async with harness(database_url, model=Scripted(pix("10"))) as h:
+        thread = await h.thread("alice")
+        await h.say(thread, "cobre", "alice")
+        (card,) = await h.store.pending_cards(thread)
+        await h.worker.stop()
+        await h.worker.start()
+        await h.decide(card, Decision.APPROVE)
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await h.card(card)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "the approval was not run"
+            await asyncio.sleep(0.05)
+        await h.settle()
+        assert (await h.store.get_run(card.run_id)).status is RunStatus.DONE
+
+
+async def test_a_released_run_with_every_card_decided_calls_no_model(database_url: str) -> None:
+    """A review's repro: a run nobody holds (a graceful stop, a hand-over) continued
+    directly (as an agent step does) with every card decided: its card could not start
+    here, yet the model was called, told "approved", and its reply streamed to the
+    thread before the write was refused. The worker that adopts it goes on instead."""
+    model = Scripted(pix("10"))
+    async with harness(database_url, model=model) as h:
+        thread = await h.thread("alice")
+        await h.say(thread, "cobre", "alice")
+        (card,) = await h.store.pending_cards(thread)
+        await h.store.pool.execute(
+            "UPDATE runs SET worker_id = NULL WHERE id = $1::uuid", card.run_id
+        )
+        await lost(h, card.id, Decision.APPROVE, card.snapshot_hash)
+        h.worker.waits.drop_run(card.run_id)
+        calls = model.calls
+        run = await asyncio.wait_for(h.worker.agent.continue_run(card.run_id), 5)
+        assert run is not None and run.status is RunStatus.WAITING and run.holder is None
+        assert model.calls == calls and await operations(h, card.id) == 0
