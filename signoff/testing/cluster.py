@@ -157,6 +157,9 @@ class Cluster:
                 "SIGNOFF_KEY_PREFIX": self.prefix,
                 "SIGNOFF_TENANT": self.tenant,
                 "SIGNOFF_OFFLINE_MODEL": "1",
+                # No load balancer has to see /readyz fail before a stopping gateway
+                # closes (2 s by default): a test that wants the delay sets it.
+                "SIGNOFF_DRAIN_SECONDS": "0",
                 "PYTHONUNBUFFERED": "1",
             }
         )

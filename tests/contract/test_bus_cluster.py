@@ -278,6 +278,7 @@ async def test_a_manual_failover_is_followed_without_losing_a_subscription_hint(
     redis_cluster.wait_ok()
 
 
+@pytest.mark.slow  # 9 s: waits for the cluster to fail a master over
 async def test_a_killed_master_fails_its_subscriptions_and_the_bus_recovers(
     cluster_bus: RedisBus, keys: Keys, redis_cluster: LocalCluster
 ) -> None:

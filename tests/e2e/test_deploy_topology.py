@@ -90,6 +90,7 @@ def empty_database() -> Iterator[str]:
     drop_database(name)
 
 
+@pytest.mark.slow  # 9 s: every process of deploy/compose.yml started as a local process
 def test_the_compose_topology_runs_as_local_processes(empty_database: str, tmp_path: Path) -> None:
     secret = secrets.token_urlsafe(48)
     doc = deploy.compose({"SIGNOFF_APP": "signoff.demo:app", "SIGNOFF_SECRET": secret})

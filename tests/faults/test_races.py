@@ -56,6 +56,7 @@ def c(gateways3: Cluster, database_url: str, invariants: Invariants) -> Cluster:
     return gateways3
 
 
+@pytest.mark.slow  # 10-12 s; tests/integration/test_gateway.py races 200 in the default run
 async def test_10000_concurrent_approvals_of_one_card_across_3_gateways_one_winner(
     c: Cluster, database_url: str, profile: Profile, invariants: Invariants
 ) -> None:
