@@ -697,3 +697,38 @@ async def test_a_released_run_with_every_card_decided_calls_no_model(database_ur
         run = await asyncio.wait_for(h.worker.agent.continue_run(card.run_id), 5)
         assert run is not None and run.status is RunStatus.WAITING and run.holder is None
         assert model.calls == calls and await operations(h, card.id) == 0
+
+
+async def test_a_card_whose_tool_lets_a_cancellation_out_is_tried_again(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a claimed card's task that ended cancelled (a tool letting a
+    cancellation out of its revalidation) ended its continuation as if the worker were
+    stopping, with no retry: the approval waited for the sweeper. It is tried again."""
+    async with harness(database_url, model=Scripted(pix("10"), pix("20", "Maria"))) as h:
+        _, first, second = await two_cards(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real, cancelled = tool.revalidate, asyncio.Event()
+
+        async def leaks(args: Any, ctx: Any) -> Any:
+            if not cancelled.is_set():
+                cancelled.set()
+                raise asyncio.CancelledError
+            return await real(args, ctx)
+
+        monkeypatch.setattr(tool, "revalidate", leaks)
+
+        async def nothing(*_: Any) -> None:
+            return None
+
+        monkeypatch.setattr(h.worker, "poll", nothing)  # only a retry can run it now
+        monkeypatch.setattr(h.worker, "sweep", nothing)
+        await h.decide(first, Decision.APPROVE)
+        await asyncio.wait_for(cancelled.wait(), 10)
+        deadline = asyncio.get_running_loop().time() + 5
+        while (await h.card(first)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "it was not tried again"
+            await asyncio.sleep(0.05)
+        assert (await h.card(second)).status is Status.PENDING
+        assert await operations(h, first.id) == 1
