@@ -387,9 +387,7 @@ class Agent:
         pending = [cards[c] for c in waiting.values() if cards[c].status is Status.PENDING]
         busy = was_busy or self.approved.busy(run.id)  # a card runs in a continuation here
         ours = early is not None and run.holder == self.worker_id  # only ours start early
-        # Several approved with none pending ("approve all") run side by side too (note 60)
-        several = ours and self.approved.startable(run, waiting, cards) > 1
-        if pending or busy or several:
+        if pending or busy or (ours and self.approved.apart(run, waiting, cards)):
             # Approved siblings do not wait for these (design note 60), nor for one
             # another: the continuation that ran the last of them goes on. Parked first:
             # an adopted run waits on nothing here yet, and a decision meanwhile is heard.

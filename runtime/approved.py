@@ -88,17 +88,20 @@ class Approved:
             del self._claimed[run.id]
         return out
 
-    def startable(self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]) -> int:
-        """How many of the run's approved, not started cards :meth:`claim` would claim
-        now."""
+    def apart(self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]) -> bool:
+        """With no card pending: whether the approved, not started cards are claimed and
+        run each on its own (:meth:`claim`) rather than by the resume, one after the
+        other under the run's lock: when there are several ("approve all": one hanging
+        would hold the others back), or one beside a card executing elsewhere (its
+        previous holder's, settled over a lease and a tool deadline: design note 49). A
+        single one alone runs inside the resume (no second read of the run)."""
         if self.unserved(run, waiting, cards) is not None:
-            return 0
+            return False
         held = self._claimed.get(run.id, set())
-        return sum(
-            1
-            for use_id in open_calls(run, waiting)
-            if cards[waiting[use_id]].status is Status.APPROVED and waiting[use_id] not in held
-        )
+        ids = [waiting[u] for u in open_calls(run, waiting)]
+        startable = sum(1 for c in ids if cards[c].status is Status.APPROVED and c not in held)
+        executing = any(cards[c].status is Status.EXECUTING for c in ids)
+        return startable > 1 or (startable == 1 and executing)
 
     def busy(self, run_id: str) -> bool:
         """A continuation here is running a claimed card of the run."""

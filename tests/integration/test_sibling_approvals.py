@@ -732,3 +732,37 @@ async def test_a_card_whose_tool_lets_a_cancellation_out_is_tried_again(
             await asyncio.sleep(0.05)
         assert (await h.card(second)).status is Status.PENDING
         assert await operations(h, first.id) == 1
+
+
+async def test_an_approved_card_beside_one_executing_elsewhere_runs_at_once(
+    database_url: str,
+) -> None:
+    """A card found `executing` (its run's previous holder started it and may be back:
+    design note 49) is left for a lease and a tool deadline; its approved sibling waited
+    that long too (about 70 s in a hostile probe), and a message sent meanwhile
+    invalidated it. It runs at once; the run goes on once the other is settled."""
+    from signoff.runtime.errors import ExecutingElsewhere
+
+    async with harness(
+        database_url, model=Scripted(pix("10"), pix("20", "Maria")), start_worker=False
+    ) as h:
+        _, first, second = await two_cards(h)
+        h.worker.agent.executor.lease = h.worker.lease  # what Worker.start sets
+        for card in (first, second):
+            await h.store.decide(
+                card.id,
+                principal=card.owner,
+                decision=Decision.APPROVE,
+                snapshot_hash=card.snapshot_hash,
+                channel="test",
+            )
+        await h.store.db.execute(  # another process started the first one
+            "UPDATE cards SET status = 'executing', executing_since = now() WHERE id = $1",
+            first.id,
+        )
+        with pytest.raises(ExecutingElsewhere):
+            await h.worker.agent.continue_run(first.run_id)
+        assert (await h.card(second)).status is Status.EXECUTED
+        assert await operations(h, second.id) == 1 and await operations(h, first.id) == 0
+        assert (await h.card(first)).status is Status.EXECUTING
+        assert (await h.store.get_run(first.run_id)).status is RunStatus.WAITING
