@@ -91,6 +91,10 @@ class Executor:
         self.tool_timeout: float | None = None  # seconds a tool call may take
         self._elsewhere: dict[str, tuple[str, float]] = {}  # card -> (run, first seen)
         self._theirs: set[str] = set()  # cards found moved by another process (not logged)
+        self._executing = 0  # cards in execute() now
+
+    def executing(self) -> int:
+        return self._executing
 
     async def read(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
         """A read tool's call, under the tool deadline (:class:`ToolTimedOut`)."""
@@ -154,9 +158,11 @@ class Executor:
         ]
         first = [self._elsewhere.setdefault(c.id, (run_id, now))[1] for c in elsewhere]
         if any(now - seen < window for seen in first):
-            raise ExecutingElsewhere(
+            raise ExecutingElsewhere(  # looked at again no later than its window's end
                 f"run {run_id}: a card is executing in the run's previous holder; looked at "
-                f"again (its outcome is told unknown {window:g}s after it was first seen)"
+                f"again (its outcome is told unknown {window:g}s after it was first seen)",
+                retry_after=min(window - (now - seen) for seen in first if now - seen < window)
+                + 0.05,
             )
         if not elsewhere:
             return
@@ -267,8 +273,12 @@ class Executor:
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
         the card as it ends up (timed and traced as the ``execute`` span, logged)."""
-        with span("execute", card_id=card.id, run_id=card.run_id, tool=card.tool):
-            done = await self._execute(card, ctx)
+        self._executing += 1  # a stopping worker waits for these (runtime/drain.py)
+        try:
+            with span("execute", card_id=card.id, run_id=card.run_id, tool=card.tool):
+                done = await self._execute(card, ctx)
+        finally:
+            self._executing -= 1
         if card.id in self._theirs:
             self._theirs.discard(card.id)
         elif done.status is not Status.APPROVED:

@@ -23,6 +23,7 @@ from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card
 from signoff.runtime.config import Settings
+from signoff.runtime.drain import drain as drain_tasks
 from signoff.runtime.errors import (
     ExecutingElsewhere,
     ModelUnavailable,
@@ -63,8 +64,7 @@ START_RETRIES = (0.2, 0.5, 1.0, 2.0)
 WAKE_ERROR_RETRIES = 2
 # A worker whose subscription is not live within this long (Redis away) does not start.
 SUBSCRIBE_SECONDS = 10.0
-# A stopping worker lets each periodic loop finish its tick for up to this long.
-STOP_GRACE_SECONDS = 5.0
+STOP_GRACE_SECONDS = 5.0  # a stopping worker lets each periodic loop end its tick
 
 
 class Worker:
@@ -171,8 +171,8 @@ class Worker:
                 await task
         self.loops.clear()
         await self.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
-        if drain and self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        if drain:  # a card executing gets up to its tool's deadline (drain.py)
+            await drain_tasks(self._tasks, self.agent.executor, self.settings)
         for task in list(self._tasks):
             task.cancel()
         parked = self.waits.parked_cards()
@@ -373,7 +373,7 @@ class Worker:
         except Unavailable as exc:
             # The run is ours (we renew its lease) and no longer parked: unless we try
             # again, nobody continues it and its decisions wait for our restart (I6).
-            delay = min(0.5 * 2**attempt, 30.0)
+            delay = min(0.5 * 2**attempt, 30.0, exc.detail.get("retry_after", 30.0))
             level = logging.INFO if isinstance(exc, ExecutingElsewhere) else logging.WARNING
             log.log(level, "continuing run %s: %s; again in %.1fs", run_id, exc, delay)
             self.wakes.later(run_id, attempt + 1, delay)

@@ -116,3 +116,28 @@ async def test_the_sweeper_flags_a_card_once_its_in_flight_time_is_over(
             card.id,
         )
         assert card.id in {c.id for c in await h.store.flag_stuck(0)}
+
+
+async def test_a_card_executing_elsewhere_is_told_unknown_when_its_window_ends(
+    database_url: str,
+) -> None:
+    """A hostile probe: the log said "told unknown 40s after it was first seen" and the
+    card was flagged about 61 s after: the continuation was tried again at 0.5, 1, 2, 4,
+    8, 16 and 30 s, overshooting the window's end by up to one backoff. It is looked at
+    again no later than the window's end."""
+    settings = Settings(lease_seconds=2.0, tool_timeout_seconds=2.0)  # a 4 s window
+    async with harness(database_url, model=Scripted(pix("9")), settings=settings) as h:
+        card = await one_card(h)
+        await h.store.db.execute(  # its run's previous holder started it
+            "UPDATE cards SET status = 'executing', executing_since = now() WHERE id = $1",
+            card.id,
+        )
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        h.worker.waits.wake_run(card.run_id, "poll")
+        while not await h.store.db.fetchval(
+            "SELECT needs_reconciliation FROM cards WHERE id = $1", card.id
+        ):
+            assert loop.time() - began < 6.0, "flagged long after its window ended"
+            await asyncio.sleep(0.05)
+        assert loop.time() - began >= 3.9  # not before it either

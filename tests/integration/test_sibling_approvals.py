@@ -766,3 +766,27 @@ async def test_an_approved_card_beside_one_executing_elsewhere_runs_at_once(
         assert await operations(h, second.id) == 1 and await operations(h, first.id) == 0
         assert (await h.card(first)).status is Status.EXECUTING
         assert (await h.store.get_run(first.run_id)).status is RunStatus.WAITING
+
+
+async def test_a_stopping_worker_lets_a_provider_call_finish_within_its_deadline(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Last stop's note: a SIGTERM'd worker cut a provider call that outlived its 10 s
+    drain, leaving the card `executing` with an unknown outcome (an operator's to
+    reconcile). A card being executed gets up to its tool's deadline (runtime/drain.py);
+    the drain of everything else is shortened here to keep the test short."""
+    from signoff.runtime import drain
+
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
+    settings = Settings(tool_timeout_seconds=5.0)
+    async with harness(
+        database_url, model=Scripted(pix("10"), pix("20", "Maria")), settings=settings
+    ) as h:
+        _, first, _ = await two_cards(h)
+        held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+        await h.decide(first, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        asyncio.get_running_loop().call_later(1.0, held.release.set)  # past the drain
+        await h.worker.stop()
+        assert (await h.card(first)).status is Status.EXECUTED
+        assert await operations(h, first.id) == 1

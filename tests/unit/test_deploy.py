@@ -137,7 +137,8 @@ def test_kubernetes_pools_scale_apart_drain_and_stay_available() -> None:
     assert gw["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "preStop" in gw["lifecycle"]
     assert gateway["terminationGracePeriodSeconds"] >= 35  # preStop + the drain
-    assert worker["terminationGracePeriodSeconds"] >= 15  # in-flight steps get 10 s
+    # ticks end (5 s), then a provider call in flight its deadline (30 s) + 5 s
+    assert worker["terminationGracePeriodSeconds"] >= 40
     assert worker["containers"][0]["readinessProbe"]["httpGet"] == {
         "path": "/readyz",
         "port": "metrics",
