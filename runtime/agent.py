@@ -489,6 +489,8 @@ class Agent:
         self.approved.check_served(run, waiting, cards)
         await self.executor.settle_elsewhere(run.id, [cards[waiting[u]] for u in calls])
         await self.approved.execute(run, waiting, cards)
+        if not self.accepting:  # stopping: the worker taking the run over tells the model
+            return run
         for use_id in calls:
             card = cards[waiting[use_id]]
             results[use_id] = outcomes.card_outcome(use_id, card)

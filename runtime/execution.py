@@ -32,6 +32,7 @@ from signoff.runtime.faults import Faults
 from signoff.runtime.lease import LeaseClock
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.notify import Notifier
+from signoff.runtime.outcomes import NOT_SENT, REVALIDATION_FAILED
 from signoff.runtime.store import Store
 from signoff.runtime.telemetry import span
 from signoff.runtime.tools import Label, Prepared, Registry, Tool, ToolContext
@@ -54,19 +55,10 @@ RECORD_RETRIES = (0.2, 0.5, 1.0, 2.0, 4.0, 5.0)
 FENCE_RETRIES = (0.1, 0.2, 0.5, 1.0)
 # A revalidation that meets these is tried again later (the card stays approved).
 TRANSIENT = (TimeoutError, ConnectionError, Unavailable)
-# What a card says when its tool's ``revalidate`` itself raised (a ``Label``).
-REVALIDATION_FAILED: dict[str, str] = {
-    "en": "the check of the current situation failed, so it was not run",
-    "pt-BR": "a verificação da situação atual falhou, então não foi executado",
-}
 CANCELLED_IN_CALL = (
     "card %s: stopping while its provider call (operation %s) was in flight: outcome "
     "unknown, left executing (flagged for reconciliation; check the provider for the "
     "operation id, then `signoff cards reconcile %s`)"
-)
-NOT_SENT = (
-    "not sent to the provider: this worker was held up (paused, or cut off from Postgres) "
-    "past its lease after starting the execution; nothing ran, ask again"
 )
 
 
@@ -91,10 +83,11 @@ class Executor:
         self.tool_timeout: float | None = None  # seconds a tool call may take
         self._elsewhere: dict[str, tuple[str, float]] = {}  # card -> (run, first seen)
         self._theirs: set[str] = set()  # cards found moved by another process (not logged)
-        self._executing = 0  # cards in execute() now
+        self._started: set[str] = set()  # cards started here whose outcome is not recorded
+        self.closing = False  # a stopping worker starts no card (runtime/drain.py)
 
     def executing(self) -> int:
-        return self._executing
+        return len(self._started)
 
     async def read(self, tool: Tool, args: dict[str, Any], ctx: ToolContext) -> Any:
         """A read tool's call, under the tool deadline (:class:`ToolTimedOut`)."""
@@ -273,12 +266,17 @@ class Executor:
     async def execute(self, card: Card, ctx: ToolContext) -> Card:
         """revalidate -> executing (one winner) -> execute(args_snapshot, operation_id);
         the card as it ends up (timed and traced as the ``execute`` span, logged)."""
-        self._executing += 1  # a stopping worker waits for these (runtime/drain.py)
         try:
             with span("execute", card_id=card.id, run_id=card.run_id, tool=card.tool):
                 done = await self._execute(card, ctx)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # stopping
+                raise
+            # a tool let a cancellation out: the continuation is tried again, not ended
+            raise Unavailable(f"executing card {card.id} was cancelled") from exc
         finally:
-            self._executing -= 1
+            self._started.discard(card.id)
         if card.id in self._theirs:
             self._theirs.discard(card.id)
         elif done.status is not Status.APPROVED:
@@ -327,6 +325,8 @@ class Executor:
                 detail=detail,
             )
             return await self.notify.moved(moved) or await self.store.get_card(card.id)
+        if self.closing:  # left approved for the worker that takes the run over
+            raise Unavailable(f"card {card.id} not started: this worker is stopping")
         began = time.monotonic()  # before the statement: a pause inside it counts too
         epoch = self._epoch()
         # Only while this worker holds the run (a worker's executor): one adopted while
@@ -348,6 +348,7 @@ class Executor:
             self._theirs.add(card.id)
             return begun.card
         started = begun.card
+        self._started.add(card.id)
         self.faults.hit("execute.after_start")
         unknown = False  # an attempt got no answer: the provider may have acted
         sent = True  # the outcome below is the provider's answer (not "nothing was sent")

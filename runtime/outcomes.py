@@ -16,6 +16,17 @@ from signoff.runtime.errors import SignoffError, ToolRefused
 from signoff.runtime.text import storable
 from signoff.runtime.tools import label_text
 
+# What a card says when its tool's ``revalidate`` itself raised (a ``Label``).
+REVALIDATION_FAILED: dict[str, str] = {
+    "en": "the check of the current situation failed, so it was not run",
+    "pt-BR": "a verificação da situação atual falhou, então não foi executado",
+}
+# A card started by a worker held up past its lease before the provider was called.
+NOT_SENT = (
+    "not sent to the provider: this worker was held up (paused, or cut off from Postgres) "
+    "past its lease after starting the execution; nothing ran, ask again"
+)
+
 
 def tool_result(
     tool_use_id: str, content: str | dict[str, Any], *, error: bool = False

@@ -62,8 +62,7 @@ START_RETRIES = (0.2, 0.5, 1.0, 2.0)
 # A continuation that raised anything but Unavailable is tried this many more times (it
 # may have lost a race), then its run is settled as failed with the error for the client.
 WAKE_ERROR_RETRIES = 2
-# A worker whose subscription is not live within this long (Redis away) does not start.
-SUBSCRIBE_SECONDS = 10.0
+SUBSCRIBE_SECONDS = 10.0  # a worker whose subscription is not live by then does not start
 STOP_GRACE_SECONDS = 5.0  # a stopping worker lets each periodic loop end its tick
 
 
@@ -131,7 +130,8 @@ class Worker:
     async def start(self) -> None:
         """Subscribe first (and wait for it), then adopt runs, then take work (a stopped
         worker may be started again)."""
-        self.draining, self.agent.accepting = False, True
+        self.draining, self.agent.accepting, self.agent.executor.closing = False, True, False
+        self._subscribed.clear()  # the new subscription is waited for below
         self.workflows.reopen()
         self.loops.append(asyncio.create_task(self._listen(), name="signoff-listen"))
         try:  # no decision can reach it without its bus: said, not a traceback
@@ -161,8 +161,8 @@ class Worker:
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
         ``release=False`` leaves tokens and leases as they are, like a crash would)."""
-        self.draining = True  # adopts nothing from now on
-        self.agent.accepting = False  # continues nothing more: released to other workers
+        self.draining, began = True, time.monotonic()  # adopts nothing from now on
+        self.agent.accepting, self.agent.executor.closing = False, True  # nor starts a card
         self.workflows.stop()  # takes no more wakes; its runs are released below
         for task in self.loops:  # these wait on Redis (listen, inbox): cancelled at once
             task.cancel()
@@ -172,7 +172,7 @@ class Worker:
         self.loops.clear()
         await self.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
         if drain:  # a card executing gets up to its tool's deadline (drain.py)
-            await drain_tasks(self._tasks, self.agent.executor, self.settings)
+            await drain_tasks(self._tasks, self.agent.executor, self.settings, began)
         for task in list(self._tasks):
             task.cancel()
         parked = self.waits.parked_cards()

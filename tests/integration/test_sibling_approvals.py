@@ -24,7 +24,7 @@ from signoff.runtime.worker import Worker
 from tests.conftest import migrated_database
 from tests.harness import Harness, harness
 from tests.integration.test_app_versions import new_version_worker, old_version_worker
-from tests.integration.test_decisions import Scripted, _Patched, pix
+from tests.integration.test_decisions import Scripted, _Patched, one_card, pix
 from tests.integration.test_slow_poll import lost
 
 pytestmark = pytest.mark.anyio
@@ -768,25 +768,97 @@ async def test_an_approved_card_beside_one_executing_elsewhere_runs_at_once(
         assert (await h.store.get_run(first.run_id)).status is RunStatus.WAITING
 
 
+@pytest.mark.parametrize("siblings", [True, False])
 async def test_a_stopping_worker_lets_a_provider_call_finish_within_its_deadline(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
+    database_url: str, monkeypatch: pytest.MonkeyPatch, siblings: bool
 ) -> None:
     """Last stop's note: a SIGTERM'd worker cut a provider call that outlived its 10 s
     drain, leaving the card `executing` with an unknown outcome (an operator's to
-    reconcile). A card being executed gets up to its tool's deadline (runtime/drain.py);
-    the drain of everything else is shortened here to keep the test short."""
+    reconcile). A card being executed gets up to its tool's deadline (runtime/drain.py;
+    the drain of everything else is shortened here to keep the test short). Its outcome
+    recorded, the stopping worker does not call the model: the next holder will."""
     from signoff.runtime import drain
 
     monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
     settings = Settings(tool_timeout_seconds=5.0)
-    async with harness(
-        database_url, model=Scripted(pix("10"), pix("20", "Maria")), settings=settings
-    ) as h:
-        _, first, _ = await two_cards(h)
+    model = Scripted(pix("10"), pix("20", "Maria")) if siblings else Scripted(pix("10"))
+    async with harness(database_url, model=model, settings=settings) as h:
+        if siblings:
+            _, first, _ = await two_cards(h)
+        else:
+            first = await one_card(h)
         held = Held(h, monkeypatch, snapshot=first.args_snapshot)
         await h.decide(first, Decision.APPROVE)
         await asyncio.wait_for(held.entered.wait(), 10)
+        calls = model.calls
         asyncio.get_running_loop().call_later(1.0, held.release.set)  # past the drain
         await h.worker.stop()
         assert (await h.card(first)).status is Status.EXECUTED
         assert await operations(h, first.id) == 1
+        assert model.calls == calls
+        assert (await h.store.get_run(first.run_id)).status is RunStatus.WAITING
+
+
+async def test_a_stopping_worker_starts_no_card_it_was_revalidating(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a card still revalidating when the stop began went on to start once
+    its check answered, its provider call then cut at the drain's end (an unknown
+    outcome the drain itself made). It is left approved for the worker that takes the
+    run over, and the stop does not wait for it."""
+    async with harness(database_url, model=Scripted(pix("10"))) as h:
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real, entered, release = tool.revalidate, asyncio.Event(), asyncio.Event()
+
+        async def slow_check(args: Any, ctx: Any) -> Any:
+            entered.set()
+            await release.wait()
+            return await real(args, ctx)
+
+        monkeypatch.setattr(tool, "revalidate", slow_check)
+        await h.decide(card, Decision.APPROVE)
+        await asyncio.wait_for(entered.wait(), 10)
+        asyncio.get_running_loop().call_later(0.3, release.set)  # the check answers
+        await h.worker.stop()
+        assert (await h.card(card)).status is Status.APPROVED
+        assert await operations(h, card.id) == 0
+        monkeypatch.setattr(tool, "revalidate", real)
+        await h.worker.start()  # as the worker taking the run over would
+        await h.worker.wake(card.run_id)
+        await h.settle()
+        assert (await h.card(card)).status is Status.EXECUTED
+        assert await operations(h, card.id) == 1
+
+
+async def test_a_lone_card_whose_tool_lets_a_cancellation_out_is_tried_again(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: the same as a claimed card's, for a card alone in its run (which runs
+    inside the resume): the continuation ended as if the worker were stopping."""
+    async with harness(database_url, model=Scripted(pix("10"))) as h:
+        card = await one_card(h)
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        real, cancelled = tool.revalidate, asyncio.Event()
+
+        async def leaks(args: Any, ctx: Any) -> Any:
+            if not cancelled.is_set():
+                cancelled.set()
+                raise asyncio.CancelledError
+            return await real(args, ctx)
+
+        async def nothing(*_: Any) -> None:
+            return None
+
+        monkeypatch.setattr(tool, "revalidate", leaks)
+        monkeypatch.setattr(h.worker, "poll", nothing)  # only a retry can run it now
+        monkeypatch.setattr(h.worker, "sweep", nothing)
+        await h.decide(card, Decision.APPROVE)
+        await asyncio.wait_for(cancelled.wait(), 10)
+        deadline = asyncio.get_running_loop().time() + 5
+        while (await h.card(card)).status is not Status.EXECUTED:
+            assert asyncio.get_running_loop().time() < deadline, "it was not tried again"
+            await asyncio.sleep(0.05)
+        assert await operations(h, card.id) == 1
