@@ -10,6 +10,10 @@ the repetitions of each side is reported with its min..max, and B / A.
 Example: ``bench/ab.py --name uvloop --a SIGNOFF_EVENT_LOOP=asyncio
 --b SIGNOFF_EVENT_LOOP=uvloop --reps 3`` writes ``results/ab_uvloop.json``.
 
+``--a-root`` / ``--b-root``: two commits' code instead of two settings, each side run
+from its own checkout (``git worktree add /tmp/old <commit>``; a process started there
+imports that checkout's signoff).
+
 ``--latency``: instead, what one decision at a time costs the person, for a lever that
 saves round trips rather than CPU: an open loop at 25/s (6 s of arrivals, the machine
 otherwise idle) and one user approving card after card (150 decisions).
@@ -102,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--latency", action="store_true", help="one decision at a time (above)")
+    for side in ("a", "b"):  # two commits' code: a checkout (git worktree) per side
+        p.add_argument(
+            f"--{side}-root",
+            type=Path,
+            default=ROOT,
+            help=f"the checkout whose bench/decisions.py and code run side {side.upper()}",
+        )
     args = p.parse_args(argv)
     phases, read = (LATENCY_PHASES, latency_figures) if args.latency else (PHASES, figures)
     busy = machine_busy()
@@ -112,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             out = TMP / "ab" / f"{args.name}-{side}-{rep}"
             out.mkdir(parents=True, exist_ok=True)
             env = [x for kv in getattr(args, side) for x in ("--env", kv)]
-            cmd = [sys.executable, str(ROOT / "bench" / "decisions.py"), "--no-progress"]
+            root = getattr(args, f"{side}_root")  # its signoff is imported from there
+            cmd = [sys.executable, str(root / "bench" / "decisions.py"), "--no-progress"]
             cmd += ["--out", str(out), *phases, *env]
-            code = subprocess.run(cmd, cwd=ROOT, check=False, timeout=300).returncode
+            code = subprocess.run(cmd, cwd=root, check=False, timeout=300).returncode
             if code != 0:
                 log(f"ab: {side} run {rep + 1} exited {code}")
                 continue
@@ -132,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         "name": args.name,
         "a": args.a,
         "b": args.b,
+        "a_root": str(args.a_root),
+        "b_root": str(args.b_root),
         "reps": args.reps,
         "phases": "latency" if args.latency else "default",
         "order": "A B, then B A, alternating",
