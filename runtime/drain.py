@@ -6,22 +6,80 @@ approved for the worker that takes the run over), and a card between ``executing
 recorded outcome gets longer, up to its tool's deadline and a margin from the stop:
 cut, its provider call's outcome would be unknown, an operator's to reconcile (a hostile
 probe's SIGTERM cut a 12 s call at the drain's 10 s). The deploy files' grace periods
-leave room for both (``deploy/``)."""
+leave room for both (``deploy/``).
+
+Its runs parked with nothing in flight are handed back when the stop begins
+(:func:`hand_over_idle`): it no longer hears their decisions, and another worker takes
+them at its next lease tick instead of once the drain is over. The runs still in flight
+stay held, their lease renewed while they drain: before, the lease lapsed during a long
+drain and another worker took them over under the steps still running (design note 62)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
+from signoff.runtime.errors import SignoffError
 from signoff.runtime.execution import Executor
+from signoff.runtime.store import Store
+from signoff.runtime.ticks import Ticks
+from signoff.runtime.waits import WaitRegistry
+
+if TYPE_CHECKING:
+    from signoff.runtime.worker import Worker
+
+log = logging.getLogger("signoff.worker")
 
 DRAIN_SECONDS = 10.0  # every step in flight
 RECORD_MARGIN_SECONDS = 5.0  # past a tool's deadline: its outcome recorded
+STOP_GRACE_SECONDS = 5.0  # a stopping worker lets each periodic loop end its tick
 
 
-async def drain(
+async def stop(w: Worker, *, drain: bool, release: bool) -> None:
+    """Stop worker ``w`` (``Worker.stop``): take no more work, drain what is in flight
+    (``drain``), then hand its runs over (``release``; else left as a crash would)."""
+    w.draining, began = True, time.monotonic()  # adopts nothing from now on
+    w.agent.accepting, w.agent.executor.closing = False, True  # nor starts a card
+    w.workflows.stop()  # takes no more wakes; its runs are released below
+    for task in w.loops:  # these wait on Redis (listen, inbox): cancelled at once
+        task.cancel()
+    for task in w.loops:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    w.loops.clear()
+    await w.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
+    if drain:
+        w.ticks = Ticks()  # what still runs stays held (its lease renewed) while it drains
+        w.ticks.every("lease", w.lease_every, lambda _: w.renew())
+        if release:  # and what is only parked goes to another worker now
+
+            def busy(run_id: str) -> bool:
+                return w.wakes.pending(run_id) or w.agent.approved.busy(run_id)
+
+            await hand_over_idle(w.worker_id, w.waits, busy, w.store, w.bus)
+        await _drain(w.tasks, w.agent.executor, w.settings, began)
+        await w.ticks.stop(STOP_GRACE_SECONDS)
+    for task in list(w.tasks):
+        task.cancel()
+    parked = w.waits.parked_cards()
+    w.waits.drop_all()
+    if not release:
+        return
+    with contextlib.suppress(Exception):
+        await w.bus.clear_waits(parked)
+    with contextlib.suppress(Exception):
+        await w.store.workflows.release_workflow_runs(w.worker_id)
+    with contextlib.suppress(Exception):
+        await w.store.release_runs(w.worker_id)
+
+
+async def _drain(
     tasks: set[asyncio.Task[Any]], executor: Executor, settings: Settings, began: float
 ) -> None:
     """Wait for ``tasks`` (the stop ``began``, ``time.monotonic()``): all of them up to
@@ -34,3 +92,27 @@ async def drain(
     until = began + max(DRAIN_SECONDS, deadline)
     while tasks and executor.executing() and time.monotonic() < until:
         await asyncio.wait(list(tasks), timeout=min(0.1, until - time.monotonic()))
+
+
+async def hand_over_idle(
+    worker_id: str, waits: WaitRegistry, busy: Callable[[str], bool], store: Store, bus: Bus
+) -> list[str]:
+    """Release the runs parked in ``waits`` that nothing here is continuing (``busy``):
+    the ids released, forgotten here and their wait tokens cleared. A failure leaves
+    them held: they go with the rest once the drain is over."""
+    idle = [run_id for run_id in waits.parked_runs() if not busy(run_id)]
+    if not idle:
+        return []
+    try:
+        released = await store.release_parked(worker_id, idle)
+    except SignoffError as exc:
+        log.warning("could not hand idle runs back before the drain (%s): after it", exc)
+        return []
+    cards = [card_id for run_id in released for card_id in waits.cards_of(run_id)]
+    for run_id in released:
+        waits.drop_run(run_id)
+    with contextlib.suppress(Exception):  # a token left expires by its TTL
+        await bus.clear_waits(cards)
+    if released:
+        log.info("handed %d parked run(s) back as the stop began", len(released))
+    return released

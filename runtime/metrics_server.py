@@ -120,7 +120,7 @@ def worker_gauges(worker: Any) -> list[tuple[str, str, float]]:
         (
             "signoff_worker_tasks",
             "Turns, continuations and hints of this worker running or waiting to (0: idle).",
-            len(worker._tasks),
+            len(worker.tasks),
         ),
         (
             "signoff_turns_in_flight",

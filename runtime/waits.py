@@ -50,6 +50,10 @@ class WaitRegistry:
     def parked_cards(self) -> list[str]:
         return list(self._futures)
 
+    def cards_of(self, run_id: str) -> list[str]:
+        """The cards this run waits on here."""
+        return self._held(run_id)
+
     def is_parked(self, card_id: str) -> bool:
         return card_id in self._futures
 

@@ -23,7 +23,7 @@ from signoff.runtime.app import App
 from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card
 from signoff.runtime.config import Settings
-from signoff.runtime.drain import drain as drain_tasks
+from signoff.runtime.drain import stop as stop_worker
 from signoff.runtime.errors import (
     ExecutingElsewhere,
     ModelUnavailable,
@@ -63,7 +63,6 @@ START_RETRIES = (0.2, 0.5, 1.0, 2.0)
 # may have lost a race), then its run is settled as failed with the error for the client.
 WAKE_ERROR_RETRIES = 2
 SUBSCRIBE_SECONDS = 10.0  # a worker whose subscription is not live by then does not start
-STOP_GRACE_SECONDS = 5.0  # a stopping worker lets each periodic loop end its tick
 
 
 class Worker:
@@ -99,7 +98,7 @@ class Worker:
         self.workflows = WorkflowEngine.of(self)  # workflow runs (runtime/workflows)
         self.sweeper = Sweeper(self)
         self.poller = Poller(self)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()  # every step in flight
         self.loops: list[asyncio.Task[Any]] = []
         self.ticks = Ticks()
         self._subscribed = asyncio.Event()
@@ -118,7 +117,7 @@ class Worker:
         # Gateway received the decision -> future resolved, ns (one machine's wall clock).
         self.decision_latency_ns = LatencySamples(maxlen=100_000)
         self._traces: dict[str, str] = {}  # run -> traceparent of its decision
-        self._lease_every = min(max(settings.lease_seconds / 3, 0.2), 2.0)
+        self.lease_every = min(max(settings.lease_seconds / 3, 0.2), 2.0)
         self.lease = LeaseClock(  # the provider is called while it holds
             settings.lease_seconds, lambda: self.spawn(self.poller.let_go_of_taken())
         )
@@ -143,7 +142,7 @@ class Worker:
                 "Redis answers"
             ) from None
         with contextlib.suppress(SignoffError):  # else the lease tick renews it
-            await self._renew()
+            await self.renew()
         self.agent.executor.lease = self.lease
         await self.adopt(own=True)  # a restarted worker with a stable id reclaims its runs now
         s = self.settings
@@ -151,8 +150,8 @@ class Worker:
             asyncio.create_task(self.intake.run(lambda: self.draining), name="signoff-inbox")
         )
         self.ticks = Ticks()  # a stopped worker's loops stay stopped; a start gets new ones
-        self.ticks.every("lease", self._lease_every, lambda _: self._lease_tick(), now=True)
-        self.ticks.every("heartbeat", self._lease_every, lambda _: self._heartbeat(), now=True)
+        self.ticks.every("lease", self.lease_every, lambda _: self._lease_tick(), now=True)
+        self.ticks.every("heartbeat", self.lease_every, lambda _: self._heartbeat(), now=True)
         self.ticks.every("poll", s.poll_seconds, lambda tick: self.poll(tick))
         self.ticks.every("sweep", s.sweep_seconds, lambda _: self.sweep())
         if self.workflows.workflows:  # an app without workflows costs nothing here
@@ -161,47 +160,24 @@ class Worker:
     async def stop(self, *, drain: bool = True, release: bool = True) -> None:
         """Stop taking work, finish in-flight steps, hand parked runs over (release leases;
         ``release=False`` leaves tokens and leases as they are, like a crash would)."""
-        self.draining, began = True, time.monotonic()  # adopts nothing from now on
-        self.agent.accepting, self.agent.executor.closing = False, True  # nor starts a card
-        self.workflows.stop()  # takes no more wakes; its runs are released below
-        for task in self.loops:  # these wait on Redis (listen, inbox): cancelled at once
-            task.cancel()
-        for task in self.loops:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self.loops.clear()
-        await self.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
-        if drain:  # a card executing gets up to its tool's deadline (drain.py)
-            await drain_tasks(self._tasks, self.agent.executor, self.settings, began)
-        for task in list(self._tasks):
-            task.cancel()
-        parked = self.waits.parked_cards()
-        self.waits.drop_all()
-        if not release:
-            return
-        with contextlib.suppress(Exception):
-            await self.bus.clear_waits(parked)
-        with contextlib.suppress(Exception):
-            await self.store.workflows.release_workflow_runs(self.worker_id)
-        with contextlib.suppress(Exception):
-            await self.store.release_runs(self.worker_id)
+        await stop_worker(self, drain=drain, release=release)
 
     def spawn(
         self, coro: Coroutine[Any, Any, Any], context: Context | None = None
     ) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, context=context)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
         return task
 
     def busy(self) -> bool:
-        return bool(self._tasks)
+        return bool(self.tasks)
 
     async def idle(self, timeout: float = 10.0) -> None:
         """Wait until no step is in flight (tests and burst mode)."""
         deadline = time.monotonic() + timeout
-        while self._tasks and time.monotonic() < deadline:
-            await asyncio.wait(list(self._tasks), timeout=deadline - time.monotonic())
+        while self.tasks and time.monotonic() < deadline:
+            await asyncio.wait(list(self.tasks), timeout=deadline - time.monotonic())
 
     # -- running turns -------------------------------------------------------------
 
@@ -477,18 +453,18 @@ class Worker:
             return self._adopt_slots.slot()
         return self._step_slots.slot()
 
-    async def _renew(self) -> None:
+    async def renew(self) -> None:
         sent = time.monotonic()
         await self.store.renew_leases(self.worker_id, self.settings.lease_seconds)
         self.lease.renewed(sent)
 
     async def _lease_tick(self) -> None:
-        await self._renew()
+        await self.renew()
         await self.adopt()
 
     async def _heartbeat(self) -> None:
         # Its own loop: a Redis that does not answer must not hold the lease's renewal.
-        await self.bus.heartbeat(self.worker_id, int(self._lease_every * 3000))
+        await self.bus.heartbeat(self.worker_id, int(self.lease_every * 3000))
 
     # -- sweeping (runtime/sweeper.py) ----------------------------------------------------
 

@@ -410,6 +410,13 @@ WITH r AS (
 )
 DELETE FROM workers WHERE id = $1;
 
+-- name: run_release_parked
+-- A stopping worker hands back at once its runs ($2) parked with nothing in flight; the
+-- runs whose steps it still drains stay held (its lease renewed) until they are done.
+UPDATE runs SET worker_id = NULL
+WHERE worker_id = $1 AND id = ANY($2::uuid[]) AND status = 'waiting'
+RETURNING id::text;
+
 -- name: run_adopt
 -- Worker $1 takes over (up to $3) active runs nobody holds: released ones, and those of
 -- workers whose lease lapsed ($4: also its own, for a restarted worker with a stable id).

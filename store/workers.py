@@ -35,6 +35,12 @@ class Workers:
         """Hand every run back at once and drop the worker's lease (graceful stop)."""
         await self._db.execute(SQL.run_release, holder)
 
+    async def release_parked(self, holder: str, run_ids: list[str]) -> list[str]:
+        """Hand back at once these runs, parked with nothing in flight (a stopping
+        worker); the ids released (those still ``waiting`` and held by ``holder``)."""
+        found = await self._db.fetch(SQL.run_release_parked, holder, run_ids)
+        return [r["id"] for r in found]
+
     async def adopt_runs(
         self, holder: str, lease_seconds: float, limit: int = 1000, *, own: bool = False
     ) -> list[Run]:

@@ -482,3 +482,76 @@ async def test_two_workers_recovering_the_same_runs_at_once(
             await invariants.check()
         finally:
             await db.close()
+
+
+@pytest.mark.slow  # ~15 s: the default run leaves it to `pytest -m slow` (CI runs it)
+async def test_worker_killed_during_the_drains_wait_for_a_provider_call(
+    database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
+) -> None:
+    """A SIGTERM'd worker waits for its provider call past the drain (runtime/drain.py),
+    holding the card's run (its lease renewed); its host then loses patience and
+    SIGKILLs it (a grace period shorter than the deploy files'). The run is adopted once
+    the lease lapses; the card, `executing` with an unknown outcome, is never started
+    again: it is flagged, the model told the outcome is unknown, and at most the one
+    charge the provider may have taken exists, under the card's operation id (I4)."""
+    with cluster(
+        database_url,
+        redis_url,
+        tmp_path,
+        gateways=1,
+        workers=0,
+        SIGNOFF_LEASE_SECONDS="2",
+        SIGNOFF_TOOL_TIMEOUT_SECONDS="8",  # the drain would wait up to 8 + 5 s
+        SIGNOFF_SWEEP_SECONDS="0.5",
+    ) as c:
+        invariants.watch_cluster(c)
+        doomed = c.add_worker("doomed")
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        lock = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, gw.url, ["dr0"])
+            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
+            c.add_worker("survivor")
+            tx = lock.transaction()
+            await tx.start()
+            await lock.execute("LOCK TABLE demo_charges IN SHARE ROW EXCLUSIVE MODE")
+            assert await approve(c, gw.url, [card]) == [200]
+
+            async def blocked() -> bool:  # the provider call waits on the lock
+                waiting = await db.fetchval(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_class t ON t.oid = l.relation "
+                    "WHERE t.relname = 'demo_charges' AND NOT l.granted"
+                )
+                return bool(waiting)
+
+            await wait_until(blocked, what="the provider call in flight")
+            doomed.signal(signal.SIGTERM)
+            await asyncio.sleep(3.0)  # past the lease: the drain still waits, holding it
+            assert doomed.alive()
+            holder = "SELECT worker_id FROM runs WHERE id = $1::uuid"
+            assert await db.fetchval(holder, card["run_id"]) == "doomed"
+            doomed.signal(signal.SIGKILL)
+            await asyncio.to_thread(doomed.wait, 30)
+            await tx.rollback()
+
+            async def flagged() -> bool:
+                return bool(
+                    await db.fetchval(
+                        "SELECT needs_reconciliation FROM cards WHERE id = $1", card["id"]
+                    )
+                )
+
+            await wait_until(flagged, timeout=60, what="the card flagged")
+            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run continued")
+            assert await db.fetchval(holder, card["run_id"]) in (None, "survivor")
+            (told,) = await tool_results(db, c.tenant)
+            assert "outcome is unknown" in told
+            assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == (
+                "executing"
+            )
+            assert set(await charge_keys(db, c.tenant)) <= {card["operation_id"]}
+            await invariants.check()
+        finally:
+            await lock.close()
+            await db.close()

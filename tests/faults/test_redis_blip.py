@@ -21,6 +21,7 @@ from signoff.runtime.bus import Job
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
+from signoff.runtime.decisions import Resolution
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
 from signoff.testing import delivery, signed, text_message
@@ -202,3 +203,109 @@ async def test_whatsapp_message_while_redis_is_down_is_refused_then_redelivered_
                 assert await direct.xlen(keys.inbox) == 1
             finally:
                 await direct.aclose()
+
+
+async def test_an_approve_all_while_redis_is_down_runs_each_card_once_side_by_side(
+    database_url: str,
+    valkey: EmbeddedServer,
+    invariants: Invariants,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An "approve all" committed while Redis is unreachable: the person is answered
+    (a hint never fails the commit), no signal reaches the worker, and its slow poll
+    claims both cards, each on its own (design note 60): the second runs while the
+    first's provider call hangs, each runs once, and the model is told once."""
+    from tests.integration.test_sibling_approvals import Held, operations, two_cards
+
+    keys = Keys(f"blip-all-{secrets.token_hex(3)}:")
+    model = Scripted(pix("10"), pix("20", "Maria"))
+    with Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with harness(
+            database_url, model=model, bus=bus, settings=Settings(poll_seconds=0.2)
+        ) as h:
+            invariants.watch(database_url, h.tenant)
+            _, first, second = await two_cards(h)
+            held = Held(h, monkeypatch, snapshot=first.args_snapshot)
+            proxy.refuse(True)
+            proxy.reset()
+            failed = COUNTERS.values["signoff_hints_failed_total"]
+            outcome = await h.decisions.resolve_batch(
+                first.run_id,
+                [
+                    (c.id, Resolution(decision=Decision.APPROVE, snapshot_hash=c.snapshot_hash))
+                    for c in (first, second)
+                ],
+                principal="alice",
+                channel="test",
+            )
+            assert [o["card"]["status"] for o in outcome] == ["approved"] * 2, outcome
+            assert COUNTERS.values["signoff_hints_failed_total"] > failed
+            await asyncio.wait_for(held.entered.wait(), 10)  # found by the poll
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while (await h.store.get_card(second.id)).status is not Status.EXECUTED:
+                assert loop.time() < deadline, "the second card waited for the first"
+                await asyncio.sleep(0.05)
+            calls = model.calls
+            held.release.set()
+            deadline = loop.time() + 10
+            while (await h.store.get_card(first.id)).status is not Status.EXECUTED:
+                assert loop.time() < deadline, await h.store.get_card(first.id)
+                await asyncio.sleep(0.05)
+            proxy.heal()
+            await h.settle()
+            assert await operations(h, first.id) == 1 and await operations(h, second.id) == 1
+            assert await h.charges() == 2
+            assert model.calls == calls + 1  # told once, of both results
+            run = await h.store.get_run(first.run_id)
+            assert run.status.value == "done", run
+            await invariants.check()
+
+
+async def test_a_worker_stopping_while_redis_is_down_drains_and_hands_its_runs_over(
+    database_url: str,
+    valkey: EmbeddedServer,
+    invariants: Invariants,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGTERM'd worker with Redis unreachable: its parked run is handed over as the
+    stop begins and its card in flight is let finish (neither needs Redis: the wait
+    tokens it cannot clear expire), and the stop ends within its drain."""
+    from signoff.runtime import drain
+    from tests.integration.test_sibling_approvals import Held, operations
+
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
+    keys = Keys(f"blip-stop-{secrets.token_hex(3)}:")
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=5.0)
+    with Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with harness(database_url, model=Scripted(pix()), bus=bus, settings=settings) as h:
+            invariants.watch(database_url, h.tenant)
+            parked = await one_card(h)
+            running = await one_card(h, "bob")
+            held = Held(h, monkeypatch)
+            await h.decide(running, Decision.APPROVE)
+            await asyncio.wait_for(held.entered.wait(), 10)
+            proxy.refuse(True)
+            proxy.reset()
+            loop = asyncio.get_running_loop()
+            loop.call_later(1.5, held.release.set)  # past the lease: still held
+            began = loop.time()
+            await asyncio.wait_for(h.worker.stop(), 15)
+            assert loop.time() - began < 5.0 + 5.0  # the tool deadline and its margin
+            assert (await h.store.get_card(running.id)).status is Status.EXECUTED
+            assert await operations(h, running.id) == 1
+            held_by = "SELECT worker_id FROM runs WHERE id = $1::uuid"
+            for card in (parked, running):
+                assert await h.store.pool.fetchval(held_by, card.run_id) is None
+            proxy.heal()
+            await h.worker.start()  # the worker back (as another would): it goes on
+            await h.decide(parked, Decision.APPROVE)
+            deadline = loop.time() + 10
+            while (await h.store.get_card(parked.id)).status is not Status.EXECUTED:
+                assert loop.time() < deadline, await h.store.get_card(parked.id)
+                await asyncio.sleep(0.05)
+            await h.settle()
+            assert await h.charges() == 2
+            await invariants.check()

@@ -147,8 +147,8 @@ async def test_the_step_gauge_counts_slots_held_not_every_task(database_url: str
             async with h.worker._step_slots.slot():
                 queued = [asyncio.create_task(asyncio.sleep(0.2)) for _ in range(3)]
                 for task in queued:
-                    h.worker._tasks.add(task)
-                    task.add_done_callback(h.worker._tasks.discard)
+                    h.worker.tasks.add(task)
+                    task.add_done_callback(h.worker.tasks.discard)
                 busy = gauges()
                 assert busy["signoff_steps_in_flight"] == 1
                 assert busy["signoff_worker_tasks"] >= 3

@@ -224,7 +224,7 @@ async def test_a_worker_whose_lease_lapsed_lets_go_of_the_runs_taken_over(
         await asyncio.sleep(fast.lease_seconds)  # by a's own clock, its lease lapsed
         # Meanwhile another worker adopted one of its runs (as its adoption writes it).
         await a.store.db.execute("UPDATE runs SET worker_id = 'lapse-b' WHERE id = $1", card.run_id)
-        await a.worker._renew()  # the renewal after the lapse
+        await a.worker.renew()  # the renewal after the lapse
         for _ in range(100):
             if not a.worker.waits.is_parked(card.id):
                 break
