@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 
 from signoff.runtime.cards import Card, Status
-from signoff.runtime.errors import Unavailable, UnknownTool
+from signoff.runtime.errors import UnknownTool
 from signoff.runtime.execution import Executor
 from signoff.runtime.records import Run
 from signoff.runtime.slots import Slot
@@ -127,11 +127,7 @@ class Approved:
             held.difference_update(c.id for c in claimed)
             if not held:
                 self._claimed.pop(run.id, None)
-        for outcome in ended:
-            if isinstance(outcome, asyncio.CancelledError):  # a card's own task (a tool
-                # that let a cancellation out), not this continuation: tried again, as
-                # an outage is, instead of ending the continuation as if it were stopped
-                raise Unavailable(f"running card of run {run.id} was cancelled") from outcome
+        for outcome in ended:  # a cancellation a tool let out is an Unavailable (Executor)
             if isinstance(outcome, BaseException):
                 raise outcome
         return any(c.status is not Status.APPROVED for c in ended if isinstance(c, Card))
