@@ -428,7 +428,7 @@ class Agent:
                     # lapsed: the holder goes on; here the model and the provider would be
                     # called for a run whose writes are then refused (I4, I5).
                     log.warning("run %s is held by %s now: left to it", run_id, run.holder)
-                    self.executor.forget_elsewhere(run_id)
+                    self.executor.elsewhere.forget(run_id)
                     return run
                 else:
                     try:

@@ -77,9 +77,11 @@ class Approved:
         handed over whole once every card is decided)."""
         if self.unserved(run, waiting, cards) is not None:
             return []
+        calls = open_calls(run, waiting)
+        self.executor.seen_elsewhere(run.id, (cards[waiting[u]] for u in calls))
         held = self._claimed.setdefault(run.id, set())
         out = []
-        for use_id in open_calls(run, waiting):
+        for use_id in calls:
             card = cards[waiting[use_id]]
             if card.status is Status.APPROVED and card.id not in held:
                 held.add(card.id)

@@ -21,12 +21,13 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
 from signoff.runtime import outcomes, slots
 from signoff.runtime.begin import begin
 from signoff.runtime.cards import Card, Status
+from signoff.runtime.elsewhere import Elsewhere
 from signoff.runtime.errors import ExecutingElsewhere, ToolTimedOut, Unavailable, UnknownTool
 from signoff.runtime.faults import Faults
 from signoff.runtime.lease import LeaseClock
@@ -81,7 +82,7 @@ class Executor:
         self.faults = faults
         self.lease: LeaseClock | None = None  # None: no lease to keep (a worker sets one)
         self.tool_timeout: float | None = None  # seconds a tool call may take
-        self._elsewhere: dict[str, tuple[str, float]] = {}  # card -> (run, first seen)
+        self.elsewhere = Elsewhere()  # cards executing in a run's previous holder
         self._theirs: set[str] = set()  # cards found moved by another process (not logged)
         self._started: set[str] = set()  # cards started here whose outcome is not recorded
         self.closing = False  # a stopping worker starts no card (runtime/drain.py)
@@ -125,38 +126,21 @@ class Executor:
             ) from exc
 
     async def settle_elsewhere(self, run_id: str, cards: list[Card]) -> None:
-        """Cards of the run found `executing` when a continuation begins, not flagged: its
-        previous holder started them and may be alive, only cut off from Postgres; back,
-        it takes the run again to finish the call (``worker_fence``), so telling the model
-        "outcome unknown" at once would lose an approval that still executes. For a lease
-        and a tool deadline (a call begun before the lease lapsed may still be running)
-        from when this worker first saw one, :class:`ExecutingElsewhere` (the run is
-        continued again later). Past that, they are flagged for reconciliation, under the
-        thread's lock and only while this worker holds the run (else it was taken back:
-        ``ExecutingElsewhere``, and the re-read leaves the run to its holder), before the
-        model is told the outcome is unknown (I4; design note 49). Without a lease (no
-        worker) nothing waits."""
+        """Cards of the run found `executing` when a continuation begins, not flagged
+        (runtime/elsewhere.py): :class:`ExecutingElsewhere` for a lease and a tool
+        deadline from when this worker first saw one (the run is continued again later).
+        Past that, they are flagged for reconciliation, under the thread's lock and only
+        while this worker holds the run (else it was taken back: ``ExecutingElsewhere``,
+        and the re-read leaves the run to its holder), before the model is told the
+        outcome is unknown (I4; design note 49). Without a lease (no worker) nothing
+        waits."""
         if self.lease is None:
             return
-        now = time.monotonic()
         # A lease, plus the longest a provider call begun before it lapsed may still run:
         # a flag raised while the call is in flight invites an operator to settle a card
         # whose outcome is about to be known.
         window = self.lease.seconds + (self.tool_timeout or 0.0)
-        for card_id, (_, seen) in list(self._elsewhere.items()):
-            if now - seen > 10 * window:
-                del self._elsewhere[card_id]
-        elsewhere = [
-            c for c in cards if c.status is Status.EXECUTING and not c.needs_reconciliation
-        ]
-        first = [self._elsewhere.setdefault(c.id, (run_id, now))[1] for c in elsewhere]
-        if any(now - seen < window for seen in first):
-            raise ExecutingElsewhere(  # looked at again no later than its window's end
-                f"run {run_id}: a card is executing in the run's previous holder; looked at "
-                f"again (its outcome is told unknown {window:g}s after it was first seen)",
-                retry_after=min(window - (now - seen) for seen in first if now - seen < window)
-                + 0.05,
-            )
+        elsewhere = self.elsewhere.wait(run_id, cards, window)
         if not elsewhere:
             return
         ids = [c.id for c in elsewhere]
@@ -175,15 +159,12 @@ class Executor:
             )
         if set(flagged) != set(ids):
             raise ExecutingElsewhere(f"run {run_id} changed while its cards were flagged")
-        for card_id in ids:
-            self._elsewhere.pop(card_id, None)
+        self.elsewhere.settled(ids)
 
-    def forget_elsewhere(self, run_id: str) -> None:
-        """The run is held by another worker now (taken back), or adopted again: if it
-        comes back to this one, its cards get a whole window again."""
-        for card_id, (run, _) in list(self._elsewhere.items()):
-            if run == run_id:
-                del self._elsewhere[card_id]
+    def seen_elsewhere(self, run_id: str, cards: Iterable[Card]) -> None:
+        """The claim path: the run's cards executing, not started here, start their window
+        now, not once the siblings claimed beside them are done."""
+        self.elsewhere.seen(run_id, cards, self._started)
 
     def _epoch(self) -> int:
         return self.lease.epoch if self.lease is not None else 0

@@ -56,7 +56,7 @@ class Poller:
         taken = [run_id for run_id in parked if run_id not in held]
         for run_id in taken:
             w.waits.drop_run(run_id)
-            w.agent.executor.forget_elsewhere(run_id)
+            w.agent.executor.elsewhere.forget(run_id)
         if taken:
             log.warning(
                 "this worker's lease had lapsed: %d parked run(s) are no longer its own "

@@ -419,7 +419,7 @@ class Worker:
         adopted = []
         for run in runs:
             # Taken (again): a card found executing gets a whole window (note 49).
-            self.agent.executor.forget_elsewhere(run.id)
+            self.agent.executor.elsewhere.forget(run.id)
             if run.id in parked:
                 continue
             adopted.append(run.id)

@@ -869,14 +869,14 @@ async def test_a_run_adopted_again_gives_its_executing_card_a_whole_window_again
         executor = h.worker.agent.executor
         with pytest.raises(Unavailable, match="executing in the run's previous holder"):
             await h.worker.agent.continue_run(card.run_id)
-        first = executor._elsewhere[card.id][1]
+        first = executor.elsewhere.first_seen(card.id)
         await asyncio.sleep(1.4)  # past the window, before this worker looked again
         # Meanwhile taken back and let go again (a holder whose lease lapsed twice).
         await h.store.db.execute("UPDATE runs SET worker_id = NULL WHERE id = $1", card.run_id)
         await h.worker.adopt()  # (parked here: taken, not continued again)
         assert (await h.store.get_run(card.run_id)).holder == h.worker.worker_id
-        seen = executor._elsewhere.get(card.id)
-        assert seen is None or seen[1] > first
+        seen = executor.elsewhere.first_seen(card.id)
+        assert seen is None or (first is not None and seen > first)
         await asyncio.sleep(0.3)
         assert not (await h.store.get_card(card.id)).needs_reconciliation  # not at once
 

@@ -774,6 +774,44 @@ async def test_an_approved_card_beside_one_executing_elsewhere_runs_at_once(
         assert (await h.store.get_run(first.run_id)).status is RunStatus.WAITING
 
 
+async def test_a_card_executing_elsewhere_is_seen_when_its_sibling_is_claimed(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window before a card executing elsewhere is told unknown (a lease and a tool
+    deadline, note 49) starts when a continuation first sees it. On the claim path it
+    started only once the approved sibling claimed beside it was done, so the model was
+    told that much later."""
+    from signoff.runtime.errors import ExecutingElsewhere
+
+    async with harness(
+        database_url, model=Scripted(pix("10"), pix("20", "Maria")), start_worker=False
+    ) as h:
+        _, first, second = await two_cards(h)
+        executor = h.worker.agent.executor
+        executor.lease = h.worker.lease  # what Worker.start sets
+        for card in (first, second):
+            await h.store.decide(
+                card.id,
+                principal=card.owner,
+                decision=Decision.APPROVE,
+                snapshot_hash=card.snapshot_hash,
+                channel="test",
+            )
+        await h.store.db.execute(  # another process started the first one
+            "UPDATE cards SET status = 'executing', executing_since = now() WHERE id = $1",
+            first.id,
+        )
+        held = Held(h, monkeypatch, snapshot=second.args_snapshot)
+        going = asyncio.create_task(h.worker.agent.continue_run(first.run_id))
+        await asyncio.wait_for(held.entered.wait(), 10)  # the sibling's call hangs
+        assert executor.elsewhere.first_seen(first.id) is not None
+        assert executor.elsewhere.first_seen(second.id) is None  # running here
+        held.release.set()
+        with pytest.raises(ExecutingElsewhere):
+            await going
+        assert (await h.card(second)).status is Status.EXECUTED
+
+
 @pytest.mark.parametrize("siblings", [True, False])
 async def test_a_stopping_worker_lets_a_provider_call_finish_within_its_deadline(
     database_url: str, monkeypatch: pytest.MonkeyPatch, siblings: bool
