@@ -740,6 +740,23 @@ async def test_a_card_whose_tool_lets_a_cancellation_out_is_tried_again(
         assert await operations(h, first.id) == 1
 
 
+async def approved_beside_executing(h: Harness, first: Card, second: Card) -> None:
+    """Both cards approved, and the first started by another process (its run's previous
+    holder, which may be back: design note 49)."""
+    for card in (first, second):
+        await h.store.decide(
+            card.id,
+            principal=card.owner,
+            decision=Decision.APPROVE,
+            snapshot_hash=card.snapshot_hash,
+            channel="test",
+        )
+    await h.store.db.execute(
+        "UPDATE cards SET status = 'executing', executing_since = now() WHERE id = $1",
+        first.id,
+    )
+
+
 async def test_an_approved_card_beside_one_executing_elsewhere_runs_at_once(
     database_url: str,
 ) -> None:
@@ -754,18 +771,7 @@ async def test_an_approved_card_beside_one_executing_elsewhere_runs_at_once(
     ) as h:
         _, first, second = await two_cards(h)
         h.worker.agent.executor.lease = h.worker.lease  # what Worker.start sets
-        for card in (first, second):
-            await h.store.decide(
-                card.id,
-                principal=card.owner,
-                decision=Decision.APPROVE,
-                snapshot_hash=card.snapshot_hash,
-                channel="test",
-            )
-        await h.store.db.execute(  # another process started the first one
-            "UPDATE cards SET status = 'executing', executing_since = now() WHERE id = $1",
-            first.id,
-        )
+        await approved_beside_executing(h, first, second)
         with pytest.raises(ExecutingElsewhere):
             await h.worker.agent.continue_run(first.run_id)
         assert (await h.card(second)).status is Status.EXECUTED
@@ -789,18 +795,7 @@ async def test_a_card_executing_elsewhere_is_seen_when_its_sibling_is_claimed(
         _, first, second = await two_cards(h)
         executor = h.worker.agent.executor
         executor.lease = h.worker.lease  # what Worker.start sets
-        for card in (first, second):
-            await h.store.decide(
-                card.id,
-                principal=card.owner,
-                decision=Decision.APPROVE,
-                snapshot_hash=card.snapshot_hash,
-                channel="test",
-            )
-        await h.store.db.execute(  # another process started the first one
-            "UPDATE cards SET status = 'executing', executing_since = now() WHERE id = $1",
-            first.id,
-        )
+        await approved_beside_executing(h, first, second)
         held = Held(h, monkeypatch, snapshot=second.args_snapshot)
         going = asyncio.create_task(h.worker.agent.continue_run(first.run_id))
         await asyncio.wait_for(held.entered.wait(), 10)  # the sibling's call hangs
