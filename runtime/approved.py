@@ -39,6 +39,9 @@ class Approved:
         self.worker_id = worker_id
         # run -> its cards a continuation here claimed to run outside the run's lock
         self._claimed: dict[str, set[str]] = {}
+        # approved card -> run: not started, a sibling's tool being served elsewhere (the
+        # run is handed over whole once every card is decided): the poll leaves it be
+        self.blocked: dict[str, str] = {}
 
     def unserved(
         self, run: Run, waiting: Mapping[str, str], cards: Mapping[str, Card]
@@ -75,9 +78,12 @@ class Approved:
         model's order, claimed for the caller to run (:meth:`run_claimed`; under the
         run's lock). None while an approved card's tool is not served here (the run is
         handed over whole once every card is decided)."""
-        if self.unserved(run, waiting, cards) is not None:
-            return []
         calls = open_calls(run, waiting)
+        if self.unserved(run, waiting, cards) is not None:
+            for card in (cards[waiting[u]] for u in calls):
+                if card.status is Status.APPROVED:
+                    self.blocked[card.id] = run.id
+            return []
         self.executor.seen_elsewhere(run.id, (cards[waiting[u]] for u in calls))
         held = self._claimed.setdefault(run.id, set())
         out = []

@@ -7,7 +7,9 @@ of runs this worker holds (an index of the few approved cards not yet started: c
 however many runs are parked) and wakes their runs; every :data:`POLL_FULL_EVERY`-th tick
 it re-reads every parked card, :data:`RECHECK_CHUNK` ids per statement, for the decisions
 that are not approvals (a rejection, an edit). A (re)subscribe re-reads every parked card
-at once (design note 38).
+at once (design note 38). An approved card that cannot start here while its run waits on
+a sibling (another app version's tool in the run: ``Approved.blocked``) wakes nothing;
+the pending cards of its run are re-read instead, at each tick.
 """
 
 from __future__ import annotations
@@ -72,8 +74,15 @@ class Poller:
             await self.recheck(w.waits.parked_cards(), "poll")
             return
         served = [t.name for t in w.agent.tools]
-        for card_id, run_id in (await w.store.approved_held(w.worker_id, tools=served)).items():
-            if w.waits.resolve(card_id, "approved", "poll"):
+        found = await w.store.approved_held(w.worker_id, tools=served)
+        blocked = w.agent.approved.blocked  # what a wake would find blocked again
+        for card_id in [c for c in blocked if c not in found]:
+            del blocked[card_id]
+        if blocked:  # their pending siblings are what can unblock them: looked at now
+            runs = set(blocked.values())
+            await self.recheck([c for r in runs for c in w.waits.cards_of(r)], "poll")
+        for card_id, run_id in found.items():
+            if card_id in blocked or w.waits.resolve(card_id, "approved", "poll"):
                 continue
             # A card an unseen edit proposed; not a run being continued now (its approved
             # card is still revalidating while a sibling waits: design note 60), nor one

@@ -322,6 +322,61 @@ async def test_an_approved_card_of_a_tool_not_served_here_waits_for_its_sibling_
                 await h.store.leave_app(new.worker_id)
 
 
+async def test_an_approved_card_blocked_by_another_versions_sibling_is_not_polled_for_nothing(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Last stop's note: a run held by a worker of another app version, with a card
+    pending, one approved of a tool it lacks and one approved of its own, was woken by
+    every poll tick (every 5 s) for nothing: the approved card it serves cannot start
+    while the run is to be handed over whole. The tick leaves it be, and re-reads the
+    pending sibling instead, so that sibling's lost decision is still found at once."""
+    monkeypatch.setattr(handover, "RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(handover, "RETRY_MAX_SECONDS", 0.5)
+    refund = {"name": "refund_sale", "input": {"sale_id": "V001"}}
+    other = {"name": "refund_sale", "input": {"sale_id": "V002"}}
+    async with harness(database_url, model=Scripted(pix("10"), refund, other)) as h:
+        thread = await h.thread("alice")
+        await h.say(thread, "faz os três", "alice")
+        unserved, served, pending = sorted(
+            await h.store.pending_cards(thread), key=lambda c: c.tool_use_id
+        )
+        settings = h.settings.with_(lease_seconds=1.0)
+        await h.worker.stop()  # hands the parked run back (holder NULL)
+        old = old_version_worker(h, settings)
+        new: Worker | None = None
+        try:
+            await old.start()  # adopts the run, parks on its cards
+            await until_parked(old, pending.id)
+            for card in (unserved, served):
+                await h.decide(card, Decision.APPROVE)
+            await asyncio.sleep(0.5)
+            assert (await h.card(served)).status is Status.APPROVED  # blocked, as designed
+            mark = old.waits.woken.spans.count
+            for tick in range(1, 4):
+                await old.poll(tick)
+            await asyncio.sleep(0.2)
+            assert [p for _, p, _ in old.waits.woken.spans.after(mark) if p == "poll"] == []
+            new = await new_version_worker(h, settings)
+            await lost(h, pending.id, Decision.REJECT, pending.snapshot_hash)
+            await old.poll(4)  # not a full re-read: the blocked run's sibling is read
+            await asyncio.sleep(0)  # the future's done callback
+            assert not old.waits.is_parked(pending.id)  # woken by this tick
+            deadline = asyncio.get_running_loop().time() + 15
+            while (await h.card(unserved)).status is not Status.EXECUTED:
+                assert asyncio.get_running_loop().time() < deadline, "not executed"
+                await asyncio.sleep(0.1)
+            await h.settle()
+            assert (await h.card(served)).status is Status.EXECUTED
+            assert await operations(h, unserved.id) == 1 and await operations(h, served.id) == 1
+            await old.poll(5)  # the run is no longer held here: forgotten
+            assert old.agent.approved.blocked == {}
+        finally:
+            await old.stop()
+            if new is not None:
+                await new.stop()
+                await h.store.leave_app(new.worker_id)
+
+
 async def until_parked(worker: Worker, card_id: str) -> None:
     deadline = asyncio.get_running_loop().time() + 10
     while not worker.waits.is_parked(card_id):
