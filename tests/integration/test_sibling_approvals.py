@@ -332,8 +332,8 @@ async def test_an_approved_card_blocked_by_another_versions_sibling_is_not_polle
     pending sibling instead, so that sibling's lost decision is still found at once."""
     monkeypatch.setattr(handover, "RETRY_SECONDS", 0.2)
     monkeypatch.setattr(handover, "RETRY_MAX_SECONDS", 0.5)
-    refund = {"name": "refund_sale", "input": {"sale_id": "V001"}}
-    other = {"name": "refund_sale", "input": {"sale_id": "V002"}}
+    refund: dict[str, object] = {"name": "refund_sale", "input": {"sale_id": "V001"}}
+    other: dict[str, object] = {"name": "refund_sale", "input": {"sale_id": "V002"}}
     async with harness(database_url, model=Scripted(pix("10"), refund, other)) as h:
         thread = await h.thread("alice")
         await h.say(thread, "faz os três", "alice")
