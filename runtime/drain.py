@@ -28,7 +28,6 @@ from signoff.runtime.config import Settings
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.execution import Executor
 from signoff.runtime.store import Store
-from signoff.runtime.ticks import Ticks
 from signoff.runtime.waits import WaitRegistry
 
 if TYPE_CHECKING:
@@ -39,6 +38,7 @@ log = logging.getLogger("signoff.worker")
 DRAIN_SECONDS = 10.0  # every step in flight
 RECORD_MARGIN_SECONDS = 5.0  # past a tool's deadline: its outcome recorded
 STOP_GRACE_SECONDS = 5.0  # a stopping worker lets each periodic loop end its tick
+LEASE_LOOPS = ("lease", "heartbeat")  # the loops that go on while a worker drains
 
 
 async def stop(w: Worker, *, drain: bool, release: bool) -> None:
@@ -53,17 +53,21 @@ async def stop(w: Worker, *, drain: bool, release: bool) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
     w.loops.clear()
-    await w.ticks.stop(STOP_GRACE_SECONDS)  # each loop's tick ends whole (ticks.py)
-    if drain:
-        w.ticks = Ticks()  # what still runs stays held (its lease renewed) while it drains
-        w.ticks.every("lease", w.lease_every, lambda _: w.renew())
-        if release:  # and what is only parked goes to another worker now
+    # Each loop's tick ends whole (ticks.py). The lease's and the heartbeat's go on while
+    # the drain lasts (the lease tick adopts nothing once draining): the runs in flight
+    # stay this worker's, and its inbox entries are not claimed under it.
+    kept = LEASE_LOOPS if drain and release else ()
+    await w.ticks.stop(STOP_GRACE_SECONDS, keep=kept)
+    try:
+        if drain:
+            if release:  # what is only parked goes to another worker now
 
-            def busy(run_id: str) -> bool:
-                return w.wakes.pending(run_id) or w.agent.approved.busy(run_id)
+                def busy(run_id: str) -> bool:  # a continuation of it runs here
+                    return w.agent.lock(run_id).locked() or w.agent.approved.busy(run_id)
 
-            await hand_over_idle(w.worker_id, w.waits, busy, w.store, w.bus)
-        await _drain(w.tasks, w.agent.executor, w.settings, began)
+                await hand_over_idle(w.worker_id, w.waits, busy, w.store, w.bus)
+            await _drain(w.tasks, w.agent.executor, w.settings, began)
+    finally:  # a stop cancelled midway lets the lease lapse (its runs are adopted)
         await w.ticks.stop(STOP_GRACE_SECONDS)
     for task in list(w.tasks):
         task.cancel()
@@ -103,16 +107,16 @@ async def hand_over_idle(
     idle = [run_id for run_id in waits.parked_runs() if not busy(run_id)]
     if not idle:
         return []
+    # The tokens first: an adopter that parks the run again sets its own, kept.
+    with contextlib.suppress(Exception):  # a token left expires by its TTL
+        await bus.clear_waits([card_id for run_id in idle for card_id in waits.cards_of(run_id)])
     try:
         released = await store.release_parked(worker_id, idle)
     except SignoffError as exc:
         log.warning("could not hand idle runs back before the drain (%s): after it", exc)
         return []
-    cards = [card_id for run_id in released for card_id in waits.cards_of(run_id)]
     for run_id in released:
         waits.drop_run(run_id)
-    with contextlib.suppress(Exception):  # a token left expires by its TTL
-        await bus.clear_waits(cards)
     if released:
         log.info("handed %d parked run(s) back as the stop began", len(released))
     return released

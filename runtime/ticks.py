@@ -28,34 +28,29 @@ class Ticks:
     """Periodic loops that log a failed tick and go on, and stop between ticks."""
 
     def __init__(self) -> None:
-        self._stopping = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
+        self._loops: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}
 
     def every(self, what: str, seconds: float, step: Step, *, now: bool = False) -> None:
         """Call ``step(tick)`` every ``seconds`` (the first at once with ``now``); the
         loop's task is named ``signoff-<what>``."""
-        task = asyncio.create_task(self._loop(what, seconds, step, now), name=f"signoff-{what}")
-        self._tasks.append(task)
+        stopping = asyncio.Event()
+        task = asyncio.create_task(
+            self._loop(what, seconds, step, now, stopping), name=f"signoff-{what}"
+        )
+        self._loops[what] = (task, stopping)
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
-        return list(self._tasks)
+        return [task for task, _ in self._loops.values()]
 
-    async def pause(self, seconds: float) -> bool:
-        """Sleep ``seconds`` or until stopping; True when stopping."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        return self.stopping
-
-    async def stop(self, grace: float) -> None:
-        """End every loop after its current tick; cancel what is still ticking after
-        ``grace`` seconds."""
-        self._stopping.set()
-        tasks, self._tasks = self._tasks, []
+    async def stop(self, grace: float, *, keep: tuple[str, ...] = ()) -> None:
+        """End every loop but those named in ``keep`` after its current tick; cancel
+        what is still ticking after ``grace`` seconds."""
+        ending = {what: loop for what, loop in self._loops.items() if what not in keep}
+        for what, (_, stopping) in ending.items():
+            stopping.set()
+            del self._loops[what]
+        tasks = [task for task, _ in ending.values()]
         if not tasks:
             return
         _, late = await asyncio.wait(tasks, timeout=grace)
@@ -64,14 +59,19 @@ class Ticks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _loop(self, what: str, seconds: float, step: Step, now: bool) -> None:
+    async def _loop(
+        self, what: str, seconds: float, step: Step, now: bool, stopping: asyncio.Event
+    ) -> None:
         # Whatever a tick raises is logged and the loop goes on: a loop that ended would
         # leave the worker alive without its lease (its runs adopted under it), its poll
         # or its sweeps.
         tick = 0
-        while not self.stopping:
-            if (tick or not now) and await self.pause(seconds):
-                return
+        while not stopping.is_set():
+            if tick or not now:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), seconds)
+                if stopping.is_set():
+                    return
             tick += 1
             try:
                 await step(tick)

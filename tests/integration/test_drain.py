@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,85 @@ async def test_a_stopping_worker_hands_parked_runs_over_and_keeps_those_in_fligh
         assert await holder(h, running.run_id) is None  # handed over once drained
         assert await holder(h, parked.run_id) == "another-worker"
         assert (await h.card(parked)).status is Status.PENDING
+
+
+async def test_a_tick_still_running_at_the_stop_does_not_let_the_lease_lapse(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: the stop waited for every loop's tick to end (a sweep slow on a slow
+    Postgres) before renewing the lease again, so the lease of a run whose provider call
+    was in flight lapsed and another worker took it over. The lease's loop is not
+    stopped while the worker drains."""
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=5.0, sweep_seconds=0.1)
+    async with harness(database_url, model=Scripted(pix("10")), settings=settings) as h:
+        running = await one_card(h)
+        held = Held(h, monkeypatch)
+        sweeping = asyncio.Event()
+        real = h.worker.sweep
+
+        async def slow_sweep() -> Any:
+            sweeping.set()
+            await asyncio.sleep(2.0)  # Postgres slow: the tick ends late
+            return await real()
+
+        monkeypatch.setattr(h.worker, "sweep", slow_sweep)
+        await h.decide(running, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        await asyncio.wait_for(sweeping.wait(), 5)
+        stop = asyncio.create_task(h.worker.stop())
+        await asyncio.sleep(1.6)  # past the lease, the sweep's tick still running
+        taken = {r.id for r in await h.store.adopt_runs("another-worker", 1.0, 1000)}
+        assert running.run_id not in taken
+        held.release.set()
+        await asyncio.wait_for(stop, 15)
+        assert (await h.card(running)).status is Status.EXECUTED
+        assert await operations(h, running.id) == 1
+
+
+async def test_a_stop_cancelled_midway_lets_the_lease_lapse(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a stop cancelled during its drain (an embedding app's own deadline) left
+    the drain's lease loop renewing for ever, so the worker's runs were never adopted
+    while the process lived."""
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=5.0)
+    async with harness(database_url, model=Scripted(pix("10")), settings=settings) as h:
+        running = await one_card(h)
+        held = Held(h, monkeypatch)
+        await h.decide(running, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(h.worker.stop(), 1.0)
+        assert all(t.done() for t in h.worker.ticks.tasks) and h.worker.ticks.tasks == []
+        await asyncio.sleep(1.5)  # the lease lapses
+        taken = {r.id for r in await h.store.adopt_runs("another-worker", 1.0, 1000)}
+        assert running.run_id in taken
+        held.release.set()
+
+
+async def test_a_run_waiting_out_a_retry_is_handed_over_at_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a parked run with a continuation scheduled for later (a retry backing
+    off) was kept through the drain, though nothing of it runs here and a draining
+    worker fires no scheduled continuation: its decisions went unheard meanwhile."""
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=5.0)
+    async with harness(database_url, model=Scripted(pix("10")), settings=settings) as h:
+        parked = await one_card(h)
+        running = await one_card(h, "bob")
+        held = Held(h, monkeypatch)
+        await h.decide(running, Decision.APPROVE)
+        await asyncio.wait_for(held.entered.wait(), 10)
+        h.worker.wakes.later(parked.run_id, 1, 30.0)  # a retry, backing off
+        stop = asyncio.create_task(h.worker.stop())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while await holder(h, parked.run_id) is not None:
+            assert loop.time() < deadline, "the run waiting out its retry was kept"
+            await asyncio.sleep(0.05)
+        assert await holder(h, running.run_id) == h.worker.worker_id
+        held.release.set()
+        await asyncio.wait_for(stop, 15)
