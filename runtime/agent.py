@@ -95,8 +95,7 @@ class Agent:
             faults=self.faults,
         )
         self.approved = approved.Approved(self.executor, tools, self._ctx, worker_id)
-        # One lock per thread while anyone holds or waits on it; weak values let locks of
-        # idle threads go (a held lock is referenced by the coroutine using it).
+        # A lock per thread or run while one holds or waits on it (weak: idle ones go).
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @staticmethod
@@ -106,6 +105,9 @@ class Agent:
 
     def lock(self, key: str) -> asyncio.Lock:  # a thread's or a run's (ids never collide)
         return self._locks.get(key) or self._locks.setdefault(key, asyncio.Lock())
+
+    def locked(self) -> set[str]:  # the threads and runs a step holds here
+        return {key for key, lock in list(self._locks.items()) if lock.locked()}
 
     def _ctx(self, run: Run) -> ToolContext:
         return ToolContext.of(run, self.services)
@@ -171,11 +173,9 @@ class Agent:
         appended since. (It cannot have grown otherwise: a new user message supersedes
         the run first, and then this run's next conditional write fails.)
 
-        ``pending``: tool results the model is shown now and that are written with this
-        step's next write (one statement instead of two). They are derived from the
-        cards and the run's state in Postgres, so a crash before that write loses
-        nothing: whoever continues the run derives them again.
-        """
+        ``pending``: tool results the model is shown now, written with this step's next
+        write (one statement, not two); derived from the cards and the run's state in
+        Postgres, so a crash before that write loses nothing."""
         todo = list(pending or ())
         tools = self.tools if self.tools_for is None else await self.tools_for(run)
         try:

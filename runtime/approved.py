@@ -115,6 +115,9 @@ class Approved:
         """A continuation here is running a claimed card of the run."""
         return run_id in self._claimed
 
+    def busy_runs(self) -> set[str]:
+        return set(self._claimed)
+
     async def run_claimed(self, run: Run, claimed: list[Card], slot: Callable[[], Slot]) -> bool:
         """Execute the claimed cards, each in a task of its own holding a step slot (let
         go of while a provider answers), started in the model's order: one whose

@@ -30,6 +30,7 @@ from signoff.runtime import (
 from signoff.runtime import config as cfg
 from signoff.runtime.app import App, load_app
 from signoff.runtime.dev import DEMO_APP
+from signoff.runtime.drain import RECORD_MARGIN_SECONDS
 from signoff.runtime.errors import ConfigError, SignoffError
 
 
@@ -259,10 +260,12 @@ async def _worker(args: argparse.Namespace) -> int:
         # Counted before the stop: Worker.stop drops them from memory as it releases them.
         parked = len(node.worker.waits.parked_runs()) if node.worker is not None else 0
         log.info(  # a SIGTERM is the normal way out (a deploy, a scale-down)
-            "stopping: taking no new work; steps in flight get up to 10 s to finish, then "
-            "its runs (%d parked) are released (another worker, or this one started "
-            "again, takes them over)",
+            "stopping: taking no new work; its runs with nothing in flight (%d parked) are "
+            "released now (another worker, or this one started again, takes them over); "
+            "steps in flight get up to 10 s, a provider call up to its deadline and 5 s "
+            "(%g s), then their runs are released too",
             parked,
+            settings.tool_timeout_seconds + RECORD_MARGIN_SECONDS,
         )
         if metrics is not None:
             await metrics.close()

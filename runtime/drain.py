@@ -20,15 +20,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import SignoffError
 from signoff.runtime.execution import Executor
-from signoff.runtime.store import Store
-from signoff.runtime.waits import WaitRegistry
 
 if TYPE_CHECKING:
     from signoff.runtime.worker import Worker
@@ -39,6 +36,7 @@ DRAIN_SECONDS = 10.0  # every step in flight
 RECORD_MARGIN_SECONDS = 5.0  # past a tool's deadline: its outcome recorded
 STOP_GRACE_SECONDS = 5.0  # a stopping worker lets each periodic loop end its tick
 LEASE_LOOPS = ("lease", "heartbeat")  # the loops that go on while a worker drains
+HAND_OVER_EVERY = 0.5  # seconds between two hand-overs of the runs a drain let go of
 
 
 async def stop(w: Worker, *, drain: bool, release: bool) -> None:
@@ -60,13 +58,17 @@ async def stop(w: Worker, *, drain: bool, release: bool) -> None:
     await w.ticks.stop(STOP_GRACE_SECONDS, keep=kept)
     try:
         if drain:
-            if release:  # what is only parked goes to another worker now
-
-                def busy(run_id: str) -> bool:  # a continuation of it runs here
-                    return w.agent.lock(run_id).locked() or w.agent.approved.busy(run_id)
-
-                await hand_over_idle(w.worker_id, w.waits, busy, w.store, w.bus)
-            await _drain(w.tasks, w.agent.executor, w.settings, began)
+            handing = None
+            if release:  # what no step here continues goes to another worker now
+                await hand_over_idle(w)
+                handing = asyncio.create_task(_hand_over_while(w), name="signoff-hand-over")
+            try:
+                await _drain(w.tasks, w.agent.executor, w.settings, began)
+            finally:
+                if handing is not None:
+                    handing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await handing
     finally:  # a stop cancelled midway lets the lease lapse (its runs are adopted)
         await w.ticks.stop(STOP_GRACE_SECONDS)
     for task in list(w.tasks):
@@ -98,25 +100,39 @@ async def _drain(
         await asyncio.wait(list(tasks), timeout=min(0.1, until - time.monotonic()))
 
 
-async def hand_over_idle(
-    worker_id: str, waits: WaitRegistry, busy: Callable[[str], bool], store: Store, bus: Bus
-) -> list[str]:
-    """Release the runs parked in ``waits`` that nothing here is continuing (``busy``):
-    the ids released, forgotten here and their wait tokens cleared. A failure leaves
-    them held: they go with the rest once the drain is over."""
-    idle = [run_id for run_id in waits.parked_runs() if not busy(run_id)]
-    if not idle:
-        return []
-    # The tokens first: an adopter that parks the run again sets its own, kept.
+async def hand_over_idle(w: Worker) -> list[str]:
+    """Release the runs worker ``w`` holds, waiting, that no step here is continuing:
+    the ids released, forgotten here (their wait tokens cleared first, so an adopter
+    that parks one again keeps its own). A failure leaves them held, for the next call
+    or the release once the drain is over."""
+    busy = w.agent.locked() | w.agent.approved.busy_runs()
+    idle = [run_id for run_id in w.waits.parked_runs() if run_id not in busy]
     with contextlib.suppress(Exception):  # a token left expires by its TTL
-        await bus.clear_waits([card_id for run_id in idle for card_id in waits.cards_of(run_id)])
+        await w.bus.clear_waits([c for run_id in idle for c in w.waits.cards_of(run_id)])
     try:
-        released = await store.release_parked(worker_id, idle)
+        released = await w.store.release_idle(w.worker_id, sorted(_ids(busy)))
     except SignoffError as exc:
-        log.warning("could not hand idle runs back before the drain (%s): after it", exc)
+        log.warning("could not hand idle runs back during the drain (%s): after it", exc)
         return []
     for run_id in released:
-        waits.drop_run(run_id)
+        w.waits.drop_run(run_id)
     if released:
-        log.info("handed %d parked run(s) back as the stop began", len(released))
+        log.info("handed %d run(s) back while draining (nothing of them runs here)", len(released))
     return released
+
+
+def _ids(keys: set[str]) -> list[str]:
+    """The lock keys that are ids (a run's or a thread's), for the statement's uuid[]."""
+    out = []
+    for key in keys:
+        with contextlib.suppress(ValueError):
+            out.append(str(uuid.UUID(key)))
+    return out
+
+
+async def _hand_over_while(w: Worker) -> None:
+    """While the drain lasts: hand over each run whose step here has ended (one refused
+    to start a card since the worker is stopping, say), not at the drain's end."""
+    while True:
+        await asyncio.sleep(HAND_OVER_EVERY)
+        await hand_over_idle(w)

@@ -58,8 +58,9 @@ FENCE_RETRIES = (0.1, 0.2, 0.5, 1.0)
 TRANSIENT = (TimeoutError, ConnectionError, Unavailable)
 CANCELLED_IN_CALL = (
     "card %s: stopping while its provider call (operation %s) was in flight: outcome "
-    "unknown, left executing (flagged for reconciliation; check the provider for the "
-    "operation id, then `signoff cards reconcile %s`)"
+    "unknown, left executing (the worker that takes its run over flags it for "
+    "reconciliation once its window ends; check the provider for the operation id, then "
+    "`signoff cards reconcile %s`)"
 )
 
 

@@ -86,7 +86,7 @@ class PostgresStore:
         self.lease_of = workers.lease_of
         self.execution_fence = workers.execution_fence
         self.release_runs = workers.release_runs
-        self.release_parked = workers.release_parked
+        self.release_idle = workers.release_idle
         self.adopt_runs = workers.adopt_runs
         self.forget_workers = workers.forget_workers
 

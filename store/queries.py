@@ -61,7 +61,7 @@ class Queries:
     card_late_outcome: str
     card_in_flight: str
     run_release: str
-    run_release_parked: str
+    run_release_idle: str
     run_adopt: str
     workers_forget: str
     # cards

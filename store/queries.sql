@@ -410,11 +410,11 @@ WITH r AS (
 )
 DELETE FROM workers WHERE id = $1;
 
--- name: run_release_parked
--- A stopping worker hands back at once its runs ($2) parked with nothing in flight; the
--- runs whose steps it still drains stay held (its lease renewed) until they are done.
+-- name: run_release_idle
+-- A stopping worker hands back at once its waiting runs but those it still has a step of
+-- in flight ($2); those stay held (its lease renewed) until they are done.
 UPDATE runs SET worker_id = NULL
-WHERE worker_id = $1 AND id = ANY($2::uuid[]) AND status = 'waiting'
+WHERE worker_id = $1 AND status = 'waiting' AND NOT (id = ANY($2::uuid[]))
 RETURNING id::text;
 
 -- name: run_adopt

@@ -35,10 +35,10 @@ class Workers:
         """Hand every run back at once and drop the worker's lease (graceful stop)."""
         await self._db.execute(SQL.run_release, holder)
 
-    async def release_parked(self, holder: str, run_ids: list[str]) -> list[str]:
-        """Hand back at once these runs, parked with nothing in flight (a stopping
-        worker); the ids released (those still ``waiting`` and held by ``holder``)."""
-        found = await self._db.fetch(SQL.run_release_parked, holder, run_ids)
+    async def release_idle(self, holder: str, busy: list[str]) -> list[str]:
+        """Hand back at once the ``waiting`` runs ``holder`` holds but the ``busy`` ones
+        (a stopping worker: its steps of those are still in flight); the ids released."""
+        found = await self._db.fetch(SQL.run_release_idle, holder, busy)
         return [r["id"] for r in found]
 
     async def adopt_runs(

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from signoff.runtime import drain
-from signoff.runtime.cards import Decision, Status
+from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from tests.conftest import migrated_database
-from tests.harness import harness
+from tests.harness import Harness, harness
 from tests.integration.test_decisions import Scripted, one_card, pix
-from tests.integration.test_sibling_approvals import Held, operations
+from tests.integration.test_sibling_approvals import Held, HeldCheck, operations
 
 pytestmark = pytest.mark.anyio
 
@@ -35,6 +35,19 @@ async def holder(h: object, run_id: str) -> str | None:
         "SELECT worker_id FROM runs WHERE id = $1::uuid", run_id
     )
     return None if value is None else str(value)
+
+
+async def beside_a_held_call(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Card, Card, Held]:
+    """A card left pending, and another approved whose provider call is held (which
+    keeps a drain going)."""
+    other = await one_card(h)
+    running = await one_card(h, "bob")
+    held = Held(h, monkeypatch)
+    await h.decide(running, Decision.APPROVE)
+    await asyncio.wait_for(held.entered.wait(), 10)
+    return other, running, held
 
 
 async def test_a_stopping_worker_hands_parked_runs_over_and_keeps_those_in_flight(
@@ -134,11 +147,7 @@ async def test_a_run_waiting_out_a_retry_is_handed_over_at_once(
     monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
     settings = Settings(lease_seconds=1.0, tool_timeout_seconds=5.0)
     async with harness(database_url, model=Scripted(pix("10")), settings=settings) as h:
-        parked = await one_card(h)
-        running = await one_card(h, "bob")
-        held = Held(h, monkeypatch)
-        await h.decide(running, Decision.APPROVE)
-        await asyncio.wait_for(held.entered.wait(), 10)
+        parked, running, held = await beside_a_held_call(h, monkeypatch)
         h.worker.wakes.later(parked.run_id, 1, 30.0)  # a retry, backing off
         stop = asyncio.create_task(h.worker.stop())
         loop = asyncio.get_running_loop()
@@ -149,3 +158,35 @@ async def test_a_run_waiting_out_a_retry_is_handed_over_at_once(
         assert await holder(h, running.run_id) == h.worker.worker_id
         held.release.set()
         await asyncio.wait_for(stop, 15)
+
+
+async def test_a_run_whose_step_ends_during_the_drain_is_handed_over_then(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile probe: an approval racing the SIGTERM had its continuation running when
+    the stop began (so its run was kept); the continuation then refused to start the
+    card (the worker is stopping), and the run stayed held, its card approved and not
+    run, until an unrelated provider call's drain ended (14-21 s). Such a run is handed
+    over once its step has ended."""
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=8.0)
+    async with harness(database_url, model=Scripted(pix("10")), settings=settings) as h:
+        racing, running, held = await beside_a_held_call(h, monkeypatch)  # keeps the drain
+        check = HeldCheck(h, monkeypatch)
+        await h.decide(racing, Decision.APPROVE)
+        await asyncio.wait_for(check.entered.wait(), 10)  # its step runs as the stop begins
+        stop = asyncio.create_task(h.worker.stop())
+        await asyncio.sleep(0.3)
+        assert await holder(h, racing.run_id) == h.worker.worker_id  # its step runs here
+        check.release.set()  # the check answers; the card is not started (stopping)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3
+        while await holder(h, racing.run_id) is not None:
+            assert loop.time() < deadline, "kept until the drain's end"
+            await asyncio.sleep(0.05)
+        assert not stop.done()
+        assert (await h.card(racing)).status is Status.APPROVED  # for the next holder
+        assert await holder(h, running.run_id) == h.worker.worker_id
+        held.release.set()
+        await asyncio.wait_for(stop, 15)
+        assert await operations(h, racing.id) == 0

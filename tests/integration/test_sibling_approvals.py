@@ -404,6 +404,23 @@ class Held:
         return await self.real(snapshot, operation_id, ctx)
 
 
+class HeldCheck:
+    """The demo's Pix charge held inside its revalidation until released."""
+
+    def __init__(self, h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+        tool = h.worker.agent.tools.get("create_pix_charge")
+        assert tool is not None
+        self.tool, self.real = tool, tool.revalidate
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        monkeypatch.setattr(tool, "revalidate", self.revalidate)
+
+    async def revalidate(self, args: Any, ctx: Any) -> Any:
+        self.entered.set()
+        await self.release.wait()
+        return await self.real(args, ctx)
+
+
 async def test_an_approved_card_does_not_wait_for_a_siblings_slow_provider_call(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -902,23 +919,14 @@ async def test_a_stopping_worker_starts_no_card_it_was_revalidating(
     run over, and the stop does not wait for it."""
     async with harness(database_url, model=Scripted(pix("10"))) as h:
         card = await one_card(h)
-        tool = h.worker.agent.tools.get("create_pix_charge")
-        assert tool is not None
-        real, entered, release = tool.revalidate, asyncio.Event(), asyncio.Event()
-
-        async def slow_check(args: Any, ctx: Any) -> Any:
-            entered.set()
-            await release.wait()
-            return await real(args, ctx)
-
-        monkeypatch.setattr(tool, "revalidate", slow_check)
+        check = HeldCheck(h, monkeypatch)
         await h.decide(card, Decision.APPROVE)
-        await asyncio.wait_for(entered.wait(), 10)
-        asyncio.get_running_loop().call_later(0.3, release.set)  # the check answers
+        await asyncio.wait_for(check.entered.wait(), 10)
+        asyncio.get_running_loop().call_later(0.3, check.release.set)  # the check answers
         await h.worker.stop()
         assert (await h.card(card)).status is Status.APPROVED
         assert await operations(h, card.id) == 0
-        monkeypatch.setattr(tool, "revalidate", real)
+        monkeypatch.setattr(check.tool, "revalidate", check.real)
         await h.worker.start()  # as the worker taking the run over would
         await h.worker.wake(card.run_id)
         await h.settle()
