@@ -1,7 +1,8 @@
 """The Redis client the bus's parts share: every call retried, hot commands pipelined.
 
 Every Redis call of the bus goes through :meth:`Client.call`, which retries
-connection errors and timeouts with backoff, then raises
+connection errors with backoff (once an outage is known, one try a call: design note
+63) and fails fast on a Redis that stopped answering (note 42), raising
 :class:`~signoff.runtime.errors.Unavailable`. ``PUBLISH``, ``GET``, ``SET`` and ``DEL``
 (about eight per decision across the processes) go through one pipelined
 connection per process (:mod:`signoff.runtime.bus.pipe`, design note 15); a TLS
@@ -50,6 +51,11 @@ TIMEOUTS = (rx.TimeoutError, TimeoutError)
 # took ~65 s. Such a client is "stalled": the calls in flight are cut short and new ones
 # fail at once (Unavailable), but for one probe every STALL_PROBE_SECONDS (an ordinary
 # call, with an ordinary call's timeouts); the first answer ends the stall (design note 42).
+# A Redis that refuses connections (down, restarting) is retried (~0.6 s); once a call
+# failed after all its tries the client is "failing", and each call gets one try, no
+# retries, until one is answered (design note 63): a refused connection fails in well
+# under a millisecond, so a decision's three hints in an outage cost it one call's tries,
+# not three, and the first call after Redis is back goes through.
 STALL_PROBE_SECONDS = 0.5
 # What a client is told of a Redis error (the driver's words name hosts and ports: logged).
 REDIS_UNANSWERED = "Redis did not answer; try again"
@@ -191,6 +197,14 @@ class Client:
                 self._cut.add(task)
                 task.cancel()
 
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """A call failed after all its tries (refused, reset): from now on each call gets
+        one try, no retries, until one is answered (the calls in flight stop at their next
+        failure: each would sleep through its own retries against the same refusal)."""
+        if not self.failing and not self.closed:
+            log.warning("Redis refused %s after its retries (%s); one try per call", what, exc)
+        self.failing = True
+
     async def _tries(self, what: str, fn: Callable[[], Awaitable[T]], probe: bool) -> T:
         # Once an attempt failed in a way that may have followed its command out (a
         # connection lost, a reset), whatever ends the call later says "may have been
@@ -218,8 +232,8 @@ class Client:
                     .unanswered()
                 ) from exc
             except RETRYABLE as exc:
-                if delay is None or self.closed:
-                    self.failing = True
+                if delay is None or self.closed or self.failing:
+                    self._fail(what, exc)
                     COUNTERS.inc("signoff_redis_errors_total")
                     raise (
                         Unavailable(

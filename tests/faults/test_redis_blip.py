@@ -96,7 +96,10 @@ async def test_redis_cut_right_after_a_message_started_its_run_runs_it_once(
     keys = Keys(f"blip-{secrets.token_hex(3)}:")
     settings = Settings(claim_idle_ms=300)
     with Proxy(valkey.port) as proxy:
-        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        # The bus the test builds takes the claim idle time as the node's does (without it,
+        # the redelivery came after 30 s: the test passed only while the hints' retries
+        # held the ack back until Redis was back).
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys, claim_idle_ms=300)
         async with harness(database_url, model=Scripted(pix()), bus=bus, settings=settings) as h:
             invariants.watch(database_url, h.tenant)
             start = h.store.start_run
