@@ -8,12 +8,14 @@ than the lease let another worker take over the runs whose steps were still runn
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from signoff.runtime import drain
+from signoff.runtime.bus import Job
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from tests.conftest import migrated_database
@@ -190,3 +192,62 @@ async def test_a_run_whose_step_ends_during_the_drain_is_handed_over_then(
         held.release.set()
         await asyncio.wait_for(stop, 15)
         assert await operations(h, racing.id) == 0
+
+
+class HeldModel(Scripted):
+    """The scripted model, its first reply held until released."""
+
+    def __init__(self, *uses: dict[str, object]) -> None:
+        super().__init__(*uses)
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+    async def respond(self, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.release.wait()
+        return await super().respond(**kwargs)
+
+
+async def test_a_first_turn_that_parks_during_the_drain_is_handed_over_with_its_token(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a message's first turn still running when the stop began parks its card
+    here afterwards, with a wait token naming the stopping worker. The run goes to
+    another worker within the drain's next hand-over, its token cleared (it stayed
+    until the drain's end, the token until its TTL)."""
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.2)
+    settings = Settings(lease_seconds=1.0, tool_timeout_seconds=8.0)
+    model = HeldModel(pix("10"))
+    async with harness(database_url, model=model, settings=settings) as h:
+        model.release.set()
+        _, running, held = await beside_a_held_call(h, monkeypatch)  # keeps the drain
+        model.release.clear()
+        model.entered.clear()
+        thread = await h.thread("carol")
+        job = Job(
+            thread_id=thread,
+            text="cobre",
+            user="carol",
+            tenant=h.tenant,
+            channel="test",
+            message_id=str(uuid.uuid4()),
+        )
+        await h.bus.enqueue(job)
+        await asyncio.wait_for(model.entered.wait(), 10)  # the first turn is in flight
+        stop = asyncio.create_task(h.worker.stop())
+        await asyncio.sleep(0.3)
+        model.release.set()  # the turn proposes its card and parks the run here
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not (cards := await h.store.pending_cards(thread)):
+            assert loop.time() < deadline, "no card was proposed"
+            await asyncio.sleep(0.05)
+        (card,) = cards
+        deadline = loop.time() + 3
+        while await holder(h, card.run_id) is not None:
+            assert loop.time() < deadline, "the parked first turn was kept until the drain's end"
+            await asyncio.sleep(0.05)
+        assert await h.bus.wait_holder(card.id) is None
+        assert not stop.done()
+        assert await holder(h, running.run_id) == h.worker.worker_id
+        held.release.set()
+        await asyncio.wait_for(stop, 15)
