@@ -204,7 +204,7 @@ class HeldModel(Scripted):
     async def respond(self, **kwargs: Any) -> Any:
         self.entered.set()
         await self.release.wait()
-        return await super().respond(**kwargs)
+        return await super().respond(**kwargs)  # type: ignore[no-untyped-call]
 
 
 async def test_a_first_turn_that_parks_during_the_drain_is_handed_over_with_its_token(
