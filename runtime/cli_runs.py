@@ -50,7 +50,11 @@ def add_parser(
         "completed, failed, cancelled; agent: running, waiting, done, failed, superseded)",
     )
     rp.add_argument("--limit", type=int, default=50, help="at most this many runs (50)")
-    rp.add_argument("--json", action="store_true", help="show: JSON instead of text")
+    rp.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON instead of text (list: an array of runs, newest first; show: every field)",
+    )
     return rp
 
 
@@ -101,6 +105,50 @@ def where_workflow(run: Any) -> str:
     return f"{run.workflow}: {len(run.steps)} steps done"
 
 
+async def _listed(store: Any, args: argparse.Namespace) -> list[tuple[datetime, str, Any]]:
+    """The runs to list, newest first: (updated, a line for a person, an object for
+    ``--json``: kind, id, status, owner, tenant, holder, where, error, updated_at, and
+    for an agent run its thread, for a workflow run its workflow and step)."""
+    rows: list[tuple[datetime, str, Any]] = []
+    if args.kind in (None, "workflow"):
+        for run in await store.workflows.list_workflow_runs(status=args.status, limit=args.limit):
+            where = where_workflow(run)
+            line = f"workflow  {run.id}  {run.status!s:<15} {run.owner:<12} "
+            obj = {
+                "kind": "workflow",
+                "id": run.id,
+                "status": str(run.status),
+                "owner": run.owner,
+                "tenant": run.tenant,
+                "holder": run.holder,
+                "workflow": run.workflow,
+                "step": run.step,
+                "where": where,
+                "error": run.error,
+                "updated_at": run.updated_at.isoformat(),
+            }
+            rows.append((run.updated_at, line + where, obj))
+    if args.kind in (None, "agent"):
+        for r in await store.workflows.list_agent_runs(args.status, args.limit):
+            where = f"thread {r['thread_id']}" + (f": {r['error']}" if r["error"] else "")
+            line = f"agent     {r['id']}  {r['status']:<15} {r['owner']:<12} "
+            obj = {
+                "kind": "agent",
+                "id": str(r["id"]),
+                "status": str(r["status"]),
+                "owner": r["owner"],
+                "tenant": r["tenant"],
+                "holder": r["holder"],
+                "thread_id": str(r["thread_id"]),
+                "where": where,
+                "error": r["error"],
+                "updated_at": r["updated_at"].isoformat(),
+            }
+            rows.append((r["updated_at"], line + where, obj))
+    rows.sort(key=lambda x: x[0], reverse=True)
+    return rows[: args.limit]
+
+
 def _error(message: str) -> int:
     print(f"signoff runs: {message}", file=sys.stderr)
     return 2
@@ -121,21 +169,12 @@ async def main(args: argparse.Namespace, settings: cfg.Settings) -> int:
     store = await PostgresStore.connect(url, statement_cache_size=settings.db_statement_cache_size)
     try:
         if args.action == "list":
-            rows: list[tuple[datetime, str]] = []
-            if args.kind in (None, "workflow"):
-                for run in await store.workflows.list_workflow_runs(
-                    status=args.status, limit=args.limit
-                ):
-                    line = f"workflow  {run.id}  {run.status!s:<15} {run.owner:<12} "
-                    rows.append((run.updated_at, line + where_workflow(run)))
-            if args.kind in (None, "agent"):
-                for r in await store.workflows.list_agent_runs(args.status, args.limit):
-                    where = f"thread {r['thread_id']}" + (f": {r['error']}" if r["error"] else "")
-                    line = f"agent     {r['id']}  {r['status']:<15} {r['owner']:<12} "
-                    rows.append((r["updated_at"], line + where))
-            rows.sort(key=lambda x: x[0], reverse=True)
+            rows = await _listed(store, args)
+            if args.json:
+                print(json.dumps([obj for _, _, obj in rows], indent=2, ensure_ascii=False))
+                return 0
             print(f"{'KIND':<9} {'ID':<36}  {'STATUS':<15} {'OWNER':<12} WHERE (UPDATED)")
-            for at, line in rows[: args.limit]:
+            for at, line, _ in rows:
                 print(terminal_safe(f"{line}  ({_when(at)})"))
             return 0
         out: dict[str, Any]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -132,6 +133,17 @@ async def test_cli_runs_list_and_show(h: Harness) -> None:
     assert missing.returncode == 2 and "signoff runs: no run id starts with" in missing.stderr
     agents = await asyncio.to_thread(cli, "list", "--kind", "agent")
     assert agents.returncode == 0 and agents.stdout.startswith("KIND")
+    # `--json` on a list (a newcomer probe: it printed the text table, as the README
+    # promised every field as JSON)
+    as_json = await asyncio.to_thread(cli, "list", "--json", "--limit", "500")
+    assert as_json.returncode == 0, as_json.stderr
+    listed_runs = json.loads(as_json.stdout)
+    (mine,) = [r for r in listed_runs if r["id"] == run.id]
+    assert mine["kind"] == "workflow" and mine["status"] == "awaiting_human"
+    assert mine["where"] == "three: waiting at step 1 after 'extract'" and mine["step"] == 1
+    assert mine["owner"] == run.owner and mine["updated_at"]
+    stamps = [r["updated_at"] for r in listed_runs]
+    assert stamps == sorted(stamps, reverse=True)  # newest first, both kinds together
 
 
 async def test_resume_signals_the_live_holder_and_parked_runs_hold_no_memory(h: Harness) -> None:
@@ -236,6 +248,54 @@ async def test_the_readme_workflow_works_as_written(database_url: str) -> None:
         )
         done = await until(status_is(h, run.id, "completed"))
         assert done.state == {"amount": 120, "approved": True, "note": "", "paid": True}
+
+
+async def test_the_readme_workflow_http_block_runs_as_written(database_url: str) -> None:
+    """A newcomer probe: the block set no ``$RUN``, sent ``<a uuid4>`` as the run id and
+    named no app serving ``payout``. It is run here as printed, against a gateway serving
+    the README's example, with ``signoff token`` answered by the harness's signer."""
+    text = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    example = text.split("<!-- workflow-example: begin", 1)[1].split("<!-- workflow-example: end")[
+        0
+    ]
+    namespace: dict[str, Any] = {"__name__": "readme_workflow"}
+    exec(
+        compile(example.split("```python\n", 1)[1].rsplit("```", 1)[0], "README.md", "exec"),
+        namespace,
+    )
+    block = text.split("<!-- workflow-http: begin", 1)[1].split("<!-- workflow-http: end")[0]
+    script = block.split("```bash\n", 1)[1].rsplit("```", 1)[0]
+    async with Harness(
+        namespace["app"], database_url=database_url, model=CommandModel(), gateway=True
+    ) as h:
+        tokens = {
+            "demo": h.tokens.issue("demo", h.tenant),
+            "payments": h.tokens.issue("payments", h.tenant, role="service"),
+        }
+        # `signoff token --user U [--role R]`, as `signoff dev`'s folder would answer it
+        shim = 'signoff() { eval echo "\\$TOKEN_$3"; }\n'
+        env = {
+            "PATH": os.environ["PATH"],
+            "P": h.base_url.rsplit(":", 1)[1],
+            **{f"TOKEN_{user}": token for user, token in tokens.items()},
+        }
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["bash", "-e", "-o", "pipefail", "-c", shim + script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert done.stdout.splitlines() == [
+        "True",  # listed among the runs waiting for a person
+        "running",  # resumed
+        "200",  # or 202: the event kept until the run waits for it
+        "('completed', True)",
+        "not_retriable",
+        "run_inactive",
+    ], done.stdout
 
 
 async def test_a_start_whose_hint_is_lost_is_adopted(h: Harness) -> None:
