@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install signoff with its test extras into .venv, check style and types, run the tests.
-#   usage: bash scripts/test.sh [pytest args]
+#   usage: bash scripts/test.sh [pytest args]   (two test processes: SIGNOFF_TEST_WORKERS)
 # Postgres and Redis: the machine's (127.0.0.1:5432 db "test", 127.0.0.1:6379) when they
 # answer, otherwise embedded servers started from wheels (tests/services.py).
 # SIGNOFF_TEST_PGBOUNCER=1: every test database through a PgBouncer in transaction mode.
@@ -38,8 +38,22 @@ if [ "${SIGNOFF_SKIP_LINT:-0}" != 1 ]; then
   .venv/bin/mypy
 fi
 
+# Two test processes (the machines have two cores), each test file whole on one of them
+# (--dist loadfile: a module's fixtures and order as in a serial run; each process has its
+# own database, key prefixes, ports and embedded servers). Starting them costs ~6 s, so
+# a run of named files or tests (a .py path, a ::test id) stays in this process, as does
+# SIGNOFF_TEST_WORKERS=0 (for --pdb or -s); -n in the arguments wins.
+workers=${SIGNOFF_TEST_WORKERS:-2}
+for arg in "$@"; do
+  case "$arg" in
+    -n | -n[0-9]* | --numprocesses* | *.py | *.py::*) workers=0 ;;
+  esac
+done
+parallel=()
+[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadfile)
+
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "${parallel[@]}" "$@"
 code=$?
 set -e
 if [ "$code" = 5 ]; then
