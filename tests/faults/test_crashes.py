@@ -10,10 +10,13 @@ its ack (``test_inbox_entry_of_dead_worker_is_redone_without_duplicate_card``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -21,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from signoff.demo.provider import Provider
-from tests.cluster import cluster
+from tests.cluster import Cluster, Proc, cluster
 from tests.faults.conftest import Invariants, Profile
 from tests.faults.helpers import (
     approve,
@@ -54,6 +57,35 @@ async def charge_keys(db: asyncpg.Connection, tenant: str) -> list[str]:
     return [r["idempotency_key"] for r in rows]
 
 
+@contextlib.asynccontextmanager
+async def a_card_on(
+    database_url: str,
+    redis_url: str,
+    tmp_path: Path,
+    invariants: Invariants,
+    *,
+    worker: str,
+    user: str,
+    **env: str,
+) -> AsyncIterator[tuple[Cluster, Proc, asyncpg.Connection, asyncpg.Record, Proc]]:
+    """One gateway and one worker (``worker``, with ``env``: its faults), a lease of 2 s
+    and a sweep every 0.5 s; ``user``'s card pending on that worker. Yields the cluster,
+    the gateway, a connection to the database, the card and the worker."""
+    settings: dict[str, Any] = {"SIGNOFF_LEASE_SECONDS": "2", "SIGNOFF_SWEEP_SECONDS": "0.5"}
+    settings.update((k, v) for k, v in env.items() if k != "SIGNOFF_FAULTS")
+    with cluster(database_url, redis_url, tmp_path, gateways=1, workers=0, **settings) as c:
+        invariants.watch_cluster(c)
+        proc = c.add_worker(worker, SIGNOFF_FAULTS=env.get("SIGNOFF_FAULTS", ""))
+        (gw,) = c.gateways
+        db = await asyncpg.connect(database_url)
+        try:
+            await start_threads(c, gw.url, [user])
+            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
+            yield c, gw, db, card, proc
+        finally:
+            await db.close()
+
+
 @pytest.mark.slow  # 12-16 s: the default run leaves it to `pytest -m slow` (CI runs it)
 async def test_worker_frozen_after_provider_accepted_then_thawed(
     database_url: str, redis_url: str, tmp_path: Path, invariants: Invariants
@@ -64,72 +96,62 @@ async def test_worker_frozen_after_provider_accepted_then_thawed(
     then flags it and goes on without it (the model is told the outcome is unknown). Then the frozen worker is let go (SIGCONT): it
     records the outcome it knows (`executed`), its own continuation of the run is refused
     (the run is another's), and nothing is charged twice."""
-    with cluster(
+    async with a_card_on(
         database_url,
         redis_url,
         tmp_path,
-        gateways=1,
-        workers=0,
-        SIGNOFF_LEASE_SECONDS="2",
+        invariants,
+        worker="frozen",
+        user="fz0",
+        SIGNOFF_FAULTS="execute.after_provider=stop",
         SIGNOFF_TOOL_TIMEOUT_SECONDS="2",  # the adopter waits a lease + this
-        SIGNOFF_SWEEP_SECONDS="0.5",
-    ) as c:
-        invariants.watch_cluster(c)
-        frozen = c.add_worker("frozen", SIGNOFF_FAULTS="execute.after_provider=stop")
-        (gw,) = c.gateways
-        db = await asyncpg.connect(database_url)
-        try:
-            await start_threads(c, gw.url, ["fz0"])
-            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
-            c.add_worker("survivor")
-            assert await approve(c, gw.url, [card]) == [200]
+    ) as (c, gw, db, card, frozen):
+        c.add_worker("survivor")
+        assert await approve(c, gw.url, [card]) == [200]
 
-            async def charged() -> bool:
-                return (
-                    await count(db, "SELECT count(*) FROM demo_charges WHERE tenant = $1", c.tenant)
-                    == 1
-                )
+        async def charged() -> bool:
+            return (
+                await count(db, "SELECT count(*) FROM demo_charges WHERE tenant = $1", c.tenant)
+                == 1
+            )
 
-            await wait_until(charged, what="the charge (then the freeze)")
-            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the survivor's step")
-            (told,) = await tool_results(db, c.tenant)
-            assert "outcome is unknown" in told
-            assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == (
-                "executing"
-            )
-            frozen.signal(signal.SIGCONT)
+        await wait_until(charged, what="the charge (then the freeze)")
+        await wait_until(lambda: runs_done(db, c.tenant, 1), what="the survivor's step")
+        (told,) = await tool_results(db, c.tenant)
+        assert "outcome is unknown" in told
+        assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == (
+            "executing"
+        )
+        frozen.signal(signal.SIGCONT)
 
-            async def recorded() -> bool:
-                status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
-                return bool(status == "executed")
+        async def recorded() -> bool:
+            status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
+            return bool(status == "executed")
 
-            await wait_until(recorded, what="the thawed worker's outcome")
-            await asyncio.sleep(1.0)  # its continuation, refused, has had time to try
-            assert len(await tool_results(db, c.tenant)) == 1
-            assert await charge_keys(db, c.tenant) == [card["operation_id"]]
-            moves = await db.fetch(
-                "SELECT to_status FROM card_events WHERE card_id = $1 ORDER BY id", card["id"]
-            )
-            assert [m["to_status"] for m in moves] == [
-                "pending",
-                "approved",
-                "executing",
-                "executing",  # flagged by the survivor before it told its model (note 49)
-                "executed",
-            ]
-            flag = await db.fetchrow(
-                "SELECT actor, detail FROM card_events WHERE card_id = $1 ORDER BY id "
-                "OFFSET 3 LIMIT 1",
-                card["id"],
-            )
-            assert flag is not None and flag["actor"] == "worker:survivor"
-            assert "needs_reconciliation" in flag["detail"]
-            assert not await db.fetchval(  # the outcome recorded clears the flag
-                "SELECT needs_reconciliation FROM cards WHERE id = $1", card["id"]
-            )
-            await invariants.check()
-        finally:
-            await db.close()
+        await wait_until(recorded, what="the thawed worker's outcome")
+        await asyncio.sleep(1.0)  # its continuation, refused, has had time to try
+        assert len(await tool_results(db, c.tenant)) == 1
+        assert await charge_keys(db, c.tenant) == [card["operation_id"]]
+        moves = await db.fetch(
+            "SELECT to_status FROM card_events WHERE card_id = $1 ORDER BY id", card["id"]
+        )
+        assert [m["to_status"] for m in moves] == [
+            "pending",
+            "approved",
+            "executing",
+            "executing",  # flagged by the survivor before it told its model (note 49)
+            "executed",
+        ]
+        flag = await db.fetchrow(
+            "SELECT actor, detail FROM card_events WHERE card_id = $1 ORDER BY id OFFSET 3 LIMIT 1",
+            card["id"],
+        )
+        assert flag is not None and flag["actor"] == "worker:survivor"
+        assert "needs_reconciliation" in flag["detail"]
+        assert not await db.fetchval(  # the outcome recorded clears the flag
+            "SELECT needs_reconciliation FROM cards WHERE id = $1", card["id"]
+        )
+        await invariants.check()
 
 
 @pytest.mark.slow  # 12-16 s: the default run leaves it to `pytest -m slow` (CI runs it)
@@ -142,42 +164,33 @@ async def test_worker_frozen_after_starting_execution_calls_nothing_when_thawed(
     the card `failed`). Let go, it called the provider with the card's key: a charge for a
     card everyone had given up on. It now calls nothing (it was held up past its lease)
     and records `failed`, saying nothing was sent."""
-    with cluster(
+    async with a_card_on(
         database_url,
         redis_url,
         tmp_path,
-        gateways=1,
-        workers=0,
-        SIGNOFF_LEASE_SECONDS="2",
+        invariants,
+        worker="frozen",
+        user="fs0",
+        SIGNOFF_FAULTS="execute.after_start=stop",
         SIGNOFF_TOOL_TIMEOUT_SECONDS="2",  # the adopter waits a lease + this
-        SIGNOFF_SWEEP_SECONDS="0.5",
-    ) as c:
-        invariants.watch_cluster(c)
-        frozen = c.add_worker("frozen", SIGNOFF_FAULTS="execute.after_start=stop")
-        (gw,) = c.gateways
-        db = await asyncpg.connect(database_url)
-        try:
-            await start_threads(c, gw.url, ["fs0"])
-            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
-            c.add_worker("survivor")
-            assert await approve(c, gw.url, [card]) == [200]
-            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the survivor's step")
-            (told,) = await tool_results(db, c.tenant)
-            assert "outcome is unknown" in told
-            frozen.signal(signal.SIGCONT)
+    ) as (c, gw, db, card, frozen):
+        c.add_worker("survivor")
+        assert await approve(c, gw.url, [card]) == [200]
+        await wait_until(lambda: runs_done(db, c.tenant, 1), what="the survivor's step")
+        (told,) = await tool_results(db, c.tenant)
+        assert "outcome is unknown" in told
+        frozen.signal(signal.SIGCONT)
 
-            async def recorded() -> bool:
-                status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
-                return bool(status == "failed")
+        async def recorded() -> bool:
+            status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
+            return bool(status == "failed")
 
-            await wait_until(recorded, what="the thawed worker's outcome")
-            result = await db.fetchval("SELECT result FROM cards WHERE id = $1", card["id"])
-            assert "not sent to the provider" in str(result), result
-            await asyncio.sleep(1.0)  # a call would have been made by now
-            assert await charge_keys(db, c.tenant) == []
-            await invariants.check()
-        finally:
-            await db.close()
+        await wait_until(recorded, what="the thawed worker's outcome")
+        result = await db.fetchval("SELECT result FROM cards WHERE id = $1", card["id"])
+        assert "not sent to the provider" in str(result), result
+        await asyncio.sleep(1.0)  # a call would have been made by now
+        assert await charge_keys(db, c.tenant) == []
+        await invariants.check()
 
 
 async def test_worker_frozen_after_starting_execution_and_thawed_soon_takes_its_run_back(
@@ -190,49 +203,40 @@ async def test_worker_frozen_after_starting_execution_and_thawed_soon_takes_its_
     now leaves the card alone for a lease; the first worker, back within it, takes its
     run back (``worker_fence``) and executes the card: one charge, `executed`, and the
     model told so, once (design note 49)."""
-    with cluster(
+    async with a_card_on(
         database_url,
         redis_url,
         tmp_path,
-        gateways=1,
-        workers=0,
-        SIGNOFF_LEASE_SECONDS="2",
-        SIGNOFF_SWEEP_SECONDS="0.5",
-    ) as c:
-        invariants.watch_cluster(c)
-        frozen = c.add_worker("frozen-soon", SIGNOFF_FAULTS="execute.after_start=stop")
-        (gw,) = c.gateways
-        db = await asyncpg.connect(database_url)
-        try:
-            await start_threads(c, gw.url, ["ft0"])
-            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
-            c.add_worker("adopter")
-            assert await approve(c, gw.url, [card]) == [200]
+        invariants,
+        worker="frozen-soon",
+        user="ft0",
+        SIGNOFF_FAULTS="execute.after_start=stop",
+    ) as (c, gw, db, card, frozen):
+        c.add_worker("adopter")
+        assert await approve(c, gw.url, [card]) == [200]
 
-            async def adopted() -> bool:
-                holder = await db.fetchval(
-                    "SELECT r.worker_id FROM runs r JOIN cards k ON k.run_id = r.id "
-                    "WHERE k.id = $1 AND k.status = 'executing'",
-                    card["id"],
-                )
-                return bool(holder == "adopter")
-
-            await wait_until(adopted, what="the adoption of the frozen worker's run")
-            frozen.signal(signal.SIGCONT)
-            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run's end")
-            status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
-            assert status == "executed"
-            assert await charge_keys(db, c.tenant) == [str(card["operation_id"])]
-            (told,) = await tool_results(db, c.tenant)
-            assert "outcome is unknown" not in told and "not sent" not in told, told
+        async def adopted() -> bool:
             holder = await db.fetchval(
-                "SELECT worker_id FROM runs WHERE id = (SELECT run_id FROM cards WHERE id = $1)",
+                "SELECT r.worker_id FROM runs r JOIN cards k ON k.run_id = r.id "
+                "WHERE k.id = $1 AND k.status = 'executing'",
                 card["id"],
             )
-            assert holder == "frozen-soon"
-            await invariants.check()
-        finally:
-            await db.close()
+            return bool(holder == "adopter")
+
+        await wait_until(adopted, what="the adoption of the frozen worker's run")
+        frozen.signal(signal.SIGCONT)
+        await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run's end")
+        status = await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"])
+        assert status == "executed"
+        assert await charge_keys(db, c.tenant) == [str(card["operation_id"])]
+        (told,) = await tool_results(db, c.tenant)
+        assert "outcome is unknown" not in told and "not sent" not in told, told
+        holder = await db.fetchval(
+            "SELECT worker_id FROM runs WHERE id = (SELECT run_id FROM cards WHERE id = $1)",
+            card["id"],
+        )
+        assert holder == "frozen-soon"
+        await invariants.check()
 
 
 async def test_worker_killed_after_provider_accepted_before_recording(
@@ -243,64 +247,52 @@ async def test_worker_killed_after_provider_accepted_before_recording(
     card is never executed again: it stays `executing`, is flagged for reconciliation after
     the stuck threshold, and the provider holds exactly one charge, under the card's
     operation_id — the key any later reconciliation re-sends (which adds no charge)."""
-    with cluster(
+    async with a_card_on(
         database_url,
         redis_url,
         tmp_path,
-        gateways=1,
-        workers=0,
-        SIGNOFF_LEASE_SECONDS="2",
+        invariants,
+        worker="doomed",
+        user="cr0",
+        SIGNOFF_FAULTS="execute.after_provider",
         SIGNOFF_TOOL_TIMEOUT_SECONDS="2",  # the adopter waits a lease + this
-        SIGNOFF_SWEEP_SECONDS="0.5",
         SIGNOFF_STUCK_AFTER_SECONDS="1",
-    ) as c:
-        invariants.watch_cluster(c)
-        doomed = c.add_worker("doomed", SIGNOFF_FAULTS="execute.after_provider")
-        (gw,) = c.gateways
-        db = await asyncpg.connect(database_url)
+    ) as (c, gw, db, card, doomed):
+        c.add_worker("survivor")
+        assert await approve(c, gw.url, [card]) == [200]
+        await asyncio.to_thread(doomed.wait, 30)
+        assert doomed.popen is not None and doomed.popen.returncode == -signal.SIGKILL
+
+        async def flagged() -> asyncpg.Record | None:
+            row = await db.fetchrow(
+                "SELECT status, needs_reconciliation FROM cards WHERE id = $1", card["id"]
+            )
+            return row if row is not None and row["needs_reconciliation"] else None
+
+        row = await wait_until(flagged, what="the stuck card flagged")
+        assert row is not None and row["status"] == "executing"
+        await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run continued")
+        (told,) = await tool_results(db, c.tenant)
+        assert "outcome is unknown" in told
+        assert await charge_keys(db, c.tenant) == [card["operation_id"]]
+        op = await db.fetchval(
+            "SELECT status FROM operations WHERE operation_id = $1::uuid", card["operation_id"]
+        )
+        assert op == "started"
+        # An operator reconciling re-sends the stored snapshot with the stored key.
+        provider = await Provider.connect(database_url)
         try:
-            await start_threads(c, gw.url, ["cr0"])
-            (card,) = await wait_until(lambda: pending(db, c.tenant, 1), what="the card")
-            c.add_worker("survivor")
-            assert await approve(c, gw.url, [card]) == [200]
-            await asyncio.to_thread(doomed.wait, 30)
-            assert doomed.popen is not None and doomed.popen.returncode == -signal.SIGKILL
-
-            async def flagged() -> asyncpg.Record | None:
-                row = await db.fetchrow(
-                    "SELECT status, needs_reconciliation FROM cards WHERE id = $1", card["id"]
-                )
-                return row if row is not None and row["needs_reconciliation"] else None
-
-            row = await wait_until(flagged, what="the stuck card flagged")
-            assert row is not None and row["status"] == "executing"
-            await wait_until(lambda: runs_done(db, c.tenant, 1), what="the run continued")
-            (told,) = await tool_results(db, c.tenant)
-            assert "outcome is unknown" in told
-            assert await charge_keys(db, c.tenant) == [card["operation_id"]]
-            op = await db.fetchval(
-                "SELECT status FROM operations WHERE operation_id = $1::uuid", card["operation_id"]
+            snap = await db.fetchval(
+                "SELECT args_snapshot::text FROM cards WHERE id = $1", card["id"]
             )
-            assert op == "started"
-            # An operator reconciling re-sends the stored snapshot with the stored key.
-            provider = await Provider.connect(database_url)
-            try:
-                snap = await db.fetchval(
-                    "SELECT args_snapshot::text FROM cards WHERE id = $1", card["id"]
-                )
-                args = json.loads(snap)
-                await provider.create_charge(
-                    card["operation_id"], c.tenant, args["customer_id"], args["amount_cents"], ""
-                )
-            finally:
-                await provider.close()
-            assert (
-                await count(db, "SELECT count(*) FROM demo_charges WHERE tenant = $1", c.tenant)
-                == 1
+            args = json.loads(snap)
+            await provider.create_charge(
+                card["operation_id"], c.tenant, args["customer_id"], args["amount_cents"], ""
             )
-            await invariants.check()
         finally:
-            await db.close()
+            await provider.close()
+        assert await count(db, "SELECT count(*) FROM demo_charges WHERE tenant = $1", c.tenant) == 1
+        await invariants.check()
 
 
 async def test_gateway_killed_after_commit_before_publish(
