@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -31,8 +32,13 @@ from signoff.runtime.metrics import COUNTERS
 
 log = logging.getLogger("signoff.bus")
 
-# Pauses before reconnecting the pub/sub connection after failed attempts.
-RECONNECT_BACKOFF_MAX = 5.0
+# Pauses before reconnecting the pub/sub connection after failed attempts (0.2 s, doubling,
+# then about every second, jittered so that a pool's processes spread out). A refused
+# attempt costs a millisecond (one try a call once Redis is known down, design note 63):
+# with a 5 s cap the pauses outgrew the attempts, so a worker started in an outage gave up
+# at its 10 s start deadline though Redis was back at 7.6 s, and the fast path came back
+# up to 5 s after Redis did (a hostile probe).
+RECONNECT_BACKOFF_MAX = 1.0
 # The pub/sub reader pings after this much silence; no answer by the next one: dead.
 HEALTH_INTERVAL = 15.0
 # Redis must confirm a SUBSCRIBE within this long, or the connection is given up.
@@ -268,7 +274,7 @@ class PubSub:
             except Unavailable:
                 self._connect_failures += 1
                 backoff = min(0.1 * 2**self._connect_failures, RECONNECT_BACKOFF_MAX)
-                self._reconnect_at = time.monotonic() + backoff
+                self._reconnect_at = time.monotonic() + backoff * random.uniform(0.8, 1.0)
                 raise
             self._connect_failures = 0
             if self._closed:  # closed while connecting

@@ -16,7 +16,9 @@ import secrets
 import time
 
 import pytest
+import redis.asyncio
 
+from signoff.runtime import worker as worker_module
 from signoff.runtime.bus.client import Client, redis_from_url
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Decision, Status
@@ -107,4 +109,71 @@ async def test_approvals_while_redis_is_down_are_answered_at_once_and_run_once(
                 await asyncio.sleep(0.05)
             await h.settle()
             assert await h.charges() == 4
+            await invariants.check()
+
+
+async def test_a_worker_started_in_an_outage_starts_once_redis_is_back_in_time(
+    database_url: str,
+    valkey: EmbeddedServer,
+    monkeypatch: pytest.MonkeyPatch,
+    invariants: Invariants,
+) -> None:
+    """A hostile probe: with one try a call, a refused subscribe failed in a millisecond
+    and the reconnect pauses (capped at 5 s) outgrew the attempts: a worker started while
+    Redis was down exited at its start deadline though Redis was back 2.4 s before it
+    (the attempts fell at 0, 0.2, 0.6, 1.4, 3.0, 6.2, 11.2 s). Scaled down: a 6 s start
+    deadline, Redis back at 4.3 s (here the attempts fell at about 0, 0.8, 1.2, 2.0, 3.6
+    and 6.8 s)."""
+    monkeypatch.setattr(worker_module, "SUBSCRIBE_SECONDS", 6.0)
+    keys = Keys(f"down-start-{secrets.token_hex(3)}:")
+    with Proxy(valkey.port) as proxy:
+        proxy.refuse(True)
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with harness(
+            database_url, model=Scripted(pix("10")), bus=bus, start_worker=False
+        ) as h:
+            invariants.watch(database_url, h.tenant)
+            loop = asyncio.get_running_loop()
+            loop.call_later(4.3, proxy.refuse, False)
+            t0 = loop.time()
+            await h.worker.start()  # raised Unavailable at the deadline
+            assert 4.2 < loop.time() - t0 < 6.0
+            card = await one_card(h)
+            await h.decide(card, Decision.APPROVE)
+            await h.settle()
+            assert (await h.store.get_card(card.id)).status is Status.EXECUTED
+            await invariants.check()
+
+
+async def test_the_fast_path_comes_back_within_a_second_or_so_of_redis(
+    database_url: str, valkey: EmbeddedServer, invariants: Invariants
+) -> None:
+    """A hostile probe: after an outage of 5-13 s a worker's subscription came back up to
+    4.8 s after Redis did (its reconnect pauses, capped at 5 s): decisions meanwhile
+    waited for the slow poll. The pauses are capped at about a second now."""
+    keys = Keys(f"down-back-{secrets.token_hex(3)}:")
+    with Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with harness(database_url, model=Scripted(pix("10")), bus=bus) as h:
+            invariants.watch(database_url, h.tenant)
+            channel = h.worker.keys.worker_channel(h.worker.worker_id)
+            direct = redis.asyncio.Redis.from_url(valkey.url)
+            try:
+
+                async def subscribed() -> bool:
+                    return bool((await direct.pubsub_numsub(channel))[0][1])
+
+                assert await subscribed()
+                proxy.refuse(True)
+                proxy.reset()
+                await asyncio.sleep(7.2)  # the pauses reached 3.2 s, then 5 s
+                assert not await subscribed()
+                proxy.refuse(False)
+                loop = asyncio.get_running_loop()
+                back = loop.time()
+                while not await subscribed():
+                    assert loop.time() - back < 2.0, "the subscription came back late"
+                    await asyncio.sleep(0.02)
+            finally:
+                await direct.aclose()
             await invariants.check()
