@@ -36,13 +36,17 @@ class Feeds:
         self.ready_seconds = ready_seconds  # how long ``add`` waits for the subscription
         self._listeners: dict[str, set[Listener]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._ready: dict[str, asyncio.Event] = {}
+        self._ready: dict[str, asyncio.Event] = {}  # set while the subscription is live
+        self._failed: dict[str, asyncio.Event] = {}  # set by the next failed attempt
         self._channels: dict[str, str] = {}  # a key that is not a thread id: its channel
 
     async def add(self, thread_id: str, listener: Listener, channel: str | None = None) -> None:
         """Register a listener; returns once the thread's subscription is live. A
-        subscription not live within ``ready_seconds`` (Redis down or overloaded) is
-        :class:`Unavailable`; on any failure the listener is removed again.
+        subscription not live within ``ready_seconds`` (Redis overloaded), or whose next
+        attempt fails (Redis down: it fails at once, design note 63), is
+        :class:`Unavailable`; on any failure the listener is removed again. A feed whose
+        subscription dropped is not live until it is back: a listener added meanwhile
+        waits for it, as the first one did (it was told the feed was live at once).
 
         ``channel``: subscribe ``thread_id`` (then any key) as that channel instead of the
         thread's (the per-user channel of ``gateway/watch.py`` shares this fan-out)."""
@@ -51,16 +55,23 @@ class Feeds:
         self._listeners.setdefault(thread_id, set()).add(listener)
         if thread_id not in self._tasks:
             ready = self._ready[thread_id] = asyncio.Event()
+            failed = self._failed[thread_id] = asyncio.Event()
             self._tasks[thread_id] = asyncio.create_task(self._follow(thread_id))
         else:
-            ready = self._ready[thread_id]
+            ready, failed = self._ready[thread_id], self._failed[thread_id]
+        if ready.is_set():
+            return
+        waits = [asyncio.ensure_future(ready.wait()), asyncio.ensure_future(failed.wait())]
         try:
-            await asyncio.wait_for(ready.wait(), self.ready_seconds)
-        except BaseException as exc:
+            await asyncio.wait(waits, timeout=self.ready_seconds, return_when="FIRST_COMPLETED")
+            if not ready.is_set():
+                raise Unavailable("the thread's live feed is not ready; try again")
+        except BaseException:
             self.remove(thread_id, listener)
-            if isinstance(exc, TimeoutError):
-                raise Unavailable("the thread's live feed is not ready; try again") from exc
             raise
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def listening(self, thread_id: str) -> int:
         """How many listeners follow the thread on this gateway."""
@@ -74,6 +85,7 @@ class Feeds:
         if not listeners:
             del self._listeners[thread_id]
             self._ready.pop(thread_id, None)
+            self._failed.pop(thread_id, None)
             self._channels.pop(thread_id, None)
             task = self._tasks.pop(thread_id, None)
             if task is not None:
@@ -99,6 +111,11 @@ class Feeds:
                 raise
             except Exception as exc:
                 log.warning("thread feed %s dropped (%s); re-subscribing", thread_id, exc)
+                if (ready := self._ready.get(thread_id)) is not None:
+                    ready.clear()  # not live until the next subscription is
+                if (failed := self._failed.get(thread_id)) is not None:
+                    failed.set()  # the listeners waiting for this attempt are told
+                    self._failed[thread_id] = asyncio.Event()
                 await asyncio.sleep(0.2)
 
     async def _dispatch(self, thread_id: str, hint: Hint) -> None:

@@ -12,11 +12,14 @@ worker's poll finds them in Postgres.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio
+import websockets
 
 from signoff.runtime import worker as worker_module
 from signoff.runtime.bus.client import Client, redis_from_url
@@ -176,4 +179,55 @@ async def test_the_fast_path_comes_back_within_a_second_or_so_of_redis(
                     await asyncio.sleep(0.02)
             finally:
                 await direct.aclose()
+            await invariants.check()
+
+
+async def resume(ws: Any, thread_id: str, frame_id: str) -> tuple[dict[str, Any], float]:
+    """Send ``resume`` for a thread on an authenticated socket; its answer and how long."""
+    t0 = time.monotonic()
+    await ws.send(json.dumps({"type": "resume", "id": frame_id, "thread_id": thread_id}))
+    async with asyncio.timeout(15):
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame.get("id") == frame_id:
+                return frame, time.monotonic() - t0
+
+
+async def test_a_resume_while_redis_is_down_is_refused_at_once_even_for_a_followed_thread(
+    database_url: str, valkey: EmbeddedServer, invariants: Invariants
+) -> None:
+    """A hostile probe: with Redis down, a `resume` of a thread no socket of the gateway
+    followed got its 503 after 10 s (the feed's wait for a subscription that could not
+    come); one of a thread another socket followed was acked at once, its feed not
+    listened to (docs/websocket.md says 503). Both are refused at the feed's next attempt
+    now, and answered once Redis is back."""
+    keys = Keys(f"down-ws-{secrets.token_hex(3)}:")
+    with Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with harness(database_url, model=Scripted(pix("10")), bus=bus, gateway=True) as h:
+            invariants.watch(database_url, h.tenant)
+            followed, other = await h.thread("alice"), await h.thread("alice")
+            url = h.base_url.replace("http", "ws", 1) + "/v1/ws"
+            auth = json.dumps({"type": "auth", "token": h.token("alice")})
+            async with websockets.connect(url) as first, websockets.connect(url) as second:
+                for ws in (first, second):
+                    await ws.send(auth)
+                    assert json.loads(await ws.recv())["type"] == "ready"
+                answer, _ = await resume(first, followed, "r1")
+                assert answer["type"] == "ack", answer
+                proxy.refuse(True)
+                proxy.reset()
+                await asyncio.sleep(1.0)  # the feed's subscription has dropped
+                for n, thread in enumerate((followed, other)):
+                    answer, took = await resume(second, thread, f"d{n}")
+                    assert (answer["type"], answer.get("status")) == ("error", 503), answer
+                    assert took < 3.0, took  # was 10 s for the thread nobody followed
+                proxy.refuse(False)
+                deadline = time.monotonic() + 10
+                while True:
+                    answer, _ = await resume(second, other, f"b{time.monotonic()}")
+                    if answer["type"] == "ack":
+                        break
+                    assert time.monotonic() < deadline, answer
+                    await asyncio.sleep(0.3)
             await invariants.check()
