@@ -61,6 +61,16 @@ STALL_PROBE_SECONDS = 0.5
 REDIS_UNANSWERED = "Redis did not answer; try again"
 
 
+def _before_sending(exc: BaseException) -> bool:
+    """A failure before the command left this process: the connection was refused or
+    could not be made (redis-py says "... connecting to host:port"), so nothing of the
+    command can have been applied. Anything else (a reset, a read that failed) may have
+    followed it out."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    return isinstance(exc, rx.ConnectionError) and " connecting to " in str(exc)
+
+
 def _not_answering(what: str) -> Unavailable:
     return Unavailable(f"Redis is not answering; {what} not sent", command=what)
 
@@ -232,17 +242,15 @@ class Client:
                     .unanswered()
                 ) from exc
             except RETRYABLE as exc:
+                sent = sent or not _before_sending(exc)
                 if delay is None or self.closed or self.failing:
                     self._fail(what, exc)
                     COUNTERS.inc("signoff_redis_errors_total")
-                    raise (
+                    raise said(
                         Unavailable(
                             f"Redis {what} failed after {attempt} tries: {exc}", command=what
-                        )
-                        .said_as(REDIS_UNANSWERED)
-                        .unanswered()
+                        ).said_as(REDIS_UNANSWERED)
                     ) from exc
-                sent = True
                 log.debug("Redis %s failed (%s); retry %d", what, exc, attempt)
                 COUNTERS.inc("signoff_redis_retries_total")
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))

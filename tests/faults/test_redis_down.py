@@ -17,6 +17,7 @@ import secrets
 import time
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio
 import websockets
@@ -231,3 +232,43 @@ async def test_a_resume_while_redis_is_down_is_refused_at_once_even_for_a_follow
                     assert time.monotonic() < deadline, answer
                     await asyncio.sleep(0.3)
             await invariants.check()
+
+
+@pytest.mark.no_store
+async def test_a_command_refused_before_it_was_sent_is_not_maybe_applied() -> None:
+    """A hostile probe: every message sent while Redis refused connections was answered
+    "may or may not have been queued", though no command had left the process (each
+    retryable failure counted as maybe applied). A refused connection is "not sent"."""
+    client = Client(redis_from_url("redis://127.0.0.1:1/0"))
+    try:
+        for _ in range(2):  # its retries, then one try (the client failing)
+            with pytest.raises(Unavailable) as caught:
+                await client.xadd("s", b"f", b"v")
+            assert not caught.value.maybe_applied, caught.value
+            with pytest.raises(Unavailable) as caught:
+                await client.publish("c", b"m")  # the pipelined connection's refusal
+            assert not caught.value.maybe_applied, caught.value
+    finally:
+        await client.close()
+
+
+async def test_messages_sent_while_redis_refuses_are_said_not_queued(
+    database_url: str, invariants: Invariants
+) -> None:
+    """The gateway side: a Redis whose port refuses connections (nothing listens there)
+    never got the message: a plain 503, not "may or may not have been queued"."""
+    bus = RedisBus.from_url("redis://127.0.0.1:1/0", Keys(f"down-msg-{secrets.token_hex(3)}:"))
+    async with harness(
+        database_url, model=Scripted(pix("10")), bus=bus, gateway=True, start_worker=False
+    ) as h:
+        invariants.watch(database_url, h.tenant)
+        thread = await h.thread("alice")
+        async with httpx.AsyncClient(base_url=h.base_url, timeout=30) as http:
+            headers = {"Authorization": f"Bearer {h.token('alice')}"}
+            for _ in range(3):  # its retries, then one try each
+                r = await http.post(
+                    f"/v1/threads/{thread}/messages", json={"text": "cobre"}, headers=headers
+                )
+                assert r.status_code == 503, r.text
+                assert "may or may not" not in r.json()["message"], r.text
+        await invariants.check()
