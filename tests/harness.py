@@ -4,13 +4,14 @@ demo on the session's shared database (each harness in a tenant of its own)."""
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import cast
 
 from signoff.demo import build
 from signoff.demo.provider import Provider
-from signoff.runtime.bus import Bus
+from signoff.runtime.bus import Bus, Job
 from signoff.runtime.config import Settings
 from signoff.runtime.models.base import Model
 from signoff.testing import FakeMessagesServer
@@ -26,6 +27,17 @@ class Harness(_Harness):
         await super().__aenter__()
         self.provider = cast(Provider, self.app.services)
         return self
+
+    def message(self, thread_id: str, user: str, text: str = "cobre") -> Job:
+        """A user message as a gateway queues it on the inbox (a fresh message id)."""
+        return Job(
+            thread_id=thread_id,
+            text=text,
+            user=user,
+            tenant=self.tenant,
+            channel="test",
+            message_id=str(uuid.uuid4()),
+        )
 
     async def charges(self) -> int:
         value = await self.provider.pool.fetchval(

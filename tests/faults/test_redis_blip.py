@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import uuid
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio
 
-from signoff.runtime.bus import Job
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
@@ -115,14 +113,7 @@ async def test_redis_cut_right_after_a_message_started_its_run_runs_it_once(
 
             h.store.start_run = start_then_cut
             thread = await h.thread("alice")
-            job = Job(
-                thread_id=thread,
-                text="cobre",
-                user="alice",
-                tenant=h.tenant,
-                channel="test",
-                message_id=str(uuid.uuid4()),
-            )
+            job = h.message(thread, "alice")
             await bus.enqueue(job)
             await asyncio.wait_for(cut.wait(), 10)
             loop = asyncio.get_running_loop()

@@ -8,14 +8,12 @@ than the lease let another worker take over the runs whose steps were still runn
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from signoff.runtime import drain
-from signoff.runtime.bus import Job
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from tests.conftest import migrated_database
@@ -223,14 +221,7 @@ async def test_a_first_turn_that_parks_during_the_drain_is_handed_over_with_its_
         model.release.clear()
         model.entered.clear()
         thread = await h.thread("carol")
-        job = Job(
-            thread_id=thread,
-            text="cobre",
-            user="carol",
-            tenant=h.tenant,
-            channel="test",
-            message_id=str(uuid.uuid4()),
-        )
+        job = h.message(thread, "carol")
         await h.bus.enqueue(job)
         await asyncio.wait_for(model.entered.wait(), 10)  # the first turn is in flight
         stop = asyncio.create_task(h.worker.stop())
