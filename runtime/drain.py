@@ -114,6 +114,9 @@ async def hand_over_idle(w: Worker) -> list[str]:
     except SignoffError as exc:
         log.warning("could not hand idle runs back during the drain (%s): after it", exc)
         return []
+    except Exception:  # whatever it is, the stop goes on: its runs are released after it
+        log.exception("could not hand idle runs back during the drain: after it")
+        return []
     for run_id in released:
         w.waits.drop_run(run_id)
     if released:

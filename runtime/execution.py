@@ -314,6 +314,10 @@ class Executor:
         # Only while this worker holds the run (a worker's executor): one adopted while
         # it was held up is the adopter's to execute (design note 49).
         holder = actor.removeprefix("worker:") if self.lease is not None else None
+        # Counted as started from before its statement, not once the hint after it went:
+        # a stopping worker's drain waits for the cards it counts, and one cut between
+        # its committed `executing` and its call was left for an operator, never sent.
+        self._started.add(card.id)
         # A begin whose answer was lost is told from another's by its token (note 50).
         begun = await begin(self.store, card.id, actor, holder, self.in_flight())
         prompt = self._may_send(epoch, began)  # before the hint: a slow Redis is no pause
@@ -322,6 +326,7 @@ class Executor:
         elif begun.ours:
             await self.notify.thread(card.thread_id)
         if not begun.ours:
+            self._started.discard(card.id)
             if begun.card.status is Status.EXECUTING:
                 # Another process started it first: a holder held up while the run was
                 # adopted, whose statement predates the adoption. Left to it for a lease,
@@ -330,7 +335,6 @@ class Executor:
             self._theirs.add(card.id)
             return begun.card
         started = begun.card
-        self._started.add(card.id)
         self.faults.hit("execute.after_start")
         unknown = False  # an attempt got no answer: the provider may have acted
         sent = True  # the outcome below is the provider's answer (not "nothing was sent")

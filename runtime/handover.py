@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from signoff.runtime import presence
+from signoff.runtime.backoff import doubling
 from signoff.runtime.errors import SignoffError, UnknownTool
 from signoff.runtime.metrics import COUNTERS
 from signoff.runtime.store import Store
@@ -42,7 +43,7 @@ async def hand_over(
         COUNTERS.inc("signoff_runs_handed_over_total")
         log.warning("%s: run %s handed to the workers that serve it", exc.message, run_id)
         return
-    delay = min(RETRY_SECONDS * 2**attempt, RETRY_MAX_SECONDS)
+    delay = doubling(RETRY_SECONDS, attempt, RETRY_MAX_SECONDS)
     log.error(
         "%s, and no live worker serves it: the card stays approved; run %s is looked "
         "at again in %.0fs",

@@ -20,6 +20,7 @@ from typing import Any
 from signoff.runtime import logs, slots, telemetry
 from signoff.runtime.agent import Agent
 from signoff.runtime.app import App
+from signoff.runtime.backoff import doubling
 from signoff.runtime.bus import Bus, Delivery
 from signoff.runtime.cards import Card
 from signoff.runtime.config import Settings
@@ -253,7 +254,7 @@ class Worker:
         except RunInactive:
             pass
         except Unavailable as again:
-            delay = min(0.5 * 2**attempt, 30.0)
+            delay = doubling(0.5, attempt, 30.0)
             log.warning("could not settle run %s (%s); again in %.1fs", run_id, again, delay)
             if not self.draining:
                 asyncio.get_running_loop().call_later(
@@ -349,7 +350,7 @@ class Worker:
         except Unavailable as exc:
             # The run is ours (we renew its lease) and no longer parked: unless we try
             # again, nobody continues it and its decisions wait for our restart (I6).
-            delay = min(0.5 * 2**attempt, 30.0, exc.detail.get("retry_after", 30.0))
+            delay = min(doubling(0.5, attempt, 30.0), exc.detail.get("retry_after", 30.0))
             level = logging.INFO if isinstance(exc, ExecutingElsewhere) else logging.WARNING
             log.log(level, "continuing run %s: %s; again in %.1fs", run_id, exc, delay)
             self.wakes.later(run_id, attempt + 1, delay)

@@ -25,6 +25,7 @@ from typing import Any
 from redis import exceptions as rx
 from redis.asyncio.connection import AbstractConnection
 
+from signoff.runtime.backoff import doubling
 from signoff.runtime.bus.client import Client
 from signoff.runtime.bus.protocol import Subscription
 from signoff.runtime.errors import Unavailable
@@ -198,6 +199,12 @@ class PubSub:
         self._connect_failures = 0
         self._links_made = 0  # the second and later are reconnects (a metric)
         self._reconnect_at = 0.0
+        # Connect attempts made per node, and the last one's refusal (None: it connected).
+        # A caller that queued on the lock while an attempt was made is told its outcome
+        # instead of making one more: each caller used to sleep out the pause and try in
+        # turn, so with N threads followed a new one's first try came N pauses later.
+        self._tries: dict[str, int] = {}
+        self._refused: dict[str, Unavailable] = {}
         self._closed = False
 
     @asynccontextmanager
@@ -257,6 +264,7 @@ class PubSub:
         await asyncio.shield(task)
 
     async def _ensure_link(self, node: str, channel: str) -> _Link:
+        tries = self._tries.get(node, 0)
         async with self._link_lock:
             if self._closed:
                 raise Unavailable("the Redis bus is closed")
@@ -264,6 +272,11 @@ class PubSub:
             if link is not None and link.error is None:
                 return link
             self._links.pop(node, None)
+            refused = self._refused.get(node)
+            if refused is not None and self._tries.get(node, 0) != tries:
+                # An attempt was made while this caller waited for the lock, and failed:
+                # that is this caller's answer too (one attempt per pause, not per caller).
+                raise Unavailable(refused.message, **refused.detail).said_as(refused.public)
             pause = self._reconnect_at - time.monotonic()
             if pause > 0:
                 await asyncio.sleep(pause)
@@ -271,11 +284,15 @@ class PubSub:
                 conn = await self._client.call(
                     "pub/sub connect", lambda: self._connect(node, channel)
                 )
-            except Unavailable:
+            except Unavailable as exc:
+                self._tries[node] = self._tries.get(node, 0) + 1
+                self._refused[node] = exc
                 self._connect_failures += 1
-                backoff = min(0.1 * 2**self._connect_failures, RECONNECT_BACKOFF_MAX)
+                backoff = doubling(0.1, self._connect_failures, RECONNECT_BACKOFF_MAX)
                 self._reconnect_at = time.monotonic() + backoff * random.uniform(0.8, 1.0)
                 raise
+            self._tries[node] = self._tries.get(node, 0) + 1
+            self._refused.pop(node, None)
             self._connect_failures = 0
             if self._closed:  # closed while connecting
                 await conn.disconnect()

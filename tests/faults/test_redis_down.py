@@ -22,12 +22,15 @@ import pytest
 import redis.asyncio
 import websockets
 
+from signoff.embedded.process import free_port
+from signoff.gateway.feed import Feeds
 from signoff.runtime import worker as worker_module
 from signoff.runtime.bus.client import Client, redis_from_url
 from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import Unavailable
+from signoff.runtime.hints import Hint, of_notice
 from signoff.runtime.keys import Keys
 from signoff.testing.servers import EmbeddedServer
 from tests.faults.conftest import Invariants
@@ -232,6 +235,67 @@ async def test_a_resume_while_redis_is_down_is_refused_at_once_even_for_a_follow
                     assert time.monotonic() < deadline, answer
                     await asyncio.sleep(0.3)
             await invariants.check()
+
+
+@pytest.mark.no_store
+async def test_a_gateway_following_many_threads_refuses_a_new_one_within_a_second(
+    valkey: EmbeddedServer,
+) -> None:
+    """A code review: every followed thread's feed queued on the pub/sub's connect lock
+    and each, in turn, slept out the shared reconnect pause and tried once, so with 15
+    threads followed (one chat page watches up to 20) a new thread's `resume` waited out
+    its 10 s feed wait (the socket's other frames, a `resolve` too, behind it). Callers
+    that waited while an attempt was made now share its outcome."""
+    keys = Keys(f"down-many-{secrets.token_hex(3)}:")
+    with Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        feeds = Feeds(bus, keys)
+        heard: list[str] = []
+
+        async def listener(hint: Hint) -> None:
+            heard.append(hint.notice)
+
+        try:
+            threads = [f"t-{n}" for n in range(20)]
+            for thread in threads:
+                await feeds.add(thread, listener)
+            proxy.refuse(True)
+            proxy.reset()
+            await asyncio.sleep(2.5)  # every feed dropped and is trying again
+            for n in range(3):
+                t0 = time.monotonic()
+                with pytest.raises(Unavailable):
+                    await feeds.add(f"new-{n}", listener)
+                assert time.monotonic() - t0 < 2.0, n  # was 10 s (the feed wait)
+            proxy.refuse(False)
+            t0 = time.monotonic()
+            await feeds.add("after", listener)  # back within the reconnect pause or so
+            assert time.monotonic() - t0 < 3.0
+            await bus.publish(keys.thread_channel("t-7"), of_notice("back", "r-7"))
+            deadline = time.monotonic() + 5
+            while "back" not in heard:  # the old feeds are live again too
+                assert time.monotonic() < deadline, heard
+                await asyncio.sleep(0.05)
+        finally:
+            await feeds.close()
+            await bus.close()
+
+
+@pytest.mark.no_store
+async def test_a_long_outage_keeps_its_reconnect_pause() -> None:
+    """A code review: the pause doubled with every failed connect, `0.1 * 2**n`, which
+    raises OverflowError at n = 1,023 (~17 minutes of a refusing Redis at one attempt a
+    second): the caller got an untyped error and the pause was never set again, so
+    every feed reconnected every 0.2 s."""
+    bus = RedisBus.from_url(f"redis://127.0.0.1:{free_port()}/0", Keys("down-long:"))
+    try:
+        bus.pubsub._connect_failures = 1_100
+        with pytest.raises(Unavailable):
+            async with bus.subscribe("down-long:c"):
+                pass
+        assert 0.5 < bus.pubsub._reconnect_at - time.monotonic() <= 1.0  # about a second
+    finally:
+        await bus.close()
 
 
 @pytest.mark.no_store

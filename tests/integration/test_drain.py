@@ -242,3 +242,34 @@ async def test_a_first_turn_that_parks_during_the_drain_is_handed_over_with_its_
         assert await holder(h, running.run_id) == h.worker.worker_id
         held.release.set()
         await asyncio.wait_for(stop, 15)
+
+
+async def test_a_card_begun_and_not_yet_hinted_is_waited_for(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code review: a card counted as started only once the hint after its committed
+    `executing` had gone, so a drain ending while that hint was slow (a slow Redis) cut
+    the card before its provider call: left `executing`, nothing sent, for an operator
+    to reconcile. It counts from before its statement now, and the drain waits for it."""
+    monkeypatch.setattr(drain, "DRAIN_SECONDS", 0.3)
+    settings = Settings(lease_seconds=2.0, tool_timeout_seconds=5.0)
+    async with harness(database_url, model=Scripted(pix("10")), settings=settings) as h:
+        card = await one_card(h)
+        begun = asyncio.Event()
+        notify = h.worker.agent.notify
+        real_thread = notify.thread
+
+        async def slow_thread(thread_id: str, *args: Any, **kwargs: Any) -> Any:
+            if thread_id == card.thread_id and (await h.card(card)).status is Status.EXECUTING:
+                begun.set()
+                await asyncio.sleep(2.0)  # the hint after the begin, slow to go
+            return await real_thread(thread_id, *args, **kwargs)
+
+        monkeypatch.setattr(notify, "thread", slow_thread)
+        await h.decide(card, Decision.APPROVE)
+        await asyncio.wait_for(begun.wait(), 10)
+        assert h.worker.agent.executor.executing() == 1
+        await h.worker.stop()
+        assert (await h.card(card)).status is Status.EXECUTED
+        assert await operations(h, card.id) == 1
+        assert await h.charges() == 1  # the provider was called, once
