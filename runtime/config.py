@@ -141,6 +141,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # A claim never marked sent/failed after this long is taken over by a live gateway
     # (its claimer died between claim and send; a rare duplicate, design note 24).
     whatsapp_claim_lease_seconds: Positive = 30.0
+    # An inbound message being handled is claimed this long (design note 64): a redelivery
+    # meanwhile is answered 503; one after a claim that lapsed unhandled (its gateway died)
+    # handles the message.
+    whatsapp_delivery_lease_seconds: Positive = 30.0
     # Redis client pool (runtime/bus/client.py): at most this many pooled connections per
     # process (the pub/sub and pipelined connections are one more each); a call beyond it
     # waits up to redis_pool_timeout_seconds for a free one, then fails as Unavailable.
@@ -239,6 +243,7 @@ _ENV: dict[str, str] = {
     "whatsapp_poll_seconds": "SIGNOFF_WHATSAPP_POLL_SECONDS",
     "whatsapp_send_attempts": "SIGNOFF_WHATSAPP_SEND_ATTEMPTS",
     "whatsapp_claim_lease_seconds": "SIGNOFF_WHATSAPP_CLAIM_LEASE_SECONDS",
+    "whatsapp_delivery_lease_seconds": "SIGNOFF_WHATSAPP_DELIVERY_LEASE_SECONDS",
     "redis_max_connections": "SIGNOFF_REDIS_MAX_CONNECTIONS",
     "redis_pool_timeout_seconds": "SIGNOFF_REDIS_POOL_TIMEOUT_SECONDS",
     "retention_days": "SIGNOFF_RETENTION_DAYS",

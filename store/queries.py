@@ -104,7 +104,8 @@ class Queries:
     app_processes_forget: str
     run_hand_over: str
     # the WhatsApp channel (store/whatsapp.py)
-    delivery_record: str
+    delivery_claim: str
+    delivery_handled: str
     delivery_forget: str
     wa_card_shown: str
     wa_contact_get: str

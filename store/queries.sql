@@ -1235,23 +1235,44 @@ RETURNING id::text;
 
 -- The WhatsApp channel (store/whatsapp.py, gateway/channels/whatsapp).
 
--- name: delivery_record
--- A channel delivery seen for the first time returns a row; a redelivery none.
-INSERT INTO deliveries (channel, message_id) VALUES ($1, $2)
-ON CONFLICT DO NOTHING
-RETURNING message_id;
+-- name: delivery_claim
+-- Claim channel delivery $2 for $3 seconds: 'claimed' the first time it is seen, or when
+-- an earlier claim lapsed before it was handled (its gateway died); 'handled' once its
+-- effect committed; 'busy' while another request holds a live claim on it (or claimed it
+-- while this statement ran: its row is not in this statement's snapshot).
+WITH claimed AS (
+    INSERT INTO deliveries (channel, message_id, claimed_until)
+    VALUES ($1, $2, now() + make_interval(secs => $3::float8))
+    ON CONFLICT (channel, message_id) DO UPDATE
+        SET claimed_until = EXCLUDED.claimed_until
+        WHERE NOT deliveries.handled AND deliveries.claimed_until < now()
+    RETURNING 1
+)
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM claimed) THEN 'claimed'
+    WHEN (SELECT handled FROM deliveries WHERE channel = $1 AND message_id = $2) THEN 'handled'
+    ELSE 'busy'
+END;
+
+-- name: delivery_handled
+-- The claimed delivery's effect committed: a redelivery is answered 200 and dropped.
+UPDATE deliveries SET handled = true WHERE channel = $1 AND message_id = $2;
 
 -- name: delivery_forget
-DELETE FROM deliveries WHERE channel = $1 AND message_id = $2;
+-- A claimed delivery that could not be handled: gone, so a redelivery is handled afresh.
+DELETE FROM deliveries WHERE channel = $1 AND message_id = $2 AND NOT handled;
 
 -- name: wa_card_shown
 -- Whether card $2's proposal (its 'card' entry in thread $1) was sent to the thread's
--- WhatsApp number: a text "ok" approves only a card the person was shown there.
+-- WhatsApp number before the person's message of unix second $3 (its `timestamp`, whole
+-- seconds: a send within that second counts): a text "ok" approves only a card the
+-- person had been shown when they wrote it, not one shown after a late redelivery.
 SELECT EXISTS (
     SELECT 1 FROM messages m
     JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
     WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' = $2::text
       AND o.status = 'sent'
+      AND o.sent_at < to_timestamp($3::bigint + 1)
 );
 
 -- name: wa_contact_get

@@ -106,10 +106,14 @@ CREATE TABLE operations (
     finished_at   timestamptz
 );
 
+-- A channel delivery (a WhatsApp message id): claimed until `claimed_until` by the request
+-- handling it, `handled` once its effect committed (design note 64).
 CREATE TABLE deliveries (
     channel      text NOT NULL,
     message_id   text NOT NULL,
     received_at  timestamptz NOT NULL DEFAULT now(),
+    handled      boolean NOT NULL DEFAULT false,
+    claimed_until timestamptz,
     PRIMARY KEY (channel, message_id)
 );
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, cast
 
 import msgspec
 
@@ -12,6 +12,8 @@ from signoff.store.connector import Connector
 from signoff.store.queries import SQL
 
 CHANNEL = "whatsapp"
+
+Claim = Literal["claimed", "handled", "busy"]
 
 
 class Outgoing(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,17 +33,25 @@ class WhatsAppRows:
     def __init__(self, db: Connector) -> None:
         self._db = db
 
-    async def record_delivery(self, channel: str, message_id: str) -> bool:
-        """True the first time ``message_id`` is seen on ``channel`` (any process)."""
-        return await self._db.fetchval(SQL.delivery_record, channel, message_id) is not None
+    async def claim_delivery(self, channel: str, message_id: str, lease_seconds: float) -> Claim:
+        """Claim ``message_id`` on ``channel`` for ``lease_seconds`` (any process; design
+        note 64): ``claimed`` (handle it, then :meth:`delivery_handled`), ``handled``
+        (seen before: drop it) or ``busy`` (another request holds a live claim)."""
+        found = await self._db.fetchval(SQL.delivery_claim, channel, message_id, lease_seconds)
+        return cast(Claim, str(found))
+
+    async def delivery_handled(self, channel: str, message_id: str) -> None:
+        """The claimed delivery's effect committed: its redeliveries are dropped."""
+        await self._db.execute(SQL.delivery_handled, channel, message_id)
 
     async def forget_delivery(self, channel: str, message_id: str) -> None:
-        """Undo ``record_delivery`` for a delivery that could not be handled (redelivered)."""
+        """Undo ``claim_delivery`` for a delivery that could not be handled (redelivered)."""
         await self._db.execute(SQL.delivery_forget, channel, message_id)
 
-    async def card_shown(self, thread_id: str, card_id: str) -> bool:
-        """Whether the card's proposal was sent to the thread's number."""
-        return bool(await self._db.fetchval(SQL.wa_card_shown, thread_id, card_id))
+    async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool:
+        """Whether the card's proposal was sent to the thread's number before ``before``
+        (the unix second of the person's message: a send within that second counts)."""
+        return bool(await self._db.fetchval(SQL.wa_card_shown, thread_id, card_id, before))
 
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None:
         value = await self._db.fetchval(SQL.wa_contact_get, tenant, wa_id)

@@ -12,9 +12,9 @@ set, Claude is used.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
+import uuid
 from typing import Any
 
 from signoff import Message, ModelReply, TextSink, ToolSpec
@@ -34,7 +34,6 @@ from signoff.demo.offline_words import (
 )
 
 LABEL = "[offline demo model] "
-_ids = itertools.count(1)
 
 # Words that start with a capital letter but are not a customer's name.
 _NOT_NAMES = frozenset(
@@ -135,7 +134,11 @@ def amount_of(part: str) -> str | None:
 def _use(name: str, data: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "tool_use",
-        "id": f"toolu_offline_{next(_ids):06d}",
+        # Random, not a count: a count started again with every process, and a thread's
+        # next call after a worker restart (or on another worker) repeated an id already
+        # in the thread, which the runtime refuses (runtime/replies.py): "I could not do
+        # that" to a plain request (a hostile probe).
+        "id": f"toolu_offline_{uuid.uuid4().hex[:24]}",
         "name": name,
         "input": data,
     }

@@ -12,9 +12,17 @@ from typing import Any
 import asyncpg
 import pytest
 
-from signoff.testing import FakeGraphAPI
+from signoff.testing import FakeGraphAPI, delivery, signed, text_message
 from tests.cluster import Cluster
-from tests.e2e.test_whatsapp import TOKEN, card_status, pending_card, say, wa_cluster
+from tests.e2e.test_whatsapp import (
+    SECRET,
+    TOKEN,
+    card_status,
+    pending_card,
+    post,
+    say,
+    wa_cluster,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -148,5 +156,30 @@ async def test_sim_does_not_approve_a_critical_card(yes: Cluster, database_url: 
             "SELECT count(*) FROM demo_charges WHERE idempotency_key = $1",
             str(card["operation_id"]),
         )
+    finally:
+        await db.close()
+
+
+async def test_sim_written_before_the_card_was_shown_approves_nothing(
+    yes: Cluster, database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A hostile probe: a "sim" answering an earlier card (superseded since by a
+    correction) and delivered again by Meta once the new card was shown approved the new
+    card, which the person had not seen when they wrote. A "sim" approves only a card
+    sent to the number before the message's own timestamp."""
+    me = "5511900000024"
+    await say(yes, me, "mude o e-mail da Ana para tarde@example.com")
+    db = await asyncpg.connect(database_url)
+    try:
+        card = await pending_card(db, me)
+        assert card["risk"] == "reversible"
+        await asyncio.to_thread(shown, graph, me)
+        late = text_message(me, "sim")
+        late["timestamp"] = str(int(time.time()) - 30)  # written before the card was sent
+        body = delivery(late)
+        assert post(yes, body, signed(body, SECRET), gw=1).status_code == 200
+        await reached_agent(db, card["thread_id"], '"sim"')  # a message like any other
+        await asyncio.sleep(0.5)
+        assert await approvals(db, card) == 0
     finally:
         await db.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -561,3 +563,19 @@ def test_a_card_that_ran_or_may_have_run_before_the_new_message_is_not_said_undo
     )
     text = said.content[0]["text"]
     assert "it may have been done" in text and "could not" not in text
+
+
+def test_call_ids_do_not_repeat_across_processes() -> None:
+    """A hostile probe: the ids were a count from 1 in every process, so after a worker
+    restart (or on the other worker) a thread's next call repeated an id already in it,
+    and the runtime refused the call: "I could not do that" to a plain request."""
+    script = (
+        "from signoff.demo.offline_model import intent; print(intent('cobra 150 do João')['id'])"
+    )
+    ids = [
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    ]
+    assert all(ids) and ids[0] != ids[1], ids

@@ -68,6 +68,26 @@ def test_inbound_messages_and_button_ids() -> None:
     assert inbound.messages(statuses, "100") == []
 
 
+@pytest.mark.parametrize(
+    ("stamp", "sent"),
+    [("1764000000", 1764000000), (1764000000, None), ("-5", None), ("1e9", None),
+     ("9" * 40, None), (None, None), ("", None), ("١٢٣", None)],
+)  # fmt: skip
+def test_a_messages_timestamp_is_read_only_as_unix_seconds(stamp: object, sent: object) -> None:
+    """When the person wrote (a text "ok" approves only a card shown before then); a
+    timestamp of another shape is none, never an error."""
+    msg: dict[str, object] = {
+        "id": "m",
+        "from": "551100001",
+        "type": "text",
+        "text": {"body": "sim"},
+    }
+    if stamp is not None:
+        msg["timestamp"] = stamp
+    [got] = inbound.messages(one(msg), "100")
+    assert got.sent == sent
+
+
 def waba(entry: object) -> dict[str, object]:
     return {"object": "whatsapp_business_account", "entry": entry}
 

@@ -25,6 +25,9 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
     wa_id: str
     text: str | None = None
     button_id: str | None = None
+    # When the person sent it (Meta's `timestamp`, unix seconds), None if it came without
+    # one: a text "ok" approves only a card shown to them before then.
+    sent: int | None = None
 
 
 def messages(payload: Any, phone_number_id: str) -> list[Inbound]:
@@ -69,6 +72,7 @@ def messages(payload: Any, phone_number_id: str) -> list[Inbound]:
 # channel's tenant, so anything else (a name, control characters) is not taken.
 _WA_ID = re.compile(r"[0-9]{5,20}")
 MAX_MESSAGE_ID = 256
+_STAMP = re.compile(r"[0-9]{1,11}")  # unix seconds, as Meta writes them (a string)
 MAX_BUTTON_ID = 128
 
 
@@ -88,16 +92,18 @@ def _one(msg: Any) -> Inbound | None:
     if not isinstance(mid, str) or not 0 < len(mid) <= MAX_MESSAGE_ID or not mid.isprintable():
         return None
     kind = msg.get("type")
+    stamp = msg.get("timestamp")
+    sent = int(stamp) if isinstance(stamp, str) and _STAMP.fullmatch(stamp) else None
     if kind == "text":
         body = _dict(msg.get("text")).get("body")
         if isinstance(body, str):
             body = clean_text(body)
             if body:
-                return Inbound(message_id=mid, wa_id=sender, text=body)
+                return Inbound(message_id=mid, wa_id=sender, text=body, sent=sent)
     elif kind == "interactive":
         bid = _dict(_dict(msg.get("interactive")).get("button_reply")).get("id")
         if isinstance(bid, str) and len(bid) <= MAX_BUTTON_ID:
-            return Inbound(message_id=mid, wa_id=sender, button_id=bid)
+            return Inbound(message_id=mid, wa_id=sender, button_id=bid, sent=sent)
     return None
 
 

@@ -6,7 +6,9 @@ Meta redelivers it. Button decisions take the web's path, ``Decisions.resolve``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from typing import Any, Protocol
 
@@ -42,10 +44,14 @@ from signoff.runtime.errors import (
 )
 from signoff.runtime.keys import Keys
 from signoff.runtime.store import Store
+from signoff.store.whatsapp import Claim
 
 log = logging.getLogger("signoff.whatsapp")
 
 CHANNEL = "whatsapp"
+# A message another request is handling: how long to wait for it, looking how often.
+BUSY_WAIT_SECONDS = 3.0
+BUSY_POLL_SECONDS = 0.1
 MAX_BODY = 1024 * 1024
 # Run ids derive from the inbox message id (design note 5); WhatsApp's own message id
 # makes that id stable across Meta's redeliveries too.
@@ -53,10 +59,13 @@ _NS = uuid.UUID("5f0e1d52-8c35-4d7e-9a53-0d3f3a1c9b11")
 
 
 class ChannelRows(OutboundRows, Protocol):
-    async def record_delivery(self, channel: str, message_id: str) -> bool: ...
+    async def claim_delivery(
+        self, channel: str, message_id: str, lease_seconds: float
+    ) -> Claim: ...
+    async def delivery_handled(self, channel: str, message_id: str) -> None: ...
     async def forget_delivery(self, channel: str, message_id: str) -> None: ...
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None: ...
-    async def card_shown(self, thread_id: str, card_id: str) -> bool: ...
+    async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
@@ -148,9 +157,23 @@ class WhatsAppChannel:
             return error_response(exc)
         refused: SignoffError | None = None
         failed = False
+        lease = self.settings.whatsapp_delivery_lease_seconds
         for item in items:
-            if not await self.rows.record_delivery(CHANNEL, item.message_id):
+            # Claimed for a lease, marked handled once its effect committed (design note
+            # 64): a gateway killed while handling it leaves a claim that lapses, and a
+            # redelivery after that handles it (a decision or a message is applied once
+            # however often it is handled: a card is decided once, a message's run id is
+            # its WhatsApp id's).
+            claim = await self._claim(item.message_id, lease)
+            if claim == "handled":
                 continue  # seen before: by this gateway, another one, or days ago
+            if claim == "busy":  # being handled elsewhere (or by a gateway that died)
+                refused = refused or Unavailable(
+                    "a message of this delivery is being handled by another request; "
+                    "send it again later",
+                    retry_after=lease,
+                )
+                continue
             try:
                 await self.handle(item)
             except (RateLimited, Unavailable, UnknownTool) as exc:
@@ -170,11 +193,30 @@ class WhatsAppChannel:
                 await self.rows.forget_delivery(CHANNEL, item.message_id)
                 log.exception("WhatsApp message %s from %s failed", item.message_id, item.wa_id)
                 failed = True
+            else:
+                try:
+                    await self.rows.delivery_handled(CHANNEL, item.message_id)
+                except SignoffError as exc:  # handled all the same: a redelivery after the
+                    # lease handles it again, which changes nothing (see above)
+                    log.warning(
+                        "WhatsApp message %s: not marked handled (%s)", item.message_id, exc
+                    )
         if failed:
             return error_response(Internal("a message of this delivery could not be handled"))
         if refused is not None:
             return error_response(refused)
         return json_response({"ok": True})
+
+    async def _claim(self, message_id: str, lease: float) -> Claim:
+        """The delivery's claim; a claim another request holds is waited for a little
+        (Meta sends a message twice at once now and then: the second is answered 200 once
+        the first is handled, not 503 and sent again)."""
+        deadline = time.monotonic() + BUSY_WAIT_SECONDS
+        while True:
+            claim = await self.rows.claim_delivery(CHANNEL, message_id, lease)
+            if claim != "busy" or time.monotonic() >= deadline:
+                return claim
+            await asyncio.sleep(BUSY_POLL_SECONDS)
 
     async def handle(self, item: inbound.Inbound) -> None:
         if item.button_id is not None:
@@ -208,13 +250,15 @@ class WhatsAppChannel:
             card = policy.card_to_confirm(
                 item.text, pending, self.settings.whatsapp_text_confirm_max_risk
             )
-            # Only a card this number was shown: an "ok" written before the card reached
-            # WhatsApp (or while its sending failed) answers something else, maybe the
-            # assistant's text, and is a message like any other.
+            # Only a card this number had been shown when it wrote (Meta's timestamp): an
+            # "ok" written before the card reached WhatsApp (or while its sending failed),
+            # or delivered again after a newer card replaced the one it answered, is about
+            # something else, and is a message like any other.
             if (
                 card is not None
                 and card.owner == item.wa_id
-                and await self.rows.card_shown(thread_id, card.id)
+                and item.sent is not None
+                and await self.rows.card_shown(thread_id, card.id, item.sent)
             ):
                 await self.decide(item, card, Decision.APPROVE)
                 return
