@@ -271,11 +271,12 @@ async def test_a_gateway_following_many_threads_refuses_a_new_one_within_a_secon
             t0 = time.monotonic()
             await feeds.add("after", listener)  # back within the reconnect pause or so
             assert time.monotonic() - t0 < 3.0
-            await bus.publish(keys.thread_channel("t-7"), of_notice("back", "r-7"))
-            deadline = time.monotonic() + 5
-            while "back" not in heard:  # the old feeds are live again too
+            deadline = time.monotonic() + 10
+            while "back" not in heard:  # the old feeds are live again too (pub/sub: a
+                # hint published before its feed is back is not heard, so again)
+                await bus.publish(keys.thread_channel("t-7"), of_notice("back", "r-7"))
                 assert time.monotonic() < deadline, heard
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.1)
         finally:
             await feeds.close()
             await bus.close()
