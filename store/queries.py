@@ -105,6 +105,7 @@ class Queries:
     run_hand_over: str
     # the WhatsApp channel (store/whatsapp.py)
     delivery_claim: str
+    delivery_effect: str
     delivery_handled: str
     delivery_forget: str
     wa_card_shown: str

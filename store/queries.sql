@@ -1237,7 +1237,8 @@ RETURNING id::text;
 
 -- name: delivery_claim
 -- Claim channel delivery $2 for $3 seconds: 'claimed' the first time it is seen, or when
--- an earlier claim lapsed before it was handled (its gateway died); 'handled' once its
+-- an earlier claim lapsed before it was handled (its gateway died: then with the effect
+-- its handling had chosen, if it had written one); 'handled' once its
 -- effect committed; 'busy' while another request holds a live claim on it (or claimed it
 -- while this statement ran: its row is not in this statement's snapshot).
 WITH claimed AS (
@@ -1246,13 +1247,18 @@ WITH claimed AS (
     ON CONFLICT (channel, message_id) DO UPDATE
         SET claimed_until = EXCLUDED.claimed_until
         WHERE NOT deliveries.handled AND deliveries.claimed_until < now()
-    RETURNING 1
+    RETURNING effect
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM claimed) THEN 'claimed'
     WHEN (SELECT handled FROM deliveries WHERE channel = $1 AND message_id = $2) THEN 'handled'
     ELSE 'busy'
-END;
+END AS state, (SELECT effect FROM claimed) AS effect;
+
+-- name: delivery_effect
+-- What the claimed delivery's handling chose to do ($3), before doing it: a redelivery
+-- after a lapsed claim does the same.
+UPDATE deliveries SET effect = $3 WHERE channel = $1 AND message_id = $2 AND NOT handled;
 
 -- name: delivery_handled
 -- The claimed delivery's effect committed: a redelivery is answered 200 and dropped.

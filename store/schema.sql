@@ -107,13 +107,15 @@ CREATE TABLE operations (
 );
 
 -- A channel delivery (a WhatsApp message id): claimed until `claimed_until` by the request
--- handling it, `handled` once its effect committed (design note 64).
+-- handling it, `handled` once its effect committed, `effect` what its first handling chose
+-- when that depends on the moment (replayed by a redelivery; design note 64).
 CREATE TABLE deliveries (
     channel      text NOT NULL,
     message_id   text NOT NULL,
     received_at  timestamptz NOT NULL DEFAULT now(),
     handled      boolean NOT NULL DEFAULT false,
     claimed_until timestamptz,
+    effect       text,
     PRIMARY KEY (channel, message_id)
 );
 

@@ -16,6 +16,12 @@ CHANNEL = "whatsapp"
 Claim = Literal["claimed", "handled", "busy"]
 
 
+class DeliveryClaim(msgspec.Struct, frozen=True, kw_only=True):
+    state: Claim
+    # What an earlier handling of a claim that lapsed chose to do (to do again), if any.
+    effect: str | None = None
+
+
 class Outgoing(msgspec.Struct, frozen=True, kw_only=True):
     """A thread-log entry of a WhatsApp thread, claimed by one gateway to send."""
 
@@ -33,12 +39,19 @@ class WhatsAppRows:
     def __init__(self, db: Connector) -> None:
         self._db = db
 
-    async def claim_delivery(self, channel: str, message_id: str, lease_seconds: float) -> Claim:
+    async def claim_delivery(
+        self, channel: str, message_id: str, lease_seconds: float
+    ) -> DeliveryClaim:
         """Claim ``message_id`` on ``channel`` for ``lease_seconds`` (any process; design
         note 64): ``claimed`` (handle it, then :meth:`delivery_handled`), ``handled``
         (seen before: drop it) or ``busy`` (another request holds a live claim)."""
-        found = await self._db.fetchval(SQL.delivery_claim, channel, message_id, lease_seconds)
-        return cast(Claim, str(found))
+        row = await self._db.fetchrow(SQL.delivery_claim, channel, message_id, lease_seconds)
+        assert row is not None
+        return DeliveryClaim(state=cast(Claim, str(row["state"])), effect=row["effect"])
+
+    async def delivery_effect(self, channel: str, message_id: str, effect: str) -> None:
+        """What the claimed delivery's handling chose, written before it is done."""
+        await self._db.execute(SQL.delivery_effect, channel, message_id, effect)
 
     async def delivery_handled(self, channel: str, message_id: str) -> None:
         """The claimed delivery's effect committed: its redeliveries are dropped."""

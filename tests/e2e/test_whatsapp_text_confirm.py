@@ -68,6 +68,14 @@ def shown(graph: FakeGraphAPI, me: str) -> None:
     graph.wait_for(lambda m: m["to"] == me and m["type"] == "interactive", 30)
 
 
+def shown_twice(graph: FakeGraphAPI, me: str) -> None:
+    """Wait until a second card reached the number."""
+    deadline = time.monotonic() + 30
+    while len(graph.matching(lambda m: m["to"] == me and m["type"] == "interactive")) < 2:
+        assert time.monotonic() < deadline, "the second card was never sent"
+        time.sleep(0.05)
+
+
 async def test_sim_approves_the_one_pending_non_critical_card(
     yes: Cluster, database_url: str, graph: FakeGraphAPI
 ) -> None:
@@ -181,5 +189,49 @@ async def test_sim_written_before_the_card_was_shown_approves_nothing(
         await reached_agent(db, card["thread_id"], '"sim"')  # a message like any other
         await asyncio.sleep(0.5)
         assert await approvals(db, card) == 0
+    finally:
+        await db.close()
+
+
+async def test_a_sim_handled_again_after_its_claim_lapsed_does_what_it_did_first(
+    yes: Cluster, database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A hostile probe: a "sim" that approved its card, on a gateway killed before the
+    delivery was marked handled, was handled again by Meta's redelivery after the claim
+    lapsed; its card no longer pending, it went to the agent as a message, a second model
+    turn, which superseded the card the person had asked for meanwhile. What the first
+    handling chose is written before it is done, and a redelivery does the same."""
+    me = "5511900000025"
+    await say(yes, me, "mude o e-mail da Ana para primeiro@example.com")
+    db = await asyncpg.connect(database_url)
+    try:
+        first = await pending_card(db, me)
+        await asyncio.to_thread(shown, graph, me)
+        sim = text_message(me, "sim")
+        body = delivery(sim)
+        assert post(yes, body, signed(body, SECRET)).status_code == 200
+        await card_status(db, first["id"], "executed")
+        # The state a gateway killed right after the decision leaves: the claim lapses.
+        await db.execute(
+            "UPDATE deliveries SET handled = false, claimed_until = now() - interval '1 s' "
+            "WHERE channel = 'whatsapp' AND message_id = $1",
+            sim["id"],
+        )
+        await asyncio.sleep(1.5)  # the next card is shown after the "sim" was written
+        await say(yes, me, "mude o e-mail do João para segundo@example.com")
+        second = await pending_card(db, me)
+        await asyncio.to_thread(shown_twice, graph, me)
+        assert second["id"] != first["id"]
+        assert post(yes, body, signed(body, SECRET), gw=1).status_code == 200
+        await asyncio.sleep(1.0)
+        assert await db.fetchval("SELECT status FROM cards WHERE id = $1", second["id"]) == (
+            "pending"
+        )
+        assert await approvals(db, first) == 1
+        assert not await db.fetchval(  # not a message for the agent either
+            "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
+            " AND body::text LIKE '%\"sim\"%'",
+            first["thread_id"],
+        )
     finally:
         await db.close()

@@ -50,7 +50,7 @@ async def outbound(
 
 async def delivery(store: PostgresStore, days_old: float) -> str:
     message_id = f"wamid.in.{secrets.token_hex(8)}"
-    assert await store.whatsapp.claim_delivery(CHANNEL, message_id, 30) == "claimed"
+    assert (await store.whatsapp.claim_delivery(CHANNEL, message_id, 30)).state == "claimed"
     await store.whatsapp.delivery_handled(CHANNEL, message_id)
     await store.pool.execute(
         "UPDATE deliveries SET received_at = now() - make_interval(secs => $2) "
@@ -147,7 +147,7 @@ async def test_deliveries_are_kept_for_metas_redelivery_window_whatever_the_rule
     assert (done.deliveries, done.deliveries_days) == (3, 7)
     assert await deliveries_left(store, [fresh, recent, *old]) == {fresh, recent}
     # A pruned id is a new delivery again (Meta stopped redelivering it days ago).
-    assert await store.whatsapp.claim_delivery(CHANNEL, old[0], 30) == "claimed"
+    assert (await store.whatsapp.claim_delivery(CHANNEL, old[0], 30)).state == "claimed"
 
     # The policy's longest rule wins when it is longer than 7 days.
     nine = await delivery(store, 9)

@@ -57,10 +57,10 @@ async def test_a_message_that_fails_is_redelivered_and_the_others_are_handled(
         handle = channel.handle
         broken = {bad["id"]}
 
-        async def failing(item: inbound.Inbound) -> None:
+        async def failing(item: inbound.Inbound, effect: str | None = None) -> None:
             if item.message_id in broken:
                 raise RuntimeError("a bug in handling this one")
-            await handle(item)
+            await handle(item, effect)
 
         monkeypatch.setattr(channel, "handle", failing)
         body = delivery(bad, good)
@@ -105,7 +105,7 @@ async def test_a_message_claimed_by_a_gateway_that_died_is_handled_once_its_clai
         body = delivery(message)
         rows = h.store.whatsapp
         # Another gateway claimed it and died before handling it.
-        assert await rows.claim_delivery("whatsapp", message["id"], 30) == "claimed"
+        assert (await rows.claim_delivery("whatsapp", message["id"], 30)).state == "claimed"
 
         async def post() -> httpx.Response:
             async with httpx.AsyncClient(base_url=h.base_url) as client:
@@ -125,4 +125,4 @@ async def test_a_message_claimed_by_a_gateway_that_died_is_handled_once_its_clai
         assert [j.text for j in await queued_jobs(h)] == ["cobre 12 do João"]
         assert (await post()).status_code == 200  # handled: dropped
         assert await queued_jobs(h) == []
-        assert await rows.claim_delivery("whatsapp", message["id"], 30) == "handled"
+        assert (await rows.claim_delivery("whatsapp", message["id"], 30)).state == "handled"

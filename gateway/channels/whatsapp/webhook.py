@@ -44,7 +44,7 @@ from signoff.runtime.errors import (
 )
 from signoff.runtime.keys import Keys
 from signoff.runtime.store import Store
-from signoff.store.whatsapp import Claim
+from signoff.store.whatsapp import DeliveryClaim
 
 log = logging.getLogger("signoff.whatsapp")
 
@@ -52,6 +52,9 @@ CHANNEL = "whatsapp"
 # A message another request is handling: how long to wait for it, looking how often.
 BUSY_WAIT_SECONDS = 3.0
 BUSY_POLL_SECONDS = 0.1
+# A text's effect under SIGNOFF_WHATSAPP_TEXT_CONFIRM (deliveries.effect).
+CONFIRM = "confirm:"
+MESSAGE = "message"
 MAX_BODY = 1024 * 1024
 # Run ids derive from the inbox message id (design note 5); WhatsApp's own message id
 # makes that id stable across Meta's redeliveries too.
@@ -61,7 +64,8 @@ _NS = uuid.UUID("5f0e1d52-8c35-4d7e-9a53-0d3f3a1c9b11")
 class ChannelRows(OutboundRows, Protocol):
     async def claim_delivery(
         self, channel: str, message_id: str, lease_seconds: float
-    ) -> Claim: ...
+    ) -> DeliveryClaim: ...
+    async def delivery_effect(self, channel: str, message_id: str, effect: str) -> None: ...
     async def delivery_handled(self, channel: str, message_id: str) -> None: ...
     async def forget_delivery(self, channel: str, message_id: str) -> None: ...
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None: ...
@@ -165,9 +169,9 @@ class WhatsAppChannel:
             # however often it is handled: a card is decided once, a message's run id is
             # its WhatsApp id's).
             claim = await self._claim(item.message_id, lease)
-            if claim == "handled":
+            if claim.state == "handled":
                 continue  # seen before: by this gateway, another one, or days ago
-            if claim == "busy":  # being handled elsewhere (or by a gateway that died)
+            if claim.state == "busy":  # being handled elsewhere (or by a gateway that died)
                 refused = refused or Unavailable(
                     "a message of this delivery is being handled by another request; "
                     "send it again later",
@@ -175,7 +179,7 @@ class WhatsAppChannel:
                 )
                 continue
             try:
-                await self.handle(item)
+                await self.handle(item, claim.effect)
             except (RateLimited, Unavailable, UnknownTool) as exc:
                 # Over the sender's turn quota, the inbox unreachable, or a card of a tool
                 # this version does not serve (a rolling deploy): not taken, not counted as
@@ -207,22 +211,23 @@ class WhatsAppChannel:
             return error_response(refused)
         return json_response({"ok": True})
 
-    async def _claim(self, message_id: str, lease: float) -> Claim:
+    async def _claim(self, message_id: str, lease: float) -> DeliveryClaim:
         """The delivery's claim; a claim another request holds is waited for a little
         (Meta sends a message twice at once now and then: the second is answered 200 once
         the first is handled, not 503 and sent again)."""
         deadline = time.monotonic() + BUSY_WAIT_SECONDS
         while True:
             claim = await self.rows.claim_delivery(CHANNEL, message_id, lease)
-            if claim != "busy" or time.monotonic() >= deadline:
+            if claim.state != "busy" or time.monotonic() >= deadline:
                 return claim
             await asyncio.sleep(BUSY_POLL_SECONDS)
 
-    async def handle(self, item: inbound.Inbound) -> None:
+    async def handle(self, item: inbound.Inbound, effect: str | None = None) -> None:
+        """``effect``: what an earlier handling of this message chose (design note 64)."""
         if item.button_id is not None:
             await self.button(item)
         elif item.text is not None:
-            await self.text(item)
+            await self.text(item, effect)
 
     async def thread_of(self, wa_id: str) -> str:
         """The number's thread in this tenant, made on its first message."""
@@ -241,26 +246,21 @@ class WhatsAppChannel:
         await announce_thread(self.bus, self.quotas.keys, self.tenant, wa_id)
         return bound
 
-    async def text(self, item: inbound.Inbound) -> None:
+    async def text(self, item: inbound.Inbound, effect: str | None = None) -> None:
         assert item.text is not None
         thread_id = await self.thread_of(item.wa_id)
         await self.rows.touch_inbound(self.tenant, item.wa_id)
         if self.settings.whatsapp_text_confirm:
-            pending = await self.store.pending_cards(thread_id)
-            card = policy.card_to_confirm(
-                item.text, pending, self.settings.whatsapp_text_confirm_max_risk
-            )
-            # Only a card this number had been shown when it wrote (Meta's timestamp): an
-            # "ok" written before the card reached WhatsApp (or while its sending failed),
-            # or delivered again after a newer card replaced the one it answered, is about
-            # something else, and is a message like any other.
-            if (
-                card is not None
-                and card.owner == item.wa_id
-                and item.sent is not None
-                and await self.rows.card_shown(thread_id, card.id, item.sent)
-            ):
-                await self.decide(item, card, Decision.APPROVE)
+            # Approve a card, or pass the text on: chosen once and written before it is
+            # done, so a redelivery after a lapsed claim does the same (handled again, a
+            # "sim" whose card was approved meanwhile became a message superseding the
+            # person's next card: a hostile probe).
+            again = effect is not None
+            if effect is None:
+                effect = await self._confirms(item, thread_id)
+                await self.rows.delivery_effect(CHANNEL, item.message_id, effect)
+            if effect.startswith(CONFIRM):
+                await self._confirm(item, effect.removeprefix(CONFIRM), again)
                 return
         text = item.text.strip()[:8000]
         message_id = str(uuid.uuid5(_NS, item.message_id))
@@ -276,6 +276,34 @@ class WhatsAppChannel:
                     message_id=message_id,
                 )
             )
+
+    async def _confirms(self, item: inbound.Inbound, thread_id: str) -> str:
+        """``confirm:<card id>`` if the text confirms a card, else ``message``."""
+        assert item.text is not None
+        pending = await self.store.pending_cards(thread_id)
+        card = policy.card_to_confirm(
+            item.text, pending, self.settings.whatsapp_text_confirm_max_risk
+        )
+        # Only a card this number had been shown when it wrote (Meta's timestamp): an
+        # "ok" written before the card reached WhatsApp (or while its sending failed), or
+        # delivered again after a newer card replaced the one it answered, is about
+        # something else, and is a message like any other.
+        if (
+            card is not None
+            and card.owner == item.wa_id
+            and item.sent is not None
+            and await self.rows.card_shown(thread_id, card.id, item.sent)
+        ):
+            return CONFIRM + card.id
+        return MESSAGE
+
+    async def _confirm(self, item: inbound.Inbound, card_id: str, again: bool) -> None:
+        try:
+            card = await self.store.get_card(card_id)
+        except CardNotFound:  # gone since (retention)
+            log.info("WhatsApp confirmation for unknown card %s ignored", card_id)
+            return
+        await self.decide(item, card, Decision.APPROVE, again=again)
 
     async def button(self, item: inbound.Inbound) -> None:
         assert item.button_id is not None
@@ -295,7 +323,10 @@ class WhatsAppChannel:
             await self.rows.touch_inbound(self.tenant, item.wa_id)
         await self.decide(item, card, decision)
 
-    async def decide(self, item: inbound.Inbound, card: Card, decision: Decision) -> None:
+    async def decide(
+        self, item: inbound.Inbound, card: Card, decision: Decision, *, again: bool = False
+    ) -> None:
+        """``again``: this message's decision handled a second time (a lapsed claim)."""
         res = Resolution(decision=decision, snapshot_hash=card.snapshot_hash)
         try:
             await self.decisions.resolve(
@@ -326,6 +357,8 @@ class WhatsAppChannel:
                 )
                 return
             fresh = await self.store.get_card(card.id)
+            if again and fresh.decided_by == item.wa_id:
+                return  # most likely this message's own decision: nothing to tell
             await self.reply(item, outbound.decided_notice(fresh.public()))
 
     async def reply(self, item: inbound.Inbound, body: str) -> None:
