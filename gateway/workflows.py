@@ -38,6 +38,8 @@ class ResumeIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class EventIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The sender's own id for the event: sent again, it applies nothing (design note 65).
+    event_id: str | None = None
 
 
 def run_body(run: WorkflowRun, interrupts: list[Interrupt] | None = None) -> dict[str, Any]:
@@ -94,6 +96,7 @@ class WorkflowRoutes:
             tenant=who.tenant,
             by=who.user,
             role=who.role,
+            event_id=body.event_id,
         )
         run = passed.run
         if run.owner == who.user:
@@ -101,6 +104,8 @@ class WorkflowRoutes:
         else:  # a service or admin principal may deliver, not read (its input, its state)
             out = {"run": {"id": run.id, "workflow": run.workflow, "status": str(run.status)}}
         out["delivered"] = "kept" if passed.buffered else "passed"
+        if passed.repeated:
+            out["repeated"] = True  # this event_id was delivered before: nothing applied now
         return json_response(out, 202 if passed.buffered else 200)
 
     async def retry(self, request: Request, who: Principal) -> Response:

@@ -133,6 +133,7 @@ class WorkflowStore(Protocol):
         n_steps: int,
         kept_limit: int = 0,
         kept_window: float = 0.0,
+        event_id: str | None = None,
     ) -> Passed: ...
 
     async def time_out(

@@ -144,6 +144,8 @@ class Queries:
     wf_interrupts_cancel: str
     wf_interrupts_overdue: str
     wf_event_insert: str
+    wf_event_id_get: str
+    wf_event_id_record: str
     wf_events_kept: str
     wf_event_take: str
     wf_pass_gate: str

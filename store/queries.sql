@@ -1601,6 +1601,15 @@ ORDER BY i.deadline LIMIT $1;
 INSERT INTO workflow_events (id, run_id, name, payload, delivered_by)
 VALUES ($1, $2, $3, $4, $5);
 
+-- name: wf_event_id_get
+-- What the delivery of run $1's event $2 (its sender's id) did, if it was delivered.
+SELECT name, kept FROM workflow_event_ids WHERE run_id = $1 AND event_id = $2;
+
+-- name: wf_event_id_record
+-- Run $1's event $2 (named $3) was delivered: passed a gate, or kept ($4); under the run's
+-- lock, in the delivery's transaction.
+INSERT INTO workflow_event_ids (run_id, event_id, name, kept) VALUES ($1, $2, $3, $4);
+
 -- name: wf_events_kept
 -- How many events run $1 keeps that a gate may still take: not consumed, delivered within
 -- the last $2 seconds (the longest lookback of the gates that take them; older ones can

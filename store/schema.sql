@@ -242,6 +242,16 @@ CREATE TABLE workflow_events (
     consumed_at   timestamptz
 );
 CREATE INDEX workflow_events_waiting ON workflow_events (run_id, name, delivered_at) WHERE consumed_at IS NULL;
+-- An event's own id (its sender's), with what its delivery did (passed a gate, or kept):
+-- the same id again applies nothing (design note 65).
+CREATE TABLE workflow_event_ids (
+    run_id        uuid NOT NULL REFERENCES workflow_runs (id) ON DELETE CASCADE,
+    event_id      text NOT NULL,
+    name          text NOT NULL,
+    kept          boolean NOT NULL,
+    delivered_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, event_id)
+);
 -- Retention (migration 0009, `signoff prune`): ON DELETE CASCADE needs an index on every
 -- referencing column; threads are picked oldest first.
 CREATE INDEX threads_created ON threads (created_at);

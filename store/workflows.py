@@ -16,6 +16,7 @@ import msgspec
 
 from signoff.runtime.errors import (
     EventsFull,
+    InvalidInput,
     NotParked,
     NotRetriable,
     RunInactive,
@@ -345,16 +346,30 @@ class WorkflowRows:
         n_steps: int,
         kept_limit: int = 0,
         kept_window: float = 0.0,
+        event_id: str | None = None,
     ) -> Passed:
         """Deliver event ``name``: pass the gate the run waits at if it waits for that
         event; else keep it if a gate at or after the run's step takes it with a lookback
         (``EventsFull`` when the run keeps ``kept_limit`` already, counting those of the
-        last ``kept_window`` seconds; 0: no limit); else
-        ``WrongEvent`` (it waits for another event) or ``NotParked``."""
+        last ``kept_window`` seconds; 0: no limit); else ``WrongEvent`` (it waits for
+        another event) or ``NotParked``. An ``event_id`` delivered before applies nothing
+        and is answered as it was (``repeated``; design note 65)."""
         rid = _id(run_id)
 
         async def go(conn: Conn) -> Passed:
             run, live = await _lock(conn, rid)
+            seen = event_id and await conn.fetchrow(SQL.wf_event_id_get, rid, event_id)
+            if seen and seen["name"] != name:
+                raise InvalidInput(f"event_id {event_id!r} names another event of this run")
+            if seen:  # delivered before: answered as it was, nothing applied
+                was = {"buffered": bool(seen["kept"]), "repeated": True}
+                return Passed(run=run, interrupt=None, holder_live=live, **was)
+            passed = await deliver(conn, run, live)
+            if event_id is not None:
+                await conn.execute(SQL.wf_event_id_record, rid, event_id, name, passed.buffered)
+            return passed
+
+        async def deliver(conn: Conn, run: WorkflowRun, live: bool) -> Passed:
             found = await _open(conn, rid) if run.status in PARKED_WORKFLOW else None
             if found is not None and found[0].kind == "event" and found[0].event == name:
                 payload = payload_for(run.step)

@@ -93,3 +93,4 @@ class Passed(msgspec.Struct, frozen=True, kw_only=True):
     interrupt: Interrupt | None
     holder_live: bool
     buffered: bool = False
+    repeated: bool = False  # an event id delivered before: nothing applied now

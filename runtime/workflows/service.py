@@ -6,6 +6,7 @@ else the inbox); a hint that fails never fails the call (Postgres has the resolu
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -40,6 +41,8 @@ from signoff.runtime.workflows.records import Interrupt, Passed, WorkflowRun
 EVENT_ROLES = frozenset({"service", "admin"})
 # The window of SIGNOFF_QUOTA_WORKFLOW_RUNS_PER_MINUTE.
 RUNS_WINDOW_SECONDS = 60.0
+# An event's own id, chosen by its sender (as a message's idempotency key).
+EVENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 
 
 class CheckEdit(Protocol):
@@ -256,14 +259,28 @@ class WorkflowService:
         return passed.run
 
     async def deliver_event(
-        self, run_id: str, name: str, payload: Any, *, tenant: str, by: str, role: str = "user"
+        self,
+        run_id: str,
+        name: str,
+        payload: Any,
+        *,
+        tenant: str,
+        by: str,
+        role: str = "user",
+        event_id: str | None = None,
     ) -> Passed:
         """Deliver event ``name`` to a run: passes the gate it waits at for that event, or
         is kept for a later gate with a lookback (``buffered``); else ``WrongEvent`` /
-        ``NotParked`` (409). The payload is validated against that gate's schema."""
+        ``NotParked`` (409). The payload is validated against that gate's schema.
+        ``event_id``: the sender's own id for the event (1-100 of ``A-Za-z0-9._:-``):
+        sent again, it applies nothing and is answered as the first was (``repeated``)."""
         at_ns = time.time_ns()
         if not isinstance(name, str) or not name:
             raise InvalidInput("an event needs a name")
+        if event_id is not None and not (
+            isinstance(event_id, str) and EVENT_ID.fullmatch(event_id)
+        ):
+            raise InvalidInput("event_id must be 1-100 letters, digits or . _ : - (a UUID fits)")
         run = await self._own(run_id, tenant, by, role, event=True)
         workflow = self.workflow(run.workflow)
 
@@ -275,7 +292,8 @@ class WorkflowService:
         gate = self._gate(workflow, run.step)
         passed = None
         if (
-            run.status is WorkflowStatus.AWAITING_EVENT
+            event_id is None  # an id is recorded with the delivery, under the run's lock
+            and run.status is WorkflowStatus.AWAITING_EVENT
             and isinstance(gate, EventGate)
             and gate.event == name
         ):  # the fast path: one statement
@@ -298,8 +316,10 @@ class WorkflowService:
                 n_steps=n_steps,
                 kept_limit=self.events_kept,
                 kept_window=workflow.lookback_seconds(name),
+                event_id=event_id,
             )
-        await self._hint(passed, at_ns)
+        if not passed.repeated:
+            await self._hint(passed, at_ns)
         return passed
 
     async def retry(self, run_id: str, *, tenant: str, by: str, role: str = "user") -> WorkflowRun:

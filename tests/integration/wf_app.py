@@ -94,5 +94,14 @@ def build(lookback: float = 30.0) -> App:
                 steps=[held, await_event("payment.confirmed", schema=Payment), counted("ship")],
             ),
             Workflow("crashy", steps=[counted("first"), held, counted("last")]),
+            Workflow(  # two installments: one confirmation for each
+                "installments",
+                steps=[
+                    await_event("payment.confirmed", schema=Payment, lookback=lookback),
+                    counted("first_paid"),
+                    await_event("payment.confirmed", schema=Payment, lookback=lookback),
+                    counted("second_paid"),
+                ],
+            ),
         ],
     )
