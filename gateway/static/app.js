@@ -860,6 +860,15 @@
     state.cards.forEach(renderCard);
   }
 
+  // A card of the same tool shown after ``card`` (the request was made again).
+  function laterCardOf(card) {
+    var later = false;
+    state.cards.forEach(function (other) {
+      if (other.card.tool === card.tool && other.card.created_at > card.created_at) later = true;
+    });
+    return later;
+  }
+
   function renderCard(entry) {
     if (!entry || !entry.el) return;
     var card = entry.card;
@@ -890,7 +899,10 @@
     var actions = art.querySelector('.actions');
     actions.hidden = !(pending || expired);
     var canDecide = pending && online && !entry.busy;
-    actions.setAttribute('aria-label', t('card.decision'));
+    // Named with its summary: every card and its buttons sounded the same to a screen
+    // reader ("Confirmation", "Decision", "Confirm").
+    actions.setAttribute('aria-label', t('card.decision') + ': ' + card.summary);
+    art.setAttribute('aria-label', t('card.title') + ': ' + card.summary);
     art.querySelector('.card-title').textContent = t('card.title');
     // One action per intent: with the reject form open its own button is the Reject;
     // with the edit form open, Confirm would approve the old values, so it waits.
@@ -908,9 +920,13 @@
     editBtn.hidden =
       expired || !(card.editable && card.editable.length) || entry.form === 'edit-form';
     editBtn.disabled = !canDecide;
+    // Once: proposed again (or a later card of the same tool), the conversation has
+    // moved on, and another click made one more pending charge (a first-hour probe).
+    var moved = expired && (entry.againSent || laterCardOf(card));
+    if (expired) actions.hidden = moved;
     var again = actions.querySelector('[data-action=again]');
     again.textContent = t('btn.again');
-    again.hidden = !expired;
+    again.hidden = !expired || moved;
     again.disabled = !online;
 
     var formBox = art.querySelector('.card-form');
@@ -1017,7 +1033,9 @@
     var entry = state.cards.get(cardId);
     if (!entry || entry.busy) return;
     if (action === 'again') {
-      sendMessage(t('again.text', { summary: entry.card.summary }));
+      if (entry.againSent) return;
+      entry.againSent = sendMessage(t('again.text', { summary: entry.card.summary }));
+      renderCard(entry);
       return;
     }
     if (entry.card.status !== 'pending') return;
@@ -1405,6 +1423,19 @@
     });
     window.addEventListener('online', function () {
       if (!state.ws && state.token) { state.attempt = 0; connect(); }
+    });
+    // The browser knows the network is gone: a socket it stalls still looks open, so the
+    // page said "Online" and a decision sat at "Sending…" (a first-hour probe). Let the
+    // socket go as if it had closed and say so; 'online' connects again.
+    window.addEventListener('offline', function () {
+      var ws = state.ws;
+      if (!ws) return;
+      state.ws = null;
+      state.ready = false;
+      dropRequests();
+      window.clearTimeout(state.reconnectTimer);
+      try { ws.close(1000); } catch (e) { /* already closing */ }
+      setConn('offline', 'conn.noNetwork');
     });
     // A sign-in link opened in this loaded tab changes only the fragment: take it the way
     // a page load does (and so out of the address bar and the history).

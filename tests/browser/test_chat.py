@@ -253,12 +253,14 @@ async def test_expired_card_is_disabled_and_can_be_proposed_again(chat: Chat) ->
     await expect(again).to_be_enabled()
     await expect(page.locator("#pending")).to_be_hidden()
     await chat.shot("1-expired")
-    await again.click()
+    await again.dblclick()  # once: a second click made one more pending charge
     await expect(page.locator(".msg.user").last).to_have_text(
         re.compile(re.escape(f"Propose again: {card.summary}"))
     )
+    await expect(again).to_be_hidden()
     await chat.shot("2-proposed-again")
     await chat.h.settle()
+    assert await page.locator(".msg.user", has_text="Propose again").count() == 1
     assert await chat.h.charges() == 0
 
 
@@ -602,3 +604,29 @@ async def test_a_message_whose_socket_dropped_before_its_ack_is_sent_again_once(
     assert [c.id for c in await chat.db_cards()] == [card.id]
     users = [e for e in await chat.h.store.entries_after(card.thread_id, 0) if e.kind == "user"]
     assert len(users) == 1
+
+
+async def test_the_page_says_offline_when_the_browser_loses_the_network(chat: Chat) -> None:
+    """A first-hour probe: with the network gone the page still said "Online" (the browser
+    stalls a socket rather than closing it) and a decision sat at "Sending your
+    decision…". The page now drops the socket when the browser says it is offline,
+    and connects again when it is back."""
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    # Named by its summary, for a screen reader (every card sounded the same).
+    await expect(ui).to_have_attribute("aria-label", f"Confirmation: {card.summary}")
+    await expect(ui.get_by_role("group", name=f"Decision: {card.summary}")).to_be_visible()
+    await page.context.set_offline(True)
+    await expect(page.locator("#conn")).to_have_text(
+        "Offline — no network; reconnecting when it is back"
+    )
+    await expect(ui.get_by_role("button", name="Confirm")).to_be_disabled()
+    await chat.shot("1-offline")
+    await page.context.set_offline(False)
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await ui.get_by_role("button", name="Confirm").click()
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await chat.h.settle()
+    assert await chat.h.charges() == 1
