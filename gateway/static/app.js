@@ -218,12 +218,18 @@
     return JSON.stringify([c.sub, c.tenant]);
   }
 
-  function writeLocation() {
+  function writeLocation(push) {
     var url = new URL(window.location.href);
     if (state.threadId) url.searchParams.set('thread', state.threadId);
     else url.searchParams.delete('thread');
     url.hash = '';
-    history.replaceState(null, '', url.pathname + url.search);
+    var here = url.pathname + url.search;
+    // A conversation the person opened is a step Back returns from (it left the page).
+    if (push && here !== window.location.pathname + window.location.search) {
+      history.pushState(null, '', here);
+    } else {
+      history.replaceState(null, '', here);
+    }
     store(THREAD_KEY, state.threadId);
   }
 
@@ -629,12 +635,13 @@
     }
   }
 
-  function openThread(threadId) {
+  // ``push``: the person chose it (the list): Back goes to the one before.
+  function openThread(threadId, push) {
     if (threadId === state.threadId) { scrollToEnd(); el.text.focus(); return; }
     if (state.threadId) state.seenThreads.add(state.threadId);
     state.threadId = threadId;
     state.awaitingThread = false;
-    writeLocation();
+    writeLocation(push);
     resetView();
     T.setCurrent(threadId);
     if (state.ready) {
@@ -1382,7 +1389,7 @@
       none: $('threads-none'),
       toggle: el.threadsToggle,
       toggleBadge: $('threads-toggle-badge'),
-      onOpen: openThread
+      onOpen: function (id) { openThread(id, true); }
     });
 
     el.loginForm.addEventListener('submit', function (ev) {
@@ -1420,6 +1427,10 @@
         ev.preventDefault();
         if (!el.send.disabled && sendMessage(el.text.value)) el.text.value = '';
       }
+    });
+    window.addEventListener('popstate', function () {
+      var thread = new URL(window.location.href).searchParams.get('thread');
+      if (thread && state.token) openThread(thread, false);
     });
     window.addEventListener('online', function () {
       if (!state.ws && state.token) { state.attempt = 0; connect(); }

@@ -268,3 +268,35 @@ async def test_a_forged_link_of_the_same_user_does_not_sign_the_tab_out(chat: Ch
     unexpected = [e for e in chat.errors if "401 (Unauthorized)" not in e]
     assert unexpected == [], unexpected
     chat.errors.clear()
+
+
+async def test_back_returns_to_the_conversation_opened_before(chat: Chat) -> None:
+    """A first-hour probe: choosing a conversation in the list replaced the address, so
+    the browser's Back left the app (to a blank page on a phone) instead of going back
+    to the conversation before."""
+    await chat.open()
+    page = chat.page
+    await chat.say("saldo")
+    await expect(page.locator(".msg.assistant")).to_have_count(1)
+    first = new_url_thread(page.url)
+    await page.locator("#new-chat").click()
+    await chat.say("saldo")
+    await expect(page.locator(".msg.assistant")).to_have_count(1)
+    second = new_url_thread(page.url)
+    assert first and second and first != second
+    links = page.locator("#thread-list .thread-link")
+    await expect(links).to_have_count(2)
+    await page.locator(f'#thread-list .thread-link[data-thread-id="{first}"]').click()
+    await expect(page).to_have_url(re.compile(f"thread={first}"))
+    await page.go_back()
+    await expect(page).to_have_url(re.compile(f"thread={second}"))
+    await expect(page.locator('#thread-list [aria-current="page"]')).to_have_attribute(
+        "data-thread-id", second
+    )
+    await page.go_forward()
+    await expect(page).to_have_url(re.compile(f"thread={first}"))
+
+
+def new_url_thread(url: str) -> str | None:
+    found = re.search(r"[?&]thread=([0-9a-f-]{36})", url)
+    return found.group(1) if found else None
