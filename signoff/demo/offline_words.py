@@ -67,8 +67,17 @@ TYPED_YES = {
 }
 
 
+# The chat page's "Propose again" message: its words are the page's language, the card's
+# summary after them the desk's (Portuguese), which outweighed them on an English page.
+_AGAIN = (("propose again:", EN), ("proponha novamente:", PT))
+
+
 def detected(text: str) -> str | None:
     """The language a message is written in, or None when its words do not tell."""
+    head = text.lstrip().lower()
+    for prefix, lang in _AGAIN:
+        if head.startswith(prefix):
+            return lang
     pt = len(_PT_MARKS.findall(text))
     en = len(_EN_MARKS.findall(text))
     return EN if en > pt else PT if pt > en else None

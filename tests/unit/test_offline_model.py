@@ -579,3 +579,11 @@ def test_call_ids_do_not_repeat_across_processes() -> None:
         for _ in range(2)
     ]
     assert all(ids) and ids[0] != ids[1], ids
+
+
+def test_propose_again_answers_in_the_pages_language() -> None:
+    """A first-hour probe: the page's "Propose again: <the card's Portuguese summary>"
+    switched an English conversation to Portuguese (the summary's words outweighed)."""
+    summary = "Gerar cobrança Pix · Cliente: João Silva · Valor: R$ 5,00"
+    assert language(f"Propose again: {summary}") == "en"
+    assert language(f"Proponha novamente: {summary}") == "pt"
