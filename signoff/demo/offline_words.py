@@ -102,11 +102,13 @@ def money(cents: int, lang: str) -> str:
 HELP = {
     PT: (
         "Posso consultar o saldo, buscar clientes, gerar cobranças Pix, estornar vendas, "
-        'cancelar consultas e alterar e-mails. Ex.: "cobre 150 do João" ou "saldo".'
+        'cancelar consultas e alterar e-mails. Ex.: "cobre 150 do João", "saldo" ou '
+        '"cancele a consulta A001".'
     ),
     EN: (
         "I can show the balance, find customers, create Pix charges, refund sales, cancel "
-        'appointments and change e-mails. E.g. "charge João 150" or "balance".'
+        'appointments and change e-mails. E.g. "charge João 150", "balance" or "cancel '
+        'appointment A001".'
     ),
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from signoff.demo.money import parse_amount
 from signoff.demo.offline_model import LABEL, OfflineDemoModel, intent, language
-from signoff.demo.offline_words import money, not_done
+from signoff.demo.offline_words import HELP, money, not_done
 from signoff.runtime.conversation import dangling_result
 from signoff.runtime.errors import ToolValidationError
 from signoff.runtime.records import ToolUseOutcome
@@ -587,3 +588,12 @@ def test_propose_again_answers_in_the_pages_language() -> None:
     summary = "Gerar cobrança Pix · Cliente: João Silva · Valor: R$ 5,00"
     assert language(f"Propose again: {summary}") == "en"
     assert language(f"Proponha novamente: {summary}") == "pt"
+
+
+@pytest.mark.parametrize("lang", ["pt", "en"])
+def test_every_example_the_help_gives_is_understood(lang: str) -> None:
+    """A first-hour probe: appointments could only be cancelled by an id that nothing
+    said how to give; the help now shows it, and each of its examples is a request."""
+    examples = re.findall(r'"([^"]+)"', HELP[lang])
+    assert len(examples) == 3
+    assert all(intent(example) is not None for example in examples), examples
