@@ -240,6 +240,8 @@ class Connection:
             elif frame.type == "threads":
                 threads = await self.watch.list(who)
                 await self.send({"type": "threads", "id": frame.id, "threads": threads})
+            elif frame.type == "ping":  # a client's heartbeat: the socket still carries
+                await self.send({"type": "pong", "id": frame.id})
             elif frame.type == "auth":
                 await self.on_auth(frame)
             else:

@@ -17,6 +17,15 @@
   var RECONNECT_ELSEWHERE = 1012;
   var BACKOFF_MIN = 500;
   var BACKOFF_MAX = 10000;
+  // The heartbeat (docs/websocket.md `ping`): after this much silence a ping, and with no
+  // frame back within the wait, the socket is taken as gone. A test may shorten both
+  // (sessionStorage "signoff.heartbeat" = "every,wait" in ms).
+  var HEARTBEAT = (function () {
+    var given = [];
+    try { given = (window.sessionStorage.getItem('signoff.heartbeat') || '').split(','); } catch (e) { /* none */ }
+    var every = parseInt(given[0], 10), wait = parseInt(given[1], 10);
+    return { every: every > 0 ? every : 15000, wait: wait > 0 ? wait : 10000 };
+  })();
 
   var I = window.SignoffI18n;
   var V = window.SignoffViews;
@@ -301,9 +310,11 @@
     setConn('connecting', 'conn.connecting');
     ws.onopen = function () {
       ws.send(JSON.stringify({ type: 'auth', token: state.token }));
+      heard(ws);
     };
     ws.onmessage = function (ev) {
       if (state.ws !== ws) return;
+      heard(ws);
       var frame;
       try { frame = JSON.parse(ev.data); } catch (e) { return; }
       onFrame(frame);
@@ -339,6 +350,35 @@
       scheduleReconnect();
     };
     ws.onerror = function () { /* a close event follows */ };
+  }
+
+  // A frame came on ``ws``: it carries. Ping after a silence; nothing back in time, and the
+  // socket is let go as if it had closed (a network gone without the browser knowing:
+  // the page said "Online" while nothing went through).
+  function heard(ws) {
+    window.clearTimeout(state.pingTimer);
+    window.clearTimeout(state.pongTimer);
+    state.pingTimer = window.setTimeout(function () {
+      if (state.ws !== ws) return;
+      // Not ready yet: the auth is the ping (a socket stalled from the start is let go too).
+      send({ type: 'ping', id: frameId() });
+      state.pongTimer = window.setTimeout(function () {
+        if (state.ws !== ws) return;
+        lose(ws);
+        scheduleReconnect();
+      }, HEARTBEAT.wait);
+    }, HEARTBEAT.every);
+  }
+
+  // Let ``ws`` go as if it had closed: its requests get no answer (handed back).
+  function lose(ws) {
+    state.ws = null;
+    state.ready = false;
+    dropRequests();
+    window.clearTimeout(state.reconnectTimer);
+    window.clearTimeout(state.pingTimer);
+    window.clearTimeout(state.pongTimer);
+    try { ws.close(1000); } catch (e) { /* already closing */ }
   }
 
   function scheduleReconnect() {
@@ -1439,13 +1479,8 @@
     // page said "Online" and a decision sat at "Sending…" (a first-hour probe). Let the
     // socket go as if it had closed and say so; 'online' connects again.
     window.addEventListener('offline', function () {
-      var ws = state.ws;
-      if (!ws) return;
-      state.ws = null;
-      state.ready = false;
-      dropRequests();
-      window.clearTimeout(state.reconnectTimer);
-      try { ws.close(1000); } catch (e) { /* already closing */ }
+      if (!state.ws) return;
+      lose(state.ws);
       setConn('offline', 'conn.noNetwork');
     });
     // A sign-in link opened in this loaded tab changes only the fragment: take it the way

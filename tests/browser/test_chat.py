@@ -630,3 +630,35 @@ async def test_the_page_says_offline_when_the_browser_loses_the_network(chat: Ch
     await expect(ui).to_have_attribute("data-status", "executed")
     await chat.h.settle()
     assert await chat.h.charges() == 1
+
+
+async def test_a_socket_that_stops_carrying_frames_is_let_go_and_reopened(chat: Chat) -> None:
+    """A first-hour probe: a network gone without the browser knowing (dropped Wi-Fi, a
+    laptop waking) kept the socket looking open, and the page said "Online" while
+    nothing went through. The page pings after a silence and, with nothing back in time,
+    lets the socket go and connects again (shortened here to 1 s and 1 s)."""
+    page = chat.page
+    await page.add_init_script("sessionStorage.setItem('signoff.heartbeat', '1000,1000')")
+    stalled = {"now": False}
+
+    async def handler(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def to_page(message: Any) -> None:
+            if not stalled["now"]:
+                ws.send(message)
+
+        server.on_message(to_page)
+
+    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    stalled["now"] = True  # the server's frames stop reaching the page
+    await expect(page.locator("#conn")).to_have_text(re.compile("^Offline"), timeout=10_000)
+    await expect(ui.get_by_role("button", name="Confirm")).to_be_disabled()
+    await chat.shot("1-stalled")
+    stalled["now"] = False
+    await expect(page.locator("#conn")).to_have_text("Online", timeout=15_000)
+    await ui.get_by_role("button", name="Confirm").click()
+    await expect(ui).to_have_attribute("data-status", "executed")

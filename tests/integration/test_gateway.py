@@ -185,7 +185,7 @@ async def ws_call(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
     await ws.send(json.dumps(frame))
     while True:
         msg: dict[str, Any] = json.loads(await ws.recv())
-        if msg.get("id") == frame.get("id") and msg["type"] in ("error", "resolved", "ack"):
+        if msg.get("id") == frame.get("id") and msg["type"] in ("error", "resolved", "ack", "pong"):
             return msg
 
 
@@ -533,3 +533,13 @@ async def test_readyz_is_not_ready_whatever_a_dependency_check_raises(
     monkeypatch.undo()
     async with httpx.AsyncClient() as c:
         assert (await c.get(f"{h.base_url}/readyz")).status_code == 200
+
+
+async def test_ws_ping_is_answered_pong_with_its_id(h: Harness) -> None:
+    """The page's heartbeat (docs/websocket.md `ping`): a socket whose network went away
+    looked open for minutes, and the page said "Online" while nothing went through."""
+    ws = await ws_connect(h, "alice")
+    try:
+        assert await ws_call(ws, {"type": "ping", "id": "p1"}) == {"type": "pong", "id": "p1"}
+    finally:
+        await ws.close()
