@@ -156,13 +156,30 @@ def _no_repeated_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# The integers every JSON reader agrees on (RFC 7493, I-JSON: IEEE doubles hold them exactly).
+MAX_JSON_INT = 2**53 - 1
+
+
+def _exact_int(text: str) -> int:
+    value = int(text)
+    if len(text) > 15 and abs(value) > MAX_JSON_INT:
+        raise InvalidInput(
+            f"invalid payload: the integer {text[:24]}{'...' if len(text) > 24 else ''} is out "
+            f"of range (integers here lie within -{MAX_JSON_INT} and {MAX_JSON_INT})"
+        )
+    return value
+
+
 def one_value_per_name(data: bytes | bytearray | str) -> None:
     """Refuse an object naming a member twice (``{"decision": "reject", "decision":
     "approve"}``): the decoder keeps the last value, a proxy or an audit log in front of
     us may read the first, and a decision must mean one thing to everyone who reads it.
+    Refuse too an integer beyond 2**53 - 1 in magnitude: a browser, a JavaScript client or
+    an audit tool reading it as a double would see another number than the one stored
+    (and a workflow's ``int`` field would store 10**40 as given).
     Checked after the payload decoded (a few microseconds on a frame)."""
     try:
-        json.loads(data, object_pairs_hook=_no_repeated_names)
+        json.loads(data, object_pairs_hook=_no_repeated_names, parse_int=_exact_int)
     except (ValueError, RecursionError) as exc:  # (InvalidInput is not a ValueError)
         raise InvalidInput(f"invalid payload: {exc}") from exc
 

@@ -143,3 +143,27 @@ async def test_over_http_a_repeat_is_answered_as_the_first_and_said_so(h: Harnes
         assert again.json()["delivered"] == "passed" and again.json()["repeated"] is True
         bad = await http.post(url, json={**event, "event_id": "a b"}, headers=svc)
         assert bad.status_code == 422 and bad.json()["error"] == "invalid_input", bad.text
+
+
+async def test_an_integer_beyond_what_json_readers_agree_on_is_refused(h: Harness) -> None:
+    """A hostile probe stored 10**40 as a payment's amount (the schema said `int`): a
+    JavaScript client or an audit tool would read another number. Refused with a 422 that
+    says why, and nothing is applied or kept; 2**53 - 1 still passes."""
+    run = await h.workflows.start("installments", tenant=h.tenant, owner=OWNER)
+    await until(lambda: status_at(h, run.id, "awaiting_event", 0), what="parked at gate 1")
+    svc = {"Authorization": f"Bearer {h.tokens.issue('payments', h.tenant, 'service')}"}
+    url = f"{h.base_url}/v1/workflow-runs/{run.id}/events"
+    headers = {**svc, "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        huge = b'{"name": "%s", "payload": {"amount": 1%s}}' % (PAID.encode(), b"0" * 40)
+        bad = await http.post(url, content=huge, headers=headers)
+        assert bad.status_code == 422 and bad.json()["error"] == "invalid_input", bad.text
+        assert "out of range" in bad.json()["message"], bad.text
+        negative = huge.replace(b": 1", b": -1")
+        assert (await http.post(url, content=negative, headers=headers)).status_code == 422
+        await asyncio.sleep(0.3)
+        assert await status_at(h, run.id, "awaiting_event", 0)  # nothing passed, nothing kept
+        fine = {"name": PAID, "payload": {"amount": 2**53 - 1}}
+        ok = await http.post(url, json=fine, headers=svc)
+        assert ok.status_code == 200 and ok.json()["delivered"] == "passed", ok.text
+    await until(lambda: status_at(h, run.id, "awaiting_event", 2), what="parked at gate 2")

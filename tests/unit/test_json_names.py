@@ -64,3 +64,19 @@ def test_a_bad_frame_is_said_as_the_http_api_says_it(
     with pytest.raises(InvalidInput) as over_http:
         parse(body if isinstance(body, bytes) else body.encode(), ResolveIn)
     assert str(over_http.value) == f"invalid payload: {said}"
+
+
+def test_an_integer_beyond_2_53_is_refused_anywhere_in_a_payload() -> None:
+    """I-JSON's range: a double holds these exactly, so every reader sees the number sent."""
+    one_value_per_name(b'{"a": [9007199254740991, -9007199254740991, 1.5e300]}')
+    for big in (b"9007199254740992", b"-9007199254740992", b"1" + b"0" * 400):
+        with pytest.raises(InvalidInput, match="out of range"):
+            one_value_per_name(b'{"edits": {"amount": %s}}' % big)
+    with pytest.raises(InvalidInput, match="out of range"):
+        parse(b'{"decision": "approve", "snapshot_hash": "x", "edits": {"n": 1e2, "m": '
+              b'123456789012345678901234567890}}', ResolveIn)  # fmt: skip
+    with pytest.raises(InvalidInput, match="out of range"):
+        decode_frame(
+            '{"type": "resolve", "id": "c1", "card_id": "x", "decision": "edit", '
+            '"snapshot_hash": "h", "edits": {"amount_cents": 99999999999999999999}}'
+        )
