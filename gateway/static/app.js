@@ -825,6 +825,7 @@
     if (!card || !card.id) return;
     var entry = state.cards.get(card.id);
     var previous = entry ? entry.card.status : null;
+    var fresh = !entry;
     if (!entry) {
       entry = { card: card, el: null, busy: false, error: '', form: null };
       state.cards.set(card.id, entry);
@@ -832,12 +833,23 @@
       insertItem(entry.el);
     }
     entry.card = card;
+    // A form still open (not sent) when the card left "pending" elsewhere: say that
+    // what was typed in it was not sent, rather than let it vanish without a word.
+    var dropped = card.status !== 'pending' && entry.form && !entry.busy ? entry.form : null;
     if (card.status !== 'pending') {
       entry.busy = false;
       entry.form = null;
+      dropDraft(card.id);
     }
     if (previous !== card.status) entry.error = '';
+    if (dropped && previous === 'pending') {
+      entry.dropped = t(
+        (dropped === 'edit-form' ? 'form.droppedEdit' : 'form.droppedReject') +
+          (card.status === 'expired' ? 'Expired' : '')
+      );
+    }
     renderCard(entry);
+    if (fresh && card.status === 'pending') restoreDraft(entry);
     if (live) {
       if (!previous) {
         announce(t('announce.new', { summary: card.summary }));
@@ -938,7 +950,9 @@
     art.querySelector('.card-summary').textContent = card.summary;
     renderImpact(art.querySelector('.impact'), card);
     renderOutcome(art.querySelector('.outcome'), card);
-    art.querySelector('.card-error').textContent = entry.error || '';
+    // (a form's text that was not sent stays said while the card moves on: approved,
+    // executing, executed)
+    art.querySelector('.card-error').textContent = entry.error || entry.dropped || '';
 
     var online = !!state.ready;
     var pending = status === 'pending';
@@ -1107,6 +1121,7 @@
     };
     if (extra.reason) frame.reason = extra.reason;
     if (extra.edits) frame.edits = extra.edits;
+    dropDraft(card.id); // sent: a reload must not reopen it as unsent
     // Disable at once: a second click finds the buttons disabled and the card busy. The
     // focus goes to the card itself (a disabled button drops it to the page's start, and a
     // keyboard user lost their place).
@@ -1143,6 +1158,7 @@
     cancel.type = 'button';
     cancel.addEventListener('click', function () {
       entry.form = null;
+      dropDraft(entry.card.id);
       renderCard(entry);
       renderPending();
       var back = entry.el.querySelector('[data-action=' + (kind === 'reject-form' ? 'reject' : 'edit') + ']');
@@ -1156,7 +1172,36 @@
     });
   }
 
-  function openRejectForm(entry) {
+  // ------------------------------------------------------------------ drafts
+  // An open form's text is kept in the tab (sessionStorage) while it is typed: a
+  // reload, a language switch (which rebuilds the view) or a reconnect reopens it as
+  // it was. Dropped when sent and decided, cancelled, or once the card is not pending.
+
+  var DRAFT = 'signoff.draft.';
+
+  function readDraft(cardId) {
+    try {
+      var d = JSON.parse(window.sessionStorage.getItem(DRAFT + cardId) || 'null');
+      return d && (d.kind === 'edit-form' || d.kind === 'reject-form') ? d : null;
+    } catch (e) { return null; }
+  }
+
+  function keepDraft(cardId, kind, values) {
+    try { window.sessionStorage.setItem(DRAFT + cardId, JSON.stringify({ kind: kind, values: values })); } catch (e) { /* full or off */ }
+  }
+
+  function dropDraft(cardId) {
+    try { window.sessionStorage.removeItem(DRAFT + cardId); } catch (e) { /* off */ }
+  }
+
+  function restoreDraft(entry) {
+    var d = readDraft(entry.card.id);
+    if (!d || entry.form) return;
+    if (d.kind === 'reject-form') openRejectForm(entry, d.values || {}, false);
+    else if (entry.card.editable && entry.card.editable.length) openEditForm(entry, d.values || {}, false);
+  }
+
+  function openRejectForm(entry, values, focus) {
     var form = formShell(entry, 'reject-form', t('form.reject'));
     var fid = 'reason-' + entry.card.id;
     var label = make('label', '', t('form.reason'));
@@ -1167,17 +1212,22 @@
     input.type = 'text';
     input.maxLength = 2000;
     input.autocomplete = 'off';
+    if (values && typeof values.reason === 'string') input.value = values.reason;
     form.appendChild(label);
     form.appendChild(input);
     formButtons(form, t('btn.reject'), 'reject', entry, 'reject-form');
     renderCard(entry);
+    keepDraft(entry.card.id, 'reject-form', { reason: input.value });
+    input.addEventListener('input', function () {
+      keepDraft(entry.card.id, 'reject-form', { reason: input.value });
+    });
     form.addEventListener('submit', function (ev) {
       ev.preventDefault();
       if (entry.busy) return;
       var reason = input.value.trim();
       resolve(entry, 'reject', reason ? { reason: reason } : {});
     });
-    input.focus();
+    if (focus !== false) input.focus();
   }
 
   function prefill(card, field) {
@@ -1196,7 +1246,7 @@
     return '';
   }
 
-  function openEditForm(entry) {
+  function openEditForm(entry, values, focus) {
     var card = entry.card;
     var form = formShell(entry, 'edit-form', t('form.edit'));
     var initial = {};
@@ -1212,6 +1262,7 @@
       if (field === 'amount') input.inputMode = 'decimal';
       input.autocomplete = 'off';
       input.value = initial[field] = prefill(card, field);
+      if (values && typeof values[field] === 'string') input.value = values[field];
       inputs[field] = input;
       form.appendChild(label);
       form.appendChild(input);
@@ -1220,6 +1271,13 @@
     form.appendChild(note);
     formButtons(form, t('form.editSubmit'), 'edit', entry, 'edit-form');
     renderCard(entry);
+    function typed() {
+      var out = {};
+      Object.keys(inputs).forEach(function (field) { out[field] = inputs[field].value; });
+      return out;
+    }
+    keepDraft(card.id, 'edit-form', typed());
+    form.addEventListener('input', function () { keepDraft(card.id, 'edit-form', typed()); });
     form.addEventListener('submit', function (ev) {
       ev.preventDefault();
       if (entry.busy) return;
@@ -1237,7 +1295,7 @@
       resolve(entry, 'edit', { edits: edits });
     });
     var first = form.querySelector('input');
-    if (first) { first.focus(); first.select(); }
+    if (first && focus !== false) { first.focus(); first.select(); }
   }
 
   // ------------------------------------------------------------------ pending + batch

@@ -662,3 +662,54 @@ async def test_a_socket_that_stops_carrying_frames_is_let_go_and_reopened(chat: 
     await expect(page.locator("#conn")).to_have_text("Online", timeout=15_000)
     await ui.get_by_role("button", name="Confirm").click()
     await expect(ui).to_have_attribute("data-status", "executed")
+
+
+async def test_an_open_form_survives_reload_and_language_and_says_when_it_was_not_sent(
+    chat: Chat,
+) -> None:
+    """A first-hour walkthrough: an edit half typed vanished on a reload or a language
+    switch, and an open form vanished without a word when the card was decided
+    elsewhere, so the person could believe their edit was on its way."""
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await ui.locator(".actions").get_by_role("button", name="Edit").click()
+    await ui.get_by_label("Amount (R$)").fill("175")
+    await page.reload()
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(ui.get_by_label("Amount (R$)")).to_have_value("175")  # the draft, reopened
+    await page.get_by_label("Language").select_option("pt-BR")
+    await expect(ui.get_by_label("Valor (R$)")).to_have_value("175")
+    await page.get_by_label("Idioma").select_option("en")
+    await ui.get_by_role("button", name="Cancel").click()  # cancelled: no draft any more
+    await page.reload()
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(ui).to_have_attribute("data-status", "pending")
+    await expect(ui.locator(".card-form")).to_be_empty()
+    # A reason being typed when another tab approves the card: said, not silently lost.
+    await ui.locator(".actions").get_by_role("button", name="Reject").click()
+    await ui.get_by_label("Reason").fill("valor errado")
+    await chat.shot("1-reason-typed")
+    await chat.h.decisions.resolve(
+        card.id,
+        Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+        principal=chat.user,
+        channel="http",
+    )
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await expect(ui.locator(".card-error")).to_have_text(
+        "Your rejection was not sent: the card was decided (or replaced) elsewhere first."
+    )
+    await expect(page.locator(".thread-badge")).to_have_count(0)  # the list follows
+    await chat.shot("2-reason-not-sent")
+    assert await page.evaluate("Object.keys(sessionStorage).filter(k => k.startsWith('signoff.draft.')).length") == 0  # fmt: skip
+    assert chat.resolve_frames() == []
+    # An edit sent by this page is no unsent draft: no such word after it is decided.
+    other = await propose_charge(chat, "cobre 90 da Maria")
+    other_ui = chat.card(other.id)
+    await other_ui.locator(".actions").get_by_role("button", name="Edit").click()
+    await other_ui.get_by_label("Amount (R$)").fill("95")
+    await other_ui.get_by_role("button", name="Propose edited card").click()
+    await expect(other_ui).to_have_attribute("data-status", "modified")
+    await expect(other_ui.locator(".card-error")).to_be_empty()
