@@ -290,9 +290,9 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "The amount must be more than zero.",
     ),
     (
-        re.compile(r"amount is above"),
-        "Esse valor passa do limite de R$ 1.000.000,00.",
-        "That amount is above the R$ 1,000,000.00 limit.",
+        re.compile(r"amount is too large"),
+        "Esse valor é grande demais.",
+        "That amount is too large.",
     ),
     (
         re.compile(r"amount"),
