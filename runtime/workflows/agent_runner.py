@@ -275,7 +275,7 @@ class AgentSteps:
                 assert outcome.new_card is not None
                 card = await self.store.get_card(str(outcome.new_card["id"]))
             else:
-                card = await self._successor(card, edits)
+                card = await self._successor(card, edits, by)
             if card is not None and card.status is Status.PENDING:
                 await self._decide(card, Decision.APPROVE, by, hints)
         except SignoffError as exc:
@@ -295,16 +295,25 @@ class AgentSteps:
             hints=hints,
         )
 
-    async def _successor(self, card: Card, edits: dict[str, Any]) -> Card | None:
-        """After a crash between an edit and the approval of its card: the card this map's
-        edit made (the chain of ``modified`` cards, ending in one whose input has the
-        edited values), or None when the card was decided some other way."""
-        while card.status is Status.MODIFIED and card.superseded_by:
-            card = await self.store.get_card(card.superseded_by)
-        if card.status is Status.MODIFIED:
+    async def _successor(self, card: Card, edits: dict[str, Any], by: str) -> Card | None:
+        """After a crash between this map's edit of ``card`` and the approval of the card
+        it made: that card, or None when ``card`` was decided some other way.
+
+        Only the map's own edit counts: ``card``'s ``modified`` event must be on this
+        channel, by the map's resumer, with exactly the map's edits, and only the card it
+        made directly is taken. A card the person made by editing in chat (with the same
+        values or not), or edited again after the map's edit, is theirs to decide: a
+        hostile probe had the map approve a chat edit's card that nobody approved."""
+        if card.status is not Status.MODIFIED or not card.superseded_by:
             return None
-        data = await self.store.card_input(card.id)
-        return card if all(data.get(k) == v for k, v in edits.items()) else None
+        mine = any(
+            e.to_status == Status.MODIFIED
+            and e.channel == CHANNEL
+            and e.actor == by
+            and e.detail.get("edits") == edits
+            for e in await self.store.card_events(card.id)
+        )
+        return await self.store.get_card(card.superseded_by) if mine else None
 
     # -- a run continued outside the step ---------------------------------------------------
 

@@ -258,6 +258,13 @@ class Harness:
                 " AND status IN ('running', 'waiting')",
                 self.tenant,
             )
+            # ... and its workflow runs left going (a test that stopped its worker): one
+            # of an app of the same name would be adopted by the next harness's worker.
+            await self.store.pool.execute(
+                "UPDATE workflow_runs SET status = 'cancelled', worker_id = NULL"
+                " WHERE tenant = $1 AND status IN ('running', 'awaiting_human', 'awaiting_event')",
+                self.tenant,
+            )
 
     async def _stop(self) -> None:
         errors: list[BaseException] = []

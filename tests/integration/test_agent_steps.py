@@ -376,3 +376,55 @@ async def test_a_workflows_thread_takes_no_messages(database_url: str) -> None:
         assert (await h.store.workflows.get_workflow_run(run.id)).status == "awaiting_human"
         await h.workflows.resume(run.id, {c.id: True for c in cards}, tenant=h.tenant, by=OWNER)
         await until(status_is(h, run.id, "completed"), what="completed")
+
+
+async def _stopped_and_resumed(
+    h: Harness, edit: dict[str, Any]
+) -> tuple[WorkflowRun, Card, AgentSteps, AgentStep]:
+    """Parked on three cards; the worker stopped (so nothing applies the map yet); a resume
+    editing carla's card saved."""
+    run, (_, _, c) = await parked_on_cards(h)
+    await h.worker.stop()
+    await h.workflows.resume(run.id, {c.id: Edit(edit)}, tenant=h.tenant, by=OWNER)
+    steps: AgentSteps = h.worker.workflows.handlers["agent"].__self__  # type: ignore[attr-defined]
+    step = h.app.workflow_map()["approvals"].step_list[1]
+    assert isinstance(step, AgentStep)
+    return await h.store.workflows.get_workflow_run(run.id), c, steps, step
+
+
+async def test_a_map_never_approves_a_card_the_person_made_by_editing_in_chat(
+    h: Harness,
+) -> None:
+    """A hostile probe: the map said "edit carla's card to 25"; before a worker applied it,
+    the person edited that card in chat (to 25 as well), making a card of their own to
+    decide. The map found carla's card already edited, followed the chain to the person's
+    card, saw amount 25 and approved it: a card nobody approved ran. Only the card the
+    map's own edit made (a crash between that edit and its approval) is the map's."""
+    run, c, steps, step = await _stopped_and_resumed(h, {"amount": 25})
+    mine = await h.decide(c, Decision.EDIT, user=OWNER, edits={"amount": 25})  # in chat
+    assert mine.new_card is not None
+    theirs = await h.card(str(mine.new_card["id"]))
+    workflow = h.app.workflow_map()["approvals"]
+    await steps.apply(h.worker.workflows._context(workflow, run, step), step)
+    assert await h.trail(theirs) == ["pending"]  # the person's own decision to make
+    assert await h.trail(c) == ["pending", "modified"]
+
+
+async def test_a_map_whose_edit_was_made_before_a_crash_approves_that_edits_card(
+    h: Harness,
+) -> None:
+    """The case the chain is followed for: the map's own edit committed, then the worker
+    died before approving the card it made; the map applied again approves that card."""
+    run, c, steps, step = await _stopped_and_resumed(h, {"amount": 25})
+    outcome = await h.decisions.resolve(
+        c.id,
+        Resolution(decision=Decision.EDIT, snapshot_hash=c.snapshot_hash, edits={"amount": 25}),
+        principal=OWNER,
+        channel="workflow",
+        tenant=h.tenant,
+    )
+    assert outcome.new_card is not None
+    made = await h.card(str(outcome.new_card["id"]))
+    workflow = h.app.workflow_map()["approvals"]
+    await steps.apply(h.worker.workflows._context(workflow, run, step), step)
+    assert await h.trail(made) == ["pending", "approved"]
