@@ -1237,36 +1237,50 @@ RETURNING id::text;
 
 -- name: delivery_claim
 -- Claim channel delivery $2 for $3 seconds: 'claimed' the first time it is seen, or when
--- an earlier claim lapsed before it was handled (its gateway died: then with the effect
--- its handling had chosen, if it had written one); 'handled' once its
+-- an earlier claim lapsed before it was handled (its gateway died, or was too slow: then
+-- with the effect its handling had chosen, if it had written one); 'handled' once its
 -- effect committed; 'busy' while another request holds a live claim on it (or claimed it
--- while this statement ran: its row is not in this statement's snapshot).
+-- while this statement ran: its row is not in this statement's snapshot). A row with no
+-- claim time was written by a gateway of an older version (its insert was its mark):
+-- taken as claimed for $3 seconds from its arrival. The claim's end time is its token:
+-- the holder's later statements name it, and do nothing once another request re-claimed.
 WITH claimed AS (
     INSERT INTO deliveries (channel, message_id, claimed_until)
     VALUES ($1, $2, now() + make_interval(secs => $3::float8))
     ON CONFLICT (channel, message_id) DO UPDATE
         SET claimed_until = EXCLUDED.claimed_until
-        WHERE NOT deliveries.handled AND deliveries.claimed_until < now()
-    RETURNING effect
+        WHERE NOT deliveries.handled
+          AND COALESCE(deliveries.claimed_until,
+                       deliveries.received_at + make_interval(secs => $3::float8)) < now()
+    RETURNING effect, claimed_until
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM claimed) THEN 'claimed'
     WHEN (SELECT handled FROM deliveries WHERE channel = $1 AND message_id = $2) THEN 'handled'
     ELSE 'busy'
-END AS state, (SELECT effect FROM claimed) AS effect;
+END AS state, (SELECT effect FROM claimed) AS effect,
+    (SELECT claimed_until FROM claimed) AS token;
 
 -- name: delivery_effect
--- What the claimed delivery's handling chose to do ($3), before doing it: a redelivery
--- after a lapsed claim does the same.
-UPDATE deliveries SET effect = $3 WHERE channel = $1 AND message_id = $2 AND NOT handled;
+-- What the delivery's handling under claim $3 chose to do ($4), before doing it: a
+-- redelivery after a lapsed claim does the same. No row: the claim was lost (it lapsed
+-- and another request re-claimed the delivery, or handled it), and its holder must not act.
+UPDATE deliveries SET effect = $4
+WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled
+RETURNING effect;
 
 -- name: delivery_handled
--- The claimed delivery's effect committed: a redelivery is answered 200 and dropped.
-UPDATE deliveries SET handled = true WHERE channel = $1 AND message_id = $2;
+-- The effect of the delivery's handling under claim $3 committed: a redelivery is
+-- answered 200 and dropped.
+UPDATE deliveries SET handled = true
+WHERE channel = $1 AND message_id = $2 AND claimed_until = $3;
 
 -- name: delivery_forget
--- A claimed delivery that could not be handled: gone, so a redelivery is handled afresh.
-DELETE FROM deliveries WHERE channel = $1 AND message_id = $2 AND NOT handled;
+-- A delivery that could not be handled under claim $3: its claim let go, so a redelivery
+-- is handled at once (with the effect already chosen, if one was: a decision whose answer
+-- was lost may have committed, and its "sim" must not become a message the second time).
+UPDATE deliveries SET claimed_until = '-infinity'
+WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled;
 
 -- name: wa_card_shown
 -- Whether card $2's proposal (its 'card' entry in thread $1) was sent to the thread's

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal, cast
 
 import msgspec
@@ -20,6 +21,9 @@ class DeliveryClaim(msgspec.Struct, frozen=True, kw_only=True):
     state: Claim
     # What an earlier handling of a claim that lapsed chose to do (to do again), if any.
     effect: str | None = None
+    # A claimed delivery's token (its claim's end): the holder's later statements name it
+    # and do nothing once the claim was lost to another request (design note 66).
+    token: datetime | None = None
 
 
 class Outgoing(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,23 +47,33 @@ class WhatsAppRows:
         self, channel: str, message_id: str, lease_seconds: float
     ) -> DeliveryClaim:
         """Claim ``message_id`` on ``channel`` for ``lease_seconds`` (any process; design
-        note 64): ``claimed`` (handle it, then :meth:`delivery_handled`), ``handled``
+        notes 64 and 66): ``claimed`` (handle it, then :meth:`delivery_handled`), ``handled``
         (seen before: drop it) or ``busy`` (another request holds a live claim)."""
         row = await self._db.fetchrow(SQL.delivery_claim, channel, message_id, lease_seconds)
         assert row is not None
-        return DeliveryClaim(state=cast(Claim, str(row["state"])), effect=row["effect"])
+        return DeliveryClaim(
+            state=cast(Claim, str(row["state"])), effect=row["effect"], token=row["token"]
+        )
 
-    async def delivery_effect(self, channel: str, message_id: str, effect: str) -> None:
-        """What the claimed delivery's handling chose, written before it is done."""
-        await self._db.execute(SQL.delivery_effect, channel, message_id, effect)
+    async def delivery_effect(
+        self, channel: str, message_id: str, claim: DeliveryClaim, effect: str
+    ) -> bool:
+        """What the claimed delivery's handling chose, written before it is done; False if
+        the claim was lost meanwhile (then nothing may be done: another request has it)."""
+        return (
+            await self._db.fetchval(SQL.delivery_effect, channel, message_id, claim.token, effect)
+            is not None
+        )
 
-    async def delivery_handled(self, channel: str, message_id: str) -> None:
+    async def delivery_handled(self, channel: str, message_id: str, claim: DeliveryClaim) -> None:
         """The claimed delivery's effect committed: its redeliveries are dropped."""
-        await self._db.execute(SQL.delivery_handled, channel, message_id)
+        await self._db.execute(SQL.delivery_handled, channel, message_id, claim.token)
 
-    async def forget_delivery(self, channel: str, message_id: str) -> None:
-        """Undo ``claim_delivery`` for a delivery that could not be handled (redelivered)."""
-        await self._db.execute(SQL.delivery_forget, channel, message_id)
+    async def forget_delivery(self, channel: str, message_id: str, claim: DeliveryClaim) -> None:
+        """Let go of the claim on a delivery that could not be handled: a redelivery is
+        handled at once, with the effect already chosen if one was (never deleted: a
+        decision whose answer was lost may have committed)."""
+        await self._db.execute(SQL.delivery_forget, channel, message_id, claim.token)
 
     async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool:
         """Whether the card's proposal was sent to the thread's number before ``before``

@@ -50,8 +50,9 @@ async def outbound(
 
 async def delivery(store: PostgresStore, days_old: float) -> str:
     message_id = f"wamid.in.{secrets.token_hex(8)}"
-    assert (await store.whatsapp.claim_delivery(CHANNEL, message_id, 30)).state == "claimed"
-    await store.whatsapp.delivery_handled(CHANNEL, message_id)
+    claim = await store.whatsapp.claim_delivery(CHANNEL, message_id, 30)
+    assert claim.state == "claimed"
+    await store.whatsapp.delivery_handled(CHANNEL, message_id, claim)
     await store.pool.execute(
         "UPDATE deliveries SET received_at = now() - make_interval(secs => $2) "
         "WHERE channel = $3 AND message_id = $1",
@@ -154,7 +155,9 @@ async def test_deliveries_are_kept_for_metas_redelivery_window_whatever_the_rule
     longer = retention.Policy.parse(10, [f"{tenant}=1"])
     assert (await run(store, longer, tmp_path)).deliveries_days == 10
     assert await deliveries_left(store, [nine]) == {nine}
-    await store.whatsapp.forget_delivery(CHANNEL, nine)
+    await store.pool.execute(
+        "DELETE FROM deliveries WHERE channel = $1 AND message_id = $2", CHANNEL, nine
+    )
 
 
 async def test_two_prunes_racing_delete_each_row_once(store: PostgresStore, tmp_path: Path) -> None:

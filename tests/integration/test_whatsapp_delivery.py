@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from signoff.gateway.channels.whatsapp import inbound, webhook
 from signoff.gateway.channels.whatsapp.webhook import WhatsAppChannel
+from signoff.runtime.cards import Card, Status
 from signoff.runtime.config import Settings
-from signoff.testing import delivery, signed, text_message
+from signoff.runtime.errors import Unavailable
+from signoff.store.whatsapp import DeliveryClaim
+from signoff.testing import Harness, delivery, signed, text_message
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
 from tests.integration.test_quotas import queued_jobs
@@ -57,10 +62,10 @@ async def test_a_message_that_fails_is_redelivered_and_the_others_are_handled(
         handle = channel.handle
         broken = {bad["id"]}
 
-        async def failing(item: inbound.Inbound, effect: str | None = None) -> None:
+        async def failing(item: inbound.Inbound, claim: DeliveryClaim) -> None:
             if item.message_id in broken:
                 raise RuntimeError("a bug in handling this one")
-            await handle(item, effect)
+            await handle(item, claim)
 
         monkeypatch.setattr(channel, "handle", failing)
         body = delivery(bad, good)
@@ -72,11 +77,12 @@ async def test_a_message_that_fails_is_redelivered_and_the_others_are_handled(
                 )
 
         async def seen(message: dict[str, Any]) -> bool:
-            row = await h.store.pool.fetchval(
-                "SELECT 1 FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
-                message["id"],
+            return bool(
+                await h.store.pool.fetchval(
+                    "SELECT handled FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
+                    message["id"],
+                )
             )
-            return row is not None
 
         r = await post()
         assert r.status_code == 500 and r.json()["error"] == "internal", r.text
@@ -126,3 +132,142 @@ async def test_a_message_claimed_by_a_gateway_that_died_is_handled_once_its_clai
         assert (await post()).status_code == 200  # handled: dropped
         assert await queued_jobs(h) == []
         assert (await rows.claim_delivery("whatsapp", message["id"], 30)).state == "handled"
+
+
+async def text_confirm_card(
+    h: Harness, channel: WhatsAppChannel, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, str, Card]:
+    """A number with one pending card, shown to it (its WhatsApp send is not what these
+    tests are about): (wa_id, thread id, card)."""
+    wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+    assert (await post(h, delivery(text_message(wa_id, "cobre 150 do João")))).status_code == 200
+    thread = await channel.rows.contact_thread(h.tenant, wa_id)
+    assert thread is not None
+    deadline = asyncio.get_running_loop().time() + 15
+    while not (pending := await h.store.pending_cards(thread)):
+        assert asyncio.get_running_loop().time() < deadline, "no card"
+        await asyncio.sleep(0.05)
+
+    async def shown(thread_id: str, card_id: str, before: int) -> bool:
+        return True
+
+    monkeypatch.setattr(channel.rows, "card_shown", shown)
+    return wa_id, thread, pending[0]
+
+
+async def post(h: Harness, body: bytes) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=h.base_url, timeout=30) as client:
+        return await client.post(
+            "/v1/whatsapp/webhook", content=body, headers=signed(body, WA_SECRET)
+        )
+
+
+async def sims_in(h: Harness, thread: str) -> int:
+    """How many times "sim" reached the thread as a message for the agent."""
+    return int(
+        await h.store.pool.fetchval(
+            "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
+            " AND body::text LIKE '%\"sim\"%'",
+            thread,
+        )
+    )
+
+
+def text_confirm() -> Settings:
+    return msgspec.structs.replace(
+        wa_settings(), whatsapp_text_confirm=True, whatsapp_text_confirm_max_risk="critical"
+    )
+
+
+async def test_a_sim_whose_decision_committed_but_whose_answer_was_lost_is_not_a_message(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code review: the approval committed, its answer lost (a connection dropped after
+    COMMIT: Unavailable); the handler deleted the delivery, effect and all, and Meta's
+    redelivery chose again: the card approved by then, the "sim" went to the agent as a
+    message (a model turn superseding the person's next card). The claim is let go now,
+    its effect kept: the redelivery approves again (already done) and says nothing."""
+    async with harness(
+        database_url, model=Scripted(pix()), gateway=True, settings=text_confirm()
+    ) as h:
+        channel = channel_of(h.asgi)
+        wa_id, thread, card = await text_confirm_card(h, channel, monkeypatch)
+        real = channel.decisions.store.decide
+        lost = [True]
+
+        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+            moved = await real(*args, **kwargs)  # committed
+            if lost and lost.pop():
+                raise Unavailable("the connection dropped after COMMIT")
+            return moved
+
+        monkeypatch.setattr(channel.decisions.store, "decide", answer_lost)
+        body = delivery(text_message(wa_id, "sim"))
+        assert (await post(h, body)).status_code == 503
+        assert (await h.store.get_card(card.id)).status is not Status.PENDING
+        assert (await post(h, body)).status_code == 200  # Meta's redelivery
+        await h.settle()
+        assert await sims_in(h, thread) == 0
+        approvals = [e for e in await h.store.card_events(card.id) if e.to_status == "approved"]
+        assert len(approvals) == 1
+
+
+async def test_a_handling_slow_past_its_lease_does_nothing_once_another_took_over(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code review: a handler held up (a pool wait, a lock) past its lease; Meta's
+    redelivery claimed the message, approved the card and marked it handled; the first
+    handler then chose afresh (the card approved by then: a message) and sent "sim" to
+    the agent as well. Its effect is written only under its own claim now: it stops."""
+    monkeypatch.setattr(webhook, "BUSY_WAIT_SECONDS", 0.1)
+    settings = msgspec.structs.replace(text_confirm(), whatsapp_delivery_lease_seconds=0.5)
+    async with harness(database_url, model=Scripted(pix()), gateway=True, settings=settings) as h:
+        channel = channel_of(h.asgi)
+        wa_id, thread, card = await text_confirm_card(h, channel, monkeypatch)
+        touch = channel.rows.touch_inbound
+        held = [True]
+
+        async def held_up_once(tenant: str, number: str) -> None:
+            if held and held.pop():
+                await asyncio.sleep(1.5)
+            await touch(tenant, number)
+
+        monkeypatch.setattr(channel.rows, "touch_inbound", held_up_once)
+        body = delivery(text_message(wa_id, "sim"))
+        first = asyncio.create_task(post(h, body))
+        await asyncio.sleep(0.8)  # the first claim lapsed: Meta sends it again
+        assert (await post(h, body)).status_code == 200
+        assert (await first).status_code == 503  # taken over: it did nothing
+        await h.settle()
+        assert await sims_in(h, thread) == 0
+        approvals = [e for e in await h.store.card_events(card.id) if e.to_status == "approved"]
+        assert len(approvals) == 1
+        assert (await post(h, body)).status_code == 200  # handled
+
+
+async def test_a_delivery_marked_by_a_gateway_of_the_previous_version_is_not_busy_forever(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code review: during a rolling deploy, a gateway of the version before claims
+    (migration 0016) inserts a delivery row with no claim time; the new gateways read it
+    as claimed for ever (503 at every redelivery, for days). It is taken as claimed for a
+    lease from its arrival."""
+    monkeypatch.setattr(webhook, "BUSY_WAIT_SECONDS", 0.1)
+    settings = msgspec.structs.replace(wa_settings(), whatsapp_delivery_lease_seconds=1.0)
+    async with harness(
+        database_url, model=Scripted(pix()), gateway=True, settings=settings, start_worker=False
+    ) as h:
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        message = text_message(wa_id, "cobre 13 do João")
+        await h.store.pool.execute(  # the previous version's mark, as it wrote it
+            "INSERT INTO deliveries (channel, message_id) VALUES ('whatsapp', $1)"
+            " ON CONFLICT DO NOTHING",
+            message["id"],
+        )
+        body = delivery(message)
+        assert (await post(h, body)).status_code == 503  # its gateway may be handling it
+        await asyncio.sleep(1.1)
+        assert (await post(h, body)).status_code == 200
+        assert [j.text for j in await queued_jobs(h)] == ["cobre 13 do João"]
+        assert (await post(h, body)).status_code == 200
+        assert await queued_jobs(h) == []

@@ -65,9 +65,15 @@ class ChannelRows(OutboundRows, Protocol):
     async def claim_delivery(
         self, channel: str, message_id: str, lease_seconds: float
     ) -> DeliveryClaim: ...
-    async def delivery_effect(self, channel: str, message_id: str, effect: str) -> None: ...
-    async def delivery_handled(self, channel: str, message_id: str) -> None: ...
-    async def forget_delivery(self, channel: str, message_id: str) -> None: ...
+    async def delivery_effect(
+        self, channel: str, message_id: str, claim: DeliveryClaim, effect: str
+    ) -> bool: ...
+    async def delivery_handled(
+        self, channel: str, message_id: str, claim: DeliveryClaim
+    ) -> None: ...
+    async def forget_delivery(
+        self, channel: str, message_id: str, claim: DeliveryClaim
+    ) -> None: ...
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None: ...
     async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
@@ -179,27 +185,27 @@ class WhatsAppChannel:
                 )
                 continue
             try:
-                await self.handle(item, claim.effect)
+                await self.handle(item, claim)
             except (RateLimited, Unavailable, UnknownTool) as exc:
                 # Over the sender's turn quota, the inbox unreachable, or a card of a tool
                 # this version does not serve (a rolling deploy): not taken, not counted as
                 # seen. Meta redelivers a delivery answered non-200 (for days), so nothing
                 # the person did is lost and no model turn is paid for now.
-                await self.rows.forget_delivery(CHANNEL, item.message_id)
+                await self.rows.forget_delivery(CHANNEL, item.message_id, claim)
                 log.info(
                     "WhatsApp message %s from %s not taken: %s", item.message_id, item.wa_id, exc
                 )
                 refused = exc
             except Exception:
-                # Not handled: forgotten, so Meta's redelivery gets another chance. The
+                # Not handled: let go, so Meta's redelivery gets another chance. The
                 # other messages of the delivery are still handled: one that fails every
                 # time must not take the ones after it down with it.
-                await self.rows.forget_delivery(CHANNEL, item.message_id)
+                await self.rows.forget_delivery(CHANNEL, item.message_id, claim)
                 log.exception("WhatsApp message %s from %s failed", item.message_id, item.wa_id)
                 failed = True
             else:
                 try:
-                    await self.rows.delivery_handled(CHANNEL, item.message_id)
+                    await self.rows.delivery_handled(CHANNEL, item.message_id, claim)
                 except SignoffError as exc:  # handled all the same: a redelivery after the
                     # lease handles it again, which changes nothing (see above)
                     log.warning(
@@ -222,12 +228,13 @@ class WhatsAppChannel:
                 return claim
             await asyncio.sleep(BUSY_POLL_SECONDS)
 
-    async def handle(self, item: inbound.Inbound, effect: str | None = None) -> None:
-        """``effect``: what an earlier handling of this message chose (design note 64)."""
+    async def handle(self, item: inbound.Inbound, claim: DeliveryClaim) -> None:
+        """``claim``: this request's claim on the message, with what an earlier handling
+        of it chose to do, if any (design notes 64 and 66)."""
         if item.button_id is not None:
             await self.button(item)
         elif item.text is not None:
-            await self.text(item, effect)
+            await self.text(item, claim)
 
     async def thread_of(self, wa_id: str) -> str:
         """The number's thread in this tenant, made on its first message."""
@@ -246,7 +253,7 @@ class WhatsAppChannel:
         await announce_thread(self.bus, self.quotas.keys, self.tenant, wa_id)
         return bound
 
-    async def text(self, item: inbound.Inbound, effect: str | None = None) -> None:
+    async def text(self, item: inbound.Inbound, claim: DeliveryClaim) -> None:
         assert item.text is not None
         thread_id = await self.thread_of(item.wa_id)
         await self.rows.touch_inbound(self.tenant, item.wa_id)
@@ -255,10 +262,19 @@ class WhatsAppChannel:
             # done, so a redelivery after a lapsed claim does the same (handled again, a
             # "sim" whose card was approved meanwhile became a message superseding the
             # person's next card: a hostile probe).
+            effect = claim.effect
             again = effect is not None
             if effect is None:
                 effect = await self._confirms(item, thread_id)
-                await self.rows.delivery_effect(CHANNEL, item.message_id, effect)
+                # Written only while this request still holds the claim: a handling slow
+                # past its lease, whose message another request re-claimed and handled
+                # meanwhile, chose after that one had acted (and differently: its card
+                # approved, a "sim" became a message too). It stops here (design note 66).
+                if not await self.rows.delivery_effect(CHANNEL, item.message_id, claim, effect):
+                    raise Unavailable(
+                        "this message was taken over by another request (its claim lapsed)",
+                        retry_after=1.0,
+                    )
             if effect.startswith(CONFIRM):
                 await self._confirm(item, effect.removeprefix(CONFIRM), again)
                 return
