@@ -164,13 +164,12 @@ async def post(h: Harness, body: bytes) -> httpx.Response:
 
 async def sims_in(h: Harness, thread: str) -> int:
     """How many times "sim" reached the thread as a message for the agent."""
-    return int(
-        await h.store.pool.fetchval(
-            "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
-            " AND body::text LIKE '%\"sim\"%'",
-            thread,
-        )
+    count: int = await h.store.pool.fetchval(
+        "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
+        " AND body::text LIKE '%\"sim\"%'",
+        thread,
     )
+    return count
 
 
 def text_confirm() -> Settings:
