@@ -164,11 +164,12 @@ async def post(h: Harness, body: bytes) -> httpx.Response:
 
 async def sims_in(h: Harness, thread: str) -> int:
     """How many times "sim" reached the thread as a message for the agent."""
-    count: int = await h.store.pool.fetchval(
+    count = await h.store.pool.fetchval(
         "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
         " AND body::text LIKE '%\"sim\"%'",
         thread,
     )
+    assert isinstance(count, int)
     return count
 
 
