@@ -26,8 +26,9 @@ from signoff.gateway.openapi import build_openapi
 from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import Quotas, SocketGate, SocketSlots
 from signoff.gateway.service import GatewayService
+from signoff.gateway.socket_limits import deny
 from signoff.gateway.workflows import WorkflowRoutes
-from signoff.gateway.ws import deny, websocket_endpoint
+from signoff.gateway.ws import websocket_endpoint
 from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions

@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import msgspec
-from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from signoff.gateway.auth import Principal, Tokens
@@ -26,6 +25,7 @@ from signoff.gateway.errors import Internal, error_body, status_of, typed
 from signoff.gateway.feed import Feeds, Listener
 from signoff.gateway.frames import Frame, decode_frame, id_of
 from signoff.gateway.service import GatewayService, ResolveIn, checked_message, event_of, parse
+from signoff.gateway.socket_limits import RateLimit, deny, origin_allowed
 from signoff.gateway.watch import ThreadWatch
 from signoff.runtime.errors import (
     InvalidInput,
@@ -40,44 +40,10 @@ from signoff.runtime.hints import Hint, WireEntry
 log = logging.getLogger("signoff.ws")
 
 AUTH_TIMEOUT = 10.0
+QUEUED_FRAMES = 64  # read ahead of the one being handled (the rate limit bounds them too)
 
 
 _enc = msgspec.json.Encoder()
-
-
-class RateLimit:
-    """A token bucket per socket: ``rate`` frames a second, ``burst`` at once (0: no limit)."""
-
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate = rate
-        self.burst = max(burst, 1)
-        self.tokens = float(self.burst)
-        self.at = time.monotonic()
-        self.refused = 0  # frames refused since the last one let through
-
-    def take(self) -> bool:
-        if self.rate <= 0:
-            return True
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            self.refused = 0
-            return True
-        self.refused += 1
-        return False
-
-
-def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:
-    """Browsers always send Origin on WebSockets; non-browser clients may omit it."""
-    if origin is None:
-        return True
-    if origin in allowed:
-        return True
-    if host and origin in (f"http://{host}", f"https://{host}"):
-        return True
-    return False
 
 
 class Connection:
@@ -184,12 +150,7 @@ class Connection:
             return
         try:
             await self.send(self.ready(who))
-            while True:
-                raw = await self.receive()
-                if self.limit.take():
-                    await self.handle(raw)
-                else:
-                    await self.refuse(raw)
+            await self.serve()
         except WebSocketDisconnect:
             pass
         except Exception:  # handle() is total; this is its own failure (a bug)
@@ -199,6 +160,55 @@ class Connection:
             if self._expiry is not None:
                 self._expiry.cancel()
             self.unfollow_all()
+
+    async def serve(self) -> None:
+        """Frames are read by one task and handled in order by another: a ``ping`` is
+        answered by the reader at once, even while an earlier frame is still handled (a
+        ``resolve`` waiting on a slow Postgres held the pong back, and the page's heartbeat
+        let a healthy socket go). Frames read before the client left are still handled,
+        as they were when frames were read and handled one by one."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUED_FRAMES)
+        handler = asyncio.create_task(self._handle_queued(queue))
+        reader = asyncio.create_task(self._read(queue))
+        try:
+            await asyncio.wait({reader, handler}, return_when=asyncio.FIRST_COMPLETED)
+            if not handler.done():  # the client left (or flooded): the rest, then stop
+                await queue.put(None)
+                await handler
+        finally:
+            for task in (reader, handler):
+                task.cancel()
+            await asyncio.gather(reader, handler, return_exceptions=True)
+        for task in (handler, reader):
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc
+
+    async def _read(self, queue: asyncio.Queue[bytes | None]) -> None:
+        while True:
+            raw = await self.receive()
+            if not self.limit.take():
+                await self.refuse(raw)
+            elif not await self._pong(raw):
+                await queue.put(raw)
+
+    async def _handle_queued(self, queue: asyncio.Queue[bytes | None]) -> None:
+        while (raw := await queue.get()) is not None:
+            await self.handle(raw)
+
+    async def _pong(self, raw: bytes) -> bool:
+        """A ``ping`` of a signed-in socket answered now; False for any other frame (and
+        for a ping refused: handled in order, as any frame)."""
+        if b"ping" not in raw:
+            return False
+        try:
+            frame = decode_frame(raw)
+            if frame.type != "ping":
+                return False
+            self.authorise()
+        except SignoffError:
+            return False
+        await self.send({"type": "pong", "id": frame.id})
+        return True
 
     async def refuse_auth(self, exc: Unauthenticated) -> None:
         with contextlib.suppress(WebSocketDisconnect):
@@ -461,20 +471,6 @@ class Connection:
                         self._last_assistant[thread_id] = entry.seq
                 if len(entries) < 500:
                     return
-
-
-async def deny(ws: WebSocket, status: int, code: str, message: str) -> None:
-    """Turn a WebSocket handshake away with a typed JSON answer (``{error, message}``),
-    where the server speaks the ASGI denial-response extension; else a bare close (the
-    client sees a 403)."""
-    with contextlib.suppress(Exception):
-        if "websocket.http.response" in ws.scope.get("extensions", {}):
-            body = msgspec.json.encode({"error": code, "message": message})
-            await ws.send_denial_response(
-                Response(body, status_code=status, media_type="application/json")
-            )
-        else:
-            await ws.close(code=1008, reason=code)
 
 
 async def websocket_endpoint(

@@ -48,6 +48,10 @@ from signoff.testing.script import Plan, ToolResult, find_result
 __all__ = ["DEFAULT_USER", "Harness", "ToolResult"]
 
 DEFAULT_USER = "alice"
+_END_RUNS = """WITH agent AS (UPDATE runs SET status = 'superseded'
+    WHERE tenant = $1 AND status IN ('running', 'waiting'))
+UPDATE workflow_runs SET status = 'cancelled', worker_id = NULL
+WHERE tenant = $1 AND status IN ('running', 'awaiting_human', 'awaiting_event')"""
 
 
 class Harness:
@@ -250,21 +254,10 @@ class Harness:
         self.base_url = f"http://127.0.0.1:{port}"
 
     async def _end_runs(self) -> None:
-        # On a shared database a later harness's worker would adopt this tenant's runs
-        # still active and continue them with its own model: end them.
+        # On a shared database a later harness's worker would adopt this tenant's runs and
+        # workflow runs still active and continue them with its own model: end them.
         if self._given_database is not None and not self._leave_runs:
-            await self.store.pool.execute(
-                "UPDATE runs SET status = 'superseded' WHERE tenant = $1"
-                " AND status IN ('running', 'waiting')",
-                self.tenant,
-            )
-            # ... and its workflow runs left going (a test that stopped its worker): one
-            # of an app of the same name would be adopted by the next harness's worker.
-            await self.store.pool.execute(
-                "UPDATE workflow_runs SET status = 'cancelled', worker_id = NULL"
-                " WHERE tenant = $1 AND status IN ('running', 'awaiting_human', 'awaiting_event')",
-                self.tenant,
-            )
+            await self.store.pool.execute(_END_RUNS, self.tenant)
 
     async def _stop(self) -> None:
         errors: list[BaseException] = []

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import uvicorn
@@ -543,3 +544,42 @@ async def test_ws_ping_is_answered_pong_with_its_id(h: Harness) -> None:
         assert await ws_call(ws, {"type": "ping", "id": "p1"}) == {"type": "pong", "id": "p1"}
     finally:
         await ws.close()
+
+
+async def test_ws_ping_is_answered_while_an_earlier_frame_waits_on_postgres(
+    h: Harness, database_url: str
+) -> None:
+    """A code review: frames were handled one at a time, so a `resolve` waiting on a slow
+    Postgres (up to a pool wait, a statement and the hints: ~15 s) held the pong back, and
+    the page's heartbeat (10 s) took a healthy socket as gone. The pong says the socket
+    carries frames; the `resolve` is still answered, after the lock goes, and frames sent
+    after the ping are still handled in order."""
+    card = await card_for(h)
+    lock = await asyncpg.connect(database_url)
+    ws = await ws_connect(h, "alice")
+    try:
+        tx = lock.transaction()
+        await tx.start()
+        await lock.execute("SELECT 1 FROM cards WHERE id = $1 FOR UPDATE", card["id"])
+        resolve = {
+            "type": "resolve", "id": "r1", "card_id": card["id"], "decision": "approve",
+            "snapshot_hash": card["snapshot_hash"],
+        }  # fmt: skip
+        await ws.send(json.dumps(resolve))
+        await ws.send(json.dumps({"type": "threads", "id": "t1"}))  # after the resolve
+        await ws.send(json.dumps({"type": "ping", "id": "p1"}))
+        seen: list[str] = []
+        while "p1" not in seen:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            seen.append(msg.get("id") or "")
+        assert "r1" not in seen and "t1" not in seen  # the resolve still waits, in order
+        await tx.rollback()
+        while "t1" not in seen:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            if msg.get("id") == "r1":
+                assert msg["type"] == "resolved", msg
+            seen.append(msg.get("id") or "")
+        assert seen.index("r1") < seen.index("t1")
+    finally:
+        await ws.close()
+        await lock.close()

@@ -497,11 +497,12 @@ async def test_whatsapp_messages_count_against_the_turn_quota(database_url: str)
                 )
 
         async def seen(message: dict[str, Any]) -> bool:
-            row = await h.store.pool.fetchval(
-                "SELECT 1 FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
-                message["id"],
+            return bool(
+                await h.store.pool.fetchval(
+                    "SELECT handled FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
+                    message["id"],
+                )
             )
-            return row is not None
 
         assert (await post(first)).status_code == 200
         r = await post(second)
