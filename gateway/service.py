@@ -17,7 +17,7 @@ from signoff.gateway.overload import Admission
 from signoff.gateway.quotas import MemoryLedger, Quotas
 from signoff.gateway.views import Views
 from signoff.runtime.bus import Bus, Job
-from signoff.runtime.canonical import run_id_of
+from signoff.runtime.canonical import MAX_JSON_INT, run_id_of
 from signoff.runtime.cards import Decision
 from signoff.runtime.decisions import Decisions, Outcome, Resolution
 from signoff.runtime.errors import (
@@ -154,10 +154,6 @@ def _no_repeated_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
                 raise InvalidInput(f"invalid payload: {name!r} appears twice in one object")
             seen.add(name)
     return out
-
-
-# The integers every JSON reader agrees on (RFC 7493, I-JSON: IEEE doubles hold them exactly).
-MAX_JSON_INT = 2**53 - 1
 
 
 def _exact_int(text: str) -> int:

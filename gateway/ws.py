@@ -165,8 +165,10 @@ class Connection:
         """Frames are read by one task and handled in order by another: a ``ping`` is
         answered by the reader at once, even while an earlier frame is still handled (a
         ``resolve`` waiting on a slow Postgres held the pong back, and the page's heartbeat
-        let a healthy socket go). Frames read before the client left are still handled,
-        as they were when frames were read and handled one by one."""
+        let a healthy socket go). A frame being handled when the client left is finished
+        (its effect is not cut midway); what was still queued goes unanswered, as frames
+        the old one-by-one loop had not read yet did. Rate refusals (429) are sent by the
+        reader, at once."""
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUED_FRAMES)
         handler = asyncio.create_task(self._handle_queued(queue))
         reader = asyncio.create_task(self._read(queue))

@@ -73,3 +73,23 @@ def run_id_of(message_id: str) -> str:
     """The id of the run an inbox message starts: known to the gateway at acceptance, so
     the turn quota can tell an accepted message from the run it became."""
     return str(uuid.uuid5(_RUN_NS, message_id))
+
+
+# The integers every JSON reader agrees on (RFC 7493, I-JSON: an IEEE double holds them
+# exactly): a JavaScript client or an audit tool reads any other as another number.
+MAX_JSON_INT = 2**53 - 1
+
+
+def inexact_int(value: Any) -> int | None:
+    """The first integer beyond ``MAX_JSON_INT`` in magnitude anywhere in a JSON value
+    (keys are strings), or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_JSON_INT:
+            return item
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None

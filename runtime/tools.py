@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 
+from signoff.runtime.canonical import MAX_JSON_INT, inexact_int
 from signoff.runtime.cards import Risk
 from signoff.runtime.errors import ConfigError, ToolValidationError
 
@@ -187,9 +188,19 @@ class Tool:
     def parse(self, raw: Mapping[str, Any]) -> msgspec.Struct:
         """Turn the model's (or an editor's) raw input into the typed input, or raise."""
         try:
-            return msgspec.convert(dict(raw), self.input_type, strict=False)
+            value = msgspec.convert(dict(raw), self.input_type, strict=False)
         except msgspec.ValidationError as exc:
             raise ToolValidationError(f"invalid input for {self.name}: {exc}") from exc
+        # A string of digits becomes an int here (strict=False): the bound the gateway
+        # keeps on JSON numbers holds for what is frozen into a card too.
+        if (big := inexact_int(msgspec.to_builtins(value))) is not None:
+            shown = str(big)
+            raise ToolValidationError(
+                f"invalid input for {self.name}: the integer {shown[:24]}"
+                f"{'...' if len(shown) > 24 else ''} is out of range "
+                f"(integers lie within -{MAX_JSON_INT} and {MAX_JSON_INT})"
+            )
+        return value
 
     async def prepare(self, data: Any, ctx: ToolContext) -> Prepared:
         raise NotImplementedError

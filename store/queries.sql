@@ -1241,22 +1241,22 @@ RETURNING id::text;
 -- with the effect its handling had chosen, if it had written one); 'handled' once its
 -- effect committed; 'busy' while another request holds a live claim on it (or claimed it
 -- while this statement ran: its row is not in this statement's snapshot). A row with no
--- claim time was written by a gateway of an older version (its insert was its mark):
--- taken as claimed for $3 seconds from its arrival. The claim's end time is its token:
--- the holder's later statements name it, and do nothing once another request re-claimed.
+-- claim time was written by a gateway of the version before claims, whose insert was its
+-- mark of "seen": handled, as that gateway took it (claimed again, a "sim" it had
+-- approved would be chosen afresh, as a message). The claim's end time is its token: the
+-- holder's later statements name it, and do nothing once another request re-claimed.
 WITH claimed AS (
     INSERT INTO deliveries (channel, message_id, claimed_until)
     VALUES ($1, $2, now() + make_interval(secs => $3::float8))
     ON CONFLICT (channel, message_id) DO UPDATE
         SET claimed_until = EXCLUDED.claimed_until
-        WHERE NOT deliveries.handled
-          AND COALESCE(deliveries.claimed_until,
-                       deliveries.received_at + make_interval(secs => $3::float8)) < now()
+        WHERE NOT deliveries.handled AND deliveries.claimed_until < now()
     RETURNING effect, claimed_until
 )
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM claimed) THEN 'claimed'
-    WHEN (SELECT handled FROM deliveries WHERE channel = $1 AND message_id = $2) THEN 'handled'
+    WHEN (SELECT handled OR claimed_until IS NULL
+          FROM deliveries WHERE channel = $1 AND message_id = $2) THEN 'handled'
     ELSE 'busy'
 END AS state, (SELECT effect FROM claimed) AS effect,
     (SELECT claimed_until FROM claimed) AS token;
@@ -1276,11 +1276,18 @@ UPDATE deliveries SET handled = true
 WHERE channel = $1 AND message_id = $2 AND claimed_until = $3;
 
 -- name: delivery_forget
--- A delivery that could not be handled under claim $3: its claim let go, so a redelivery
--- is handled at once (with the effect already chosen, if one was: a decision whose answer
--- was lost may have committed, and its "sim" must not become a message the second time).
+-- A delivery that could not be handled under claim $3: gone when nothing was chosen for it
+-- yet (a redelivery is new, to a gateway of any version), else its claim let go and its
+-- choice kept (a decision whose answer was lost may have committed: handled again at once,
+-- a "sim" must do what it chose, not become a message).
+WITH gone AS (
+    DELETE FROM deliveries
+    WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled
+      AND effect IS NULL
+)
 UPDATE deliveries SET claimed_until = '-infinity'
-WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled;
+WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled
+  AND effect IS NOT NULL;
 
 -- name: wa_card_shown
 -- Whether card $2's proposal (its 'card' entry in thread $1) was sent to the thread's

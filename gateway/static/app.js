@@ -835,7 +835,8 @@
     entry.card = card;
     // A form still open (not sent) when the card left "pending" elsewhere: say that
     // what was typed in it was not sent, rather than let it vanish without a word.
-    var dropped = card.status !== 'pending' && entry.form && !entry.busy ? entry.form : null;
+    var dropped =
+      card.status !== 'pending' && entry.form && !entry.busy && !entry.sent ? entry.form : null;
     if (card.status !== 'pending') {
       entry.busy = false;
       entry.form = null;
@@ -1122,6 +1123,9 @@
     if (extra.reason) frame.reason = extra.reason;
     if (extra.edits) frame.edits = extra.edits;
     dropDraft(card.id); // sent: a reload must not reopen it as unsent
+    // ... nor the card say it was not sent when it is decided (an error answer or a
+    // dropped socket clears `busy` before the card's update comes)
+    entry.sent = true;
     // Disable at once: a second click finds the buttons disabled and the card busy. The
     // focus goes to the card itself (a disabled button drops it to the page's start, and a
     // keyboard user lost their place).
@@ -1315,8 +1319,9 @@
     el.pendingText.textContent = n === 1 ? t('pending.one') : t('pending.many', { n: n });
     var busy = pending.some(function (e) { return e.busy; });
     // A card with its edit form open is not confirmed as it stands, one by one or all
-    // together: "Confirm all" waits too, as the card's own Confirm does.
-    var editing = pending.some(function (e) { return e.form === 'edit-form'; });
+    // together: "Confirm all" waits too, as the card's own Confirm does; so it does while
+    // a reject form is open (the person is saying no to that one).
+    var editing = pending.some(function (e) { return !!e.form; });
     var batch = n > 1;
     el.confirmAll.hidden = !batch;
     el.rejectAll.hidden = !batch;
@@ -1331,10 +1336,14 @@
     // the cards then say they were decided in the chat (the HTTP batch endpoint made
     // them "through the API"), and each answer lands on its own card.
     var all = pendingCards();
-    var editing = all.some(function (e) { return e.form === 'edit-form'; });
+    var editing = all.some(function (e) { return !!e.form; });
     if (decision === 'approve' && editing) return;
     all.filter(function (e) { return !e.busy; }).forEach(function (e) {
-      resolve(e, decision, {});
+      // A reason typed in a card's open reject form goes with that card's rejection
+      // ("Reject all" sent none, and the text was dropped without a word).
+      var typed = e.form === 'reject-form' ? e.el.querySelector('.card-form input[name=reason]') : null;
+      var reason = decision === 'reject' && typed ? typed.value.trim() : '';
+      resolve(e, decision, reason ? { reason: reason } : {});
     });
     renderPending();
   }

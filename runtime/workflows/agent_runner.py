@@ -278,6 +278,12 @@ class AgentSteps:
                 card = await self._successor(card, edits, by)
             if card is not None and card.status is Status.PENDING:
                 await self._decide(card, Decision.APPROVE, by, hints)
+        except Unavailable:
+            # Postgres or Redis away (or an answer lost after a commit): the step is tried
+            # again shortly and the map applied again (already decided cards are left, the
+            # map's own edit's card found). Swallowed, the edit's card was listed for the
+            # person to decide again though the map had approved it.
+            raise
         except SignoffError as exc:
             # Expired, refused by policy, edited values the tool rejects: the card stays as
             # it is; a pending one is listed again on the step's next interrupt.

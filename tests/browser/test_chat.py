@@ -352,11 +352,22 @@ async def test_batch_reject(chat: Chat) -> None:
     page = chat.page
     await chat.say("cobre 150 do João e estorne a venda V002")
     cards = await chat.wait_cards(2)
+    # A reason typed in one card's reject form goes with that card's rejection (a
+    # first-hour review: "Reject all" dropped it without a word), and "Confirm all"
+    # waits while the person is saying no to one card.
+    charge = next(c for c in cards if c.tool == "create_pix_charge")
+    await chat.card(charge.id).get_by_role("button", name="Reject").click()
+    await chat.card(charge.id).get_by_label("Reason").fill("cliente desistiu")
+    await expect(page.get_by_role("button", name="Confirm all 2")).to_be_disabled()
     await page.get_by_role("button", name="Reject all 2").click()
     for c in cards:
         await expect(chat.card(c.id)).to_have_attribute("data-status", "rejected")
+        await expect(chat.card(c.id).locator(".card-error")).to_be_empty()  # no "not sent"
+    await expect(chat.card(charge.id).locator(".outcome")).to_contain_text("cliente desistiu")
     await chat.h.settle()
     assert await chat.h.charges() == 0
+    reasons = {f["card_id"]: f.get("reason") for f in chat.resolve_frames()}
+    assert reasons == {c.id: "cliente desistiu" if c.id == charge.id else None for c in cards}
 
 
 async def page_side_drop(routes: list[Any]) -> None:

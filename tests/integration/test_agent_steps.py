@@ -15,6 +15,7 @@ from signoff.runtime.bus.redis import RedisBus
 from signoff.runtime.cards import Card, Decision
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Resolution
+from signoff.runtime.errors import Unavailable
 from signoff.runtime.keys import Keys
 from signoff.runtime.workflows.agent_runner import AgentSteps
 from signoff.runtime.workflows.agent_step import CARDS_KEY, AgentStep, workflow_thread_id
@@ -427,4 +428,31 @@ async def test_a_map_whose_edit_was_made_before_a_crash_approves_that_edits_card
     made = await h.card(str(outcome.new_card["id"]))
     workflow = h.app.workflow_map()["approvals"]
     await steps.apply(h.worker.workflows._context(workflow, run, step), step)
+    assert await h.trail(made) == ["pending", "approved"]
+
+
+async def test_a_map_whose_edit_answer_was_lost_is_applied_again_not_dropped(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code review: the map's edit committed but its answer was lost (Unavailable);
+    the map logged "not applied" and went on, so the edit's card was listed for the person
+    to decide again though the map had approved it. The step is tried again instead, and
+    the map, applied again, approves the card its own edit made."""
+    run, c, steps, step = await _stopped_and_resumed(h, {"amount": 25})
+    real = steps.decisions.resolve
+    lost = [True]
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        outcome = await real(*args, **kwargs)  # committed
+        if lost and lost.pop():
+            raise Unavailable("the connection dropped after COMMIT")
+        return outcome
+
+    monkeypatch.setattr(steps.decisions, "resolve", answer_lost)
+    workflow = h.app.workflow_map()["approvals"]
+    ctx = h.worker.workflows._context(workflow, run, step)
+    with pytest.raises(Unavailable):
+        await steps.apply(ctx, step)
+    await steps.apply(ctx, step)  # the engine's retry
+    made = await h.card((await h.card(c)).superseded_by or "")
     assert await h.trail(made) == ["pending", "approved"]

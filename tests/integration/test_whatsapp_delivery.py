@@ -12,11 +12,11 @@ import pytest
 
 from signoff.gateway.channels.whatsapp import inbound, webhook
 from signoff.gateway.channels.whatsapp.webhook import WhatsAppChannel
-from signoff.runtime.cards import Card, Status
+from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import Unavailable
 from signoff.store.whatsapp import DeliveryClaim
-from signoff.testing import Harness, delivery, signed, text_message
+from signoff.testing import Harness, button_message, delivery, signed, text_message
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, pix
 from tests.integration.test_quotas import queued_jobs
@@ -245,29 +245,91 @@ async def test_a_handling_slow_past_its_lease_does_nothing_once_another_took_ove
         assert (await post(h, body)).status_code == 200  # handled
 
 
-async def test_a_delivery_marked_by_a_gateway_of_the_previous_version_is_not_busy_forever(
+async def test_a_delivery_marked_by_a_gateway_of_the_previous_version_is_taken_as_handled(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A code review: during a rolling deploy, a gateway of the version before claims
-    (migration 0016) inserts a delivery row with no claim time; the new gateways read it
-    as claimed for ever (503 at every redelivery, for days). It is taken as claimed for a
-    lease from its arrival."""
+    """Two code reviews: during a rolling deploy, a gateway of the version before claims
+    (migration 0016) inserts a delivery row with no claim time, its mark of "seen". Read
+    as a live claim it was busy for ever (503 at every redelivery, for days); read as a
+    claim that lapses, a redelivery handled it again, and a "sim" that gateway had
+    approved went to the agent as a message. It is handled, as that gateway took it."""
     monkeypatch.setattr(webhook, "BUSY_WAIT_SECONDS", 0.1)
-    settings = msgspec.structs.replace(wa_settings(), whatsapp_delivery_lease_seconds=1.0)
     async with harness(
-        database_url, model=Scripted(pix()), gateway=True, settings=settings, start_worker=False
-    ) as h:
+        database_url, model=Scripted(pix()), gateway=True, settings=wa_settings(),
+        start_worker=False,
+    ) as h:  # fmt: skip
         wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
         message = text_message(wa_id, "cobre 13 do João")
         await h.store.pool.execute(  # the previous version's mark, as it wrote it
-            "INSERT INTO deliveries (channel, message_id) VALUES ('whatsapp', $1)"
-            " ON CONFLICT DO NOTHING",
+            "INSERT INTO deliveries (channel, message_id, received_at)"
+            " VALUES ('whatsapp', $1, now() - interval '1 hour')",
             message["id"],
         )
-        body = delivery(message)
-        assert (await post(h, body)).status_code == 503  # its gateway may be handling it
-        await asyncio.sleep(1.1)
-        assert (await post(h, body)).status_code == 200
-        assert [j.text for j in await queued_jobs(h)] == ["cobre 13 do João"]
-        assert (await post(h, body)).status_code == 200
+        assert (await post(h, delivery(message))).status_code == 200
         assert await queued_jobs(h) == []
+
+
+async def test_a_button_pressed_once_and_handled_again_says_nothing_more(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A code review: a press whose approval committed but whose answer was lost (503,
+    Meta sends it again) found its card already approved the second time, and told the
+    person who pressed once "already approved". The press is marked on its claim before
+    deciding; handled again, its own decision made, it says nothing."""
+    async with harness(
+        database_url, model=Scripted(pix()), gateway=True, settings=wa_settings()
+    ) as h:
+        channel = channel_of(h.asgi)
+        wa_id, _, card = await text_confirm_card(h, channel, monkeypatch)
+        real = channel.decisions.store.decide
+        lost = [True]
+
+        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+            moved = await real(*args, **kwargs)  # committed
+            if lost and lost.pop():
+                raise Unavailable("the connection dropped after COMMIT")
+            return moved
+
+        monkeypatch.setattr(channel.decisions.store, "decide", answer_lost)
+        press = button_message(wa_id, inbound.button_id(Decision.APPROVE, card.id))
+        body = delivery(press)
+        assert (await post(h, body)).status_code == 503
+        assert (await post(h, body)).status_code == 200  # Meta's redelivery
+        replies = await h.store.pool.fetchval(
+            "SELECT count(*) FROM wa_outbound WHERE key = $1", f"reply:{press['id']}"
+        )
+        assert replies == 0
+        approvals = [e for e in await h.store.card_events(card.id) if e.to_status == "approved"]
+        assert len(approvals) == 1
+        # A second press (another message) of the same person is still told.
+        again = button_message(wa_id, inbound.button_id(Decision.APPROVE, card.id))
+        assert (await post(h, delivery(again))).status_code == 200
+        replies = await h.store.pool.fetchval(
+            "SELECT count(*) FROM wa_outbound WHERE key = $1", f"reply:{again['id']}"
+        )
+        assert replies == 1
+
+
+async def test_a_delivery_let_go_is_gone_unless_a_choice_was_written(database_url: str) -> None:
+    """A code review: a claim let go (a refusal, a failure) kept its row, which a gateway of
+    the version before claims reads as "seen" (its insert finds the row): the redelivery
+    was answered 200 and dropped there. Nothing chosen yet: the row goes. A choice written
+    (a "sim" that may have approved): kept, its claim let go, for the redelivery to redo."""
+    async with harness(
+        database_url, model=Scripted(pix()), settings=wa_settings(), start_worker=False
+    ) as h:
+        rows = h.store.whatsapp
+        plain, chosen = f"wamid.{secrets.token_hex(6)}", f"wamid.{secrets.token_hex(6)}"
+        claim = await rows.claim_delivery("whatsapp", plain, 30)
+        await rows.forget_delivery("whatsapp", plain, claim)
+        left = "SELECT count(*) FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1"
+        assert await h.store.pool.fetchval(left, plain) == 0
+        claim = await rows.claim_delivery("whatsapp", chosen, 30)
+        assert await rows.delivery_effect("whatsapp", chosen, claim, "confirm:x")
+        await rows.forget_delivery("whatsapp", chosen, claim)
+        again = await rows.claim_delivery("whatsapp", chosen, 30)
+        assert (again.state, again.effect) == ("claimed", "confirm:x")
+        # the first claim's token no longer writes anything
+        assert not await rows.delivery_effect("whatsapp", chosen, claim, "message")
+        await rows.delivery_handled("whatsapp", chosen, claim)
+        assert (await rows.claim_delivery("whatsapp", chosen, 30)).state == "busy"

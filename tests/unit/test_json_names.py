@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from signoff.gateway.frames import decode_frame
 from signoff.gateway.service import ResolveIn, one_value_per_name, parse
-from signoff.runtime.errors import InvalidInput
+from signoff.runtime.cards import Risk
+from signoff.runtime.errors import InvalidInput, ToolValidationError
+from signoff.runtime.tools import Tool
 
 
 def test_a_repeated_name_is_refused_and_named() -> None:
@@ -80,3 +83,28 @@ def test_an_integer_beyond_2_53_is_refused_anywhere_in_a_payload() -> None:
             '{"type": "resolve", "id": "c1", "card_id": "x", "decision": "edit", '
             '"snapshot_hash": "h", "edits": {"amount_cents": 99999999999999999999}}'
         )
+
+
+class CountIn(msgspec.Struct):
+    qty: int
+    tags: list[int] = msgspec.field(default_factory=list)
+
+
+class Count(Tool):
+    name = "count"
+    description = "test tool"
+    risk = Risk.REVERSIBLE
+    input_type = CountIn
+
+
+def test_a_tool_input_bound_holds_for_digits_given_as_a_string() -> None:
+    """A code review: the gateway's bound was on JSON numbers, but a tool's input is read
+    leniently (a string of digits becomes an int), so an edit {"qty": "1000...0"} froze
+    10**40 into a card. The tool's parse refuses it, as the gateway refuses the number."""
+    tool = Count()
+    assert tool.parse({"qty": str(2**53 - 1), "tags": [-(2**53 - 1)]}) == CountIn(
+        qty=2**53 - 1, tags=[-(2**53 - 1)]
+    )
+    for bad in ({"qty": "1" + "0" * 40}, {"qty": "9007199254740993"}, {"qty": 1, "tags": [2**60]}):
+        with pytest.raises(ToolValidationError, match="out of range"):
+            tool.parse(bad)

@@ -55,6 +55,7 @@ BUSY_POLL_SECONDS = 0.1
 # A text's effect under SIGNOFF_WHATSAPP_TEXT_CONFIRM (deliveries.effect).
 CONFIRM = "confirm:"
 MESSAGE = "message"
+PRESS = "press"  # a button's decision (made once; handled again, it says nothing)
 MAX_BODY = 1024 * 1024
 # Run ids derive from the inbox message id (design note 5); WhatsApp's own message id
 # makes that id stable across Meta's redeliveries too.
@@ -232,7 +233,7 @@ class WhatsAppChannel:
         """``claim``: this request's claim on the message, with what an earlier handling
         of it chose to do, if any (design notes 64 and 66)."""
         if item.button_id is not None:
-            await self.button(item)
+            await self.button(item, claim)
         elif item.text is not None:
             await self.text(item, claim)
 
@@ -266,15 +267,7 @@ class WhatsAppChannel:
             again = effect is not None
             if effect is None:
                 effect = await self._confirms(item, thread_id)
-                # Written only while this request still holds the claim: a handling slow
-                # past its lease, whose message another request re-claimed and handled
-                # meanwhile, chose after that one had acted (and differently: its card
-                # approved, a "sim" became a message too). It stops here (design note 66).
-                if not await self.rows.delivery_effect(CHANNEL, item.message_id, claim, effect):
-                    raise Unavailable(
-                        "this message was taken over by another request (its claim lapsed)",
-                        retry_after=1.0,
-                    )
+                await self._chose(item, claim, effect)
             if effect.startswith(CONFIRM):
                 await self._confirm(item, effect.removeprefix(CONFIRM), again)
                 return
@@ -321,7 +314,18 @@ class WhatsAppChannel:
             return
         await self.decide(item, card, Decision.APPROVE, again=again)
 
-    async def button(self, item: inbound.Inbound) -> None:
+    async def _chose(self, item: inbound.Inbound, claim: DeliveryClaim, effect: str) -> None:
+        """Write what this handling chose, before doing it; only while this request still
+        holds the claim: a handling slow past its lease, whose message another request
+        re-claimed and handled meanwhile, chose after that one had acted (and differently:
+        its card approved, a "sim" became a message too). It stops here (design note 66)."""
+        if not await self.rows.delivery_effect(CHANNEL, item.message_id, claim, effect):
+            raise Unavailable(
+                "this message was taken over by another request (its claim lapsed)",
+                retry_after=1.0,
+            )
+
+    async def button(self, item: inbound.Inbound, claim: DeliveryClaim) -> None:
         assert item.button_id is not None
         parsed = inbound.parse_button(item.button_id)
         if parsed is None:
@@ -337,7 +341,13 @@ class WhatsAppChannel:
             return
         if await self.rows.contact_thread(self.tenant, item.wa_id) is not None:
             await self.rows.touch_inbound(self.tenant, item.wa_id)
-        await self.decide(item, card, decision)
+        # A press handled again (its answer lost, a claim that lapsed) finds its own
+        # decision made: it says nothing then ("already approved" to a person who pressed
+        # once). Marked on the claim before deciding, as a text's choice is.
+        again = claim.effect is not None
+        if not again:
+            await self._chose(item, claim, PRESS)
+        await self.decide(item, card, decision, again=again)
 
     async def decide(
         self, item: inbound.Inbound, card: Card, decision: Decision, *, again: bool = False
