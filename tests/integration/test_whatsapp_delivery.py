@@ -155,6 +155,20 @@ async def text_confirm_card(
     return wa_id, thread, pending[0]
 
 
+def first_answer_lost(channel: WhatsAppChannel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The channel's next decision commits, and its answer is lost (Unavailable)."""
+    real = channel.decisions.store.decide
+    lost = [True]
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        moved = await real(*args, **kwargs)  # committed
+        if lost and lost.pop():
+            raise Unavailable("the connection dropped after COMMIT")
+        return moved
+
+    monkeypatch.setattr(channel.decisions.store, "decide", answer_lost)
+
+
 async def post(h: Harness, body: bytes) -> httpx.Response:
     async with httpx.AsyncClient(base_url=h.base_url, timeout=30) as client:
         return await client.post(
@@ -192,16 +206,7 @@ async def test_a_sim_whose_decision_committed_but_whose_answer_was_lost_is_not_a
     ) as h:
         channel = channel_of(h.asgi)
         wa_id, thread, card = await text_confirm_card(h, channel, monkeypatch)
-        real = channel.decisions.store.decide
-        lost = [True]
-
-        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
-            moved = await real(*args, **kwargs)  # committed
-            if lost and lost.pop():
-                raise Unavailable("the connection dropped after COMMIT")
-            return moved
-
-        monkeypatch.setattr(channel.decisions.store, "decide", answer_lost)
+        first_answer_lost(channel, monkeypatch)
         body = delivery(text_message(wa_id, "sim"))
         assert (await post(h, body)).status_code == 503
         assert (await h.store.get_card(card.id)).status is not Status.PENDING
@@ -281,16 +286,7 @@ async def test_a_button_pressed_once_and_handled_again_says_nothing_more(
     ) as h:
         channel = channel_of(h.asgi)
         wa_id, _, card = await text_confirm_card(h, channel, monkeypatch)
-        real = channel.decisions.store.decide
-        lost = [True]
-
-        async def answer_lost(*args: Any, **kwargs: Any) -> Any:
-            moved = await real(*args, **kwargs)  # committed
-            if lost and lost.pop():
-                raise Unavailable("the connection dropped after COMMIT")
-            return moved
-
-        monkeypatch.setattr(channel.decisions.store, "decide", answer_lost)
+        first_answer_lost(channel, monkeypatch)
         press = button_message(wa_id, inbound.button_id(Decision.APPROVE, card.id))
         body = delivery(press)
         assert (await post(h, body)).status_code == 503
