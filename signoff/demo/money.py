@@ -42,8 +42,12 @@ def parse_amount(value: str | int | float) -> int:
         reais = Decimal(value if isinstance(value, int) else repr(value))
     else:
         text = value.strip().replace("R$", "").replace(" ", "")
+        if re.fullmatch(r"-[0-9.,]*[0-9][0-9.,]*", text):  # "-20": a number, below zero
+            raise ToolValidationError(_POSITIVE)
         if not re.fullmatch(r"[0-9.,]+", text or "x"):
             raise ToolValidationError(_not_a_number(value))
+        if _AMBIGUOUS.fullmatch(text):
+            raise ToolValidationError(_ambiguous(value))
         text = _decimal_point(text)
         try:
             reais = Decimal(text)
@@ -67,6 +71,22 @@ def parse_amount(value: str | int | float) -> int:
             {"en": "amount is less than R$ 0,01", "pt-BR": "o valor é menor que R$ 0,01"}
         )
     return cents
+
+
+# "1,234": a thousand and more in English, one real and cents in Portuguese (a first-hour
+# walkthrough had a Brazilian's "1,234" charged as R$ 1.234,00). Money is not guessed:
+# refused, saying how to write either. ("1.234" is a thousand in reais' own notation;
+# "1,234.56" and "1,234,567" say which mark is which.)
+_AMBIGUOUS = re.compile(r"0*[1-9][0-9]{0,2},[0-9]{3}")
+
+
+def _ambiguous(value: str) -> dict[str, str]:
+    return {
+        "en": f"amount {_shown(value)} is ambiguous: write 1234 (or 1.234) for a thousand and "
+        "more, or 1,23 for one real and cents",
+        "pt-BR": f"o valor {_shown(value)} é ambíguo: escreva 1234 (ou 1.234) para milhares, "
+        "ou 1,23 para reais e centavos",
+    }
 
 
 def _decimal_point(text: str) -> str:

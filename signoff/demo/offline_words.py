@@ -290,6 +290,12 @@ _NOT_DONE: list[tuple[re.Pattern[str], str, str]] = [
         "The amount must be more than zero.",
     ),
     (
+        re.compile(r"amount ('.*') is ambiguous"),
+        "O valor {0} é ambíguo: escreva 1234 (ou 1.234) para milhares, ou 1,23 para centavos.",
+        "The amount {0} is ambiguous: write 1234 (or 1.234) for a thousand and more, or 1.23 "
+        "for cents.",
+    ),
+    (
         re.compile(r"amount is too large"),
         "Esse valor é grande demais.",
         "That amount is too large.",

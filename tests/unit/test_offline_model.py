@@ -257,7 +257,7 @@ def test_a_currency_word_run_into_the_number_is_still_the_amount() -> None:
         ("charge João 1,234,567.89", None),
         ("cobre 1.000,00 do João", 100000),
         ("cobre 1.234.567,89 do João", None),
-        ("charge João 1,000", 100000),
+        ("charge João 1,000", None),
         ("cobre 150,50 do João", 15050),
     ],
 )
@@ -266,8 +266,8 @@ def test_thousands_in_either_language_are_the_amount(text: str, cents: int | Non
     (None: read whole, and above the demo's limit, so the tool refuses it.)"""
     (use,) = ask([user(text)]).tool_uses()
     if cents is None:
-        assert use["input"]["amount"] in ("1,234,567.89", "1.234.567,89")
-        with pytest.raises(ToolValidationError, match="too large"):
+        assert use["input"]["amount"] in ("1,234,567.89", "1.234.567,89", "1,000")
+        with pytest.raises(ToolValidationError, match=r"too large|ambiguous"):
             parse_amount(use["input"]["amount"])
     else:
         assert parse_amount(use["input"]["amount"]) == cents

@@ -119,7 +119,6 @@ def test_tool_specs_are_self_contained_schemas() -> None:
         # one mark followed by three digits groups thousands: money has no third decimal
         ("1.000", 100000),
         ("2.500", 250000),
-        ("1,000", 100000),
         ("1,000.50", 100050),
         ("1.000,50", 100050),
         ("12.345", 1234500),
@@ -135,6 +134,27 @@ def test_parse_amount(raw: Any, cents: int) -> None:
 @pytest.mark.parametrize("raw", ["", "abc", "-5", "0", True, "1.000.001,00", "0,001", ".", "1,2,3"])
 def test_parse_amount_refuses(raw: Any) -> None:
     with pytest.raises(ToolValidationError):
+        parse_amount(raw)
+
+
+@pytest.mark.parametrize("raw", ["1,234", "1,000", "12,345", "999,999", "R$ 1,234", "01,234"])
+def test_one_comma_before_three_digits_is_ambiguous_and_refused(raw: str) -> None:
+    """A first-hour walkthrough: a Brazilian's "cobre 1,234" was charged as R$ 1.234,00
+    (an English thousands comma); in Portuguese it is one real and cents. Refused, saying
+    how to write either; "1.234" (reais' own thousands mark), "1,23", "1,234.50" and
+    "1,000,000" are not ambiguous."""
+    with pytest.raises(ToolValidationError, match="ambiguous"):
+        parse_amount(raw)
+    assert parse_amount("1.234") == 123400
+    assert parse_amount("1,23") == 123
+    assert parse_amount("1,234.50") == 123450
+    assert parse_amount("1,000,000") == 100000000
+
+
+@pytest.mark.parametrize("raw", ["-20", "-1,50", " -1.000 "])
+def test_a_negative_amount_is_told_it_must_be_positive(raw: str) -> None:
+    """It was told "not a number of reais" (the walkthrough), while 0 was told the truth."""
+    with pytest.raises(ToolValidationError, match="positive"):
         parse_amount(raw)
 
 
