@@ -109,6 +109,7 @@ class Queries:
     delivery_handled: str
     delivery_forget: str
     wa_card_shown: str
+    wa_quoted_card: str
     wa_contact_get: str
     wa_contact_insert: str
     wa_contact_inbound: str

@@ -1290,17 +1290,40 @@ WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled
   AND effect IS NOT NULL;
 
 -- name: wa_card_shown
--- Whether card $2's proposal (its 'card' entry in thread $1) was sent to the thread's
--- WhatsApp number before the person's message of unix second $3 (its `timestamp`, whole
--- seconds: a send within that second counts): a text "ok" approves only a card the
--- person had been shown when they wrote it, not one shown after a late redelivery.
+-- Whether a text "ok" of unix second $3 (the message's `timestamp`, whole seconds) can
+-- only have been about card $2 of thread $1: its proposal (its 'card' entry) was sent to
+-- the thread's WhatsApp number before then (a send within that second counts), and no
+-- other card of the thread had been sent by then and was still undecided at that second
+-- (an "ok" written while two cards waited chose neither, whichever is left when it is
+-- handled: a hostile probe). Not one shown after a late redelivery, either.
 SELECT EXISTS (
     SELECT 1 FROM messages m
     JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
     WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' = $2::text
       AND o.status = 'sent'
       AND o.sent_at < to_timestamp($3::bigint + 1)
+) AND NOT EXISTS (
+    SELECT 1 FROM messages m
+    JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
+    JOIN cards c ON c.id::text = m.body->>'id'
+    WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' <> $2::text
+      AND o.status = 'sent'
+      AND o.sent_at < to_timestamp($3::bigint + 1)
+      AND c.expires_at > to_timestamp($3::bigint)
+      AND NOT EXISTS (
+          SELECT 1 FROM card_events e
+          WHERE e.card_id = c.id AND e.from_status = 'pending'
+            AND e.at < to_timestamp($3::bigint)
+      )
 );
+
+-- name: wa_quoted_card
+-- The card whose WhatsApp message $2 (Meta's id, as the send returned it) a reply in
+-- thread $1 quotes, if it quotes one.
+SELECT m.body->>'id' FROM messages m
+JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
+WHERE m.thread_id = $1 AND m.kind = 'card' AND o.wa_message = $2
+LIMIT 1;
 
 -- name: wa_contact_get
 SELECT thread_id::text FROM wa_contacts WHERE tenant = $1 AND wa_id = $2;

@@ -75,6 +75,11 @@ class WhatsAppRows:
         decision whose answer was lost may have committed)."""
         await self._db.execute(SQL.delivery_forget, channel, message_id, claim.token)
 
+    async def quoted_card(self, thread_id: str, wa_message: str) -> str | None:
+        """The card whose WhatsApp message ``wa_message`` is (a quoted reply's), if any."""
+        value = await self._db.fetchval(SQL.wa_quoted_card, thread_id, wa_message)
+        return None if value is None else str(value)
+
     async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool:
         """Whether the card's proposal was sent to the thread's number before ``before``
         (the unix second of the person's message: a send within that second counts)."""

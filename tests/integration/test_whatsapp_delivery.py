@@ -304,6 +304,24 @@ async def test_a_button_pressed_once_and_handled_again_says_nothing_more(
             "SELECT count(*) FROM wa_outbound WHERE key = $1", f"reply:{again['id']}"
         )
         assert replies == 1
+        # So is a press of the other button handled again (refused before deciding the
+        # first time): the card is not what it asked for.
+        real = channel.decisions.resolve
+        failing = [True]
+
+        async def refused_once(*args: Any, **kwargs: Any) -> Any:
+            if failing and failing.pop():
+                raise Unavailable("Postgres away")
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(channel.decisions, "resolve", refused_once)
+        no = button_message(wa_id, inbound.button_id(Decision.REJECT, card.id))
+        assert (await post(h, delivery(no))).status_code == 503
+        assert (await post(h, delivery(no))).status_code == 200
+        replies = await h.store.pool.fetchval(
+            "SELECT count(*) FROM wa_outbound WHERE key = $1", f"reply:{no['id']}"
+        )
+        assert replies == 1
 
 
 async def test_a_delivery_let_go_is_gone_unless_a_choice_was_written(database_url: str) -> None:

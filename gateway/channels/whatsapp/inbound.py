@@ -28,6 +28,9 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
     # When the person sent it (Meta's `timestamp`, unix seconds), None if it came without
     # one: a text "ok" approves only a card shown to them before then.
     sent: int | None = None
+    # The WhatsApp message it answers (a swipe reply quotes it: Meta's `context.id`), if
+    # any: a "sim" quoting a card is about that card only.
+    quoted: str | None = None
 
 
 def messages(payload: Any, phone_number_id: str) -> list[Inbound]:
@@ -94,12 +97,17 @@ def _one(msg: Any) -> Inbound | None:
     kind = msg.get("type")
     stamp = msg.get("timestamp")
     sent = int(stamp) if isinstance(stamp, str) and _STAMP.fullmatch(stamp) else None
+    quoted = _dict(msg.get("context")).get("id")
     if kind == "text":
         body = _dict(msg.get("text")).get("body")
         if isinstance(body, str):
             body = clean_text(body)
             if body:
-                return Inbound(message_id=mid, wa_id=sender, text=body, sent=sent)
+                # A quote this channel cannot read (not a short printable id) is kept as
+                # one no card matches: the "sim" then confirms nothing.
+                ok = isinstance(quoted, str) and 0 < len(quoted) <= MAX_MESSAGE_ID
+                quote = (quoted if ok and quoted.isprintable() else "?") if quoted else None
+                return Inbound(message_id=mid, wa_id=sender, text=body, sent=sent, quoted=quote)
     elif kind == "interactive":
         bid = _dict(_dict(msg.get("interactive")).get("button_reply")).get("id")
         if isinstance(bid, str) and len(bid) <= MAX_BUTTON_ID:

@@ -26,7 +26,7 @@ from signoff.gateway.http import error_response, json_response
 from signoff.gateway.quotas import MemoryLedger, Quotas
 from signoff.gateway.service import LONE_SURROGATE, announce_thread
 from signoff.runtime.bus import Bus, Job
-from signoff.runtime.cards import Card, Decision
+from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Decisions, Resolution
 from signoff.runtime.errors import (
@@ -77,6 +77,7 @@ class ChannelRows(OutboundRows, Protocol):
     ) -> None: ...
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None: ...
     async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool: ...
+    async def quoted_card(self, thread_id: str, wa_message: str) -> str | None: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
@@ -297,12 +298,15 @@ class WhatsAppChannel:
         # "ok" written before the card reached WhatsApp (or while its sending failed), or
         # delivered again after a newer card replaced the one it answered, is about
         # something else, and is a message like any other.
-        if (
-            card is not None
-            and card.owner == item.wa_id
-            and item.sent is not None
-            and await self.rows.card_shown(thread_id, card.id, item.sent)
+        if card is None or card.owner != item.wa_id or item.sent is None:
+            return MESSAGE
+        # A swipe reply quoting a card is about that card only: quoting one a correction
+        # replaced, it approved the newer card (a hostile probe).
+        if item.quoted is not None and await self.rows.quoted_card(thread_id, item.quoted) != (
+            card.id
         ):
+            return MESSAGE
+        if await self.rows.card_shown(thread_id, card.id, item.sent):
             return CONFIRM + card.id
         return MESSAGE
 
@@ -383,7 +387,7 @@ class WhatsAppChannel:
                 )
                 return
             fresh = await self.store.get_card(card.id)
-            if again and fresh.decided_by == item.wa_id:
+            if again and fresh.decided_by == item.wa_id and _decided_as(fresh.status, decision):
                 return  # most likely this message's own decision: nothing to tell
             await self.reply(item, outbound.decided_notice(fresh.public()))
 
@@ -404,3 +408,18 @@ class WhatsAppChannel:
         await self.courier.finish(
             key, await self.sender.send(payload, still_ours=self.courier.holds(key))
         )
+
+
+def _decided_as(status: Status, decision: Decision) -> bool:
+    """Whether a card's status is what ``decision`` made of it (an approval: approved and
+    what follows it; a rejection: rejected). A press of the other button, handled again,
+    is still told what became of the card."""
+    if decision is Decision.REJECT:
+        return status is Status.REJECTED
+    return status in (
+        Status.APPROVED,
+        Status.EXECUTING,
+        Status.EXECUTED,
+        Status.INVALIDATED,
+        Status.FAILED,
+    )

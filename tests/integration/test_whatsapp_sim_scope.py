@@ -1,0 +1,170 @@
+"""A text "sim" (SIGNOFF_WHATSAPP_TEXT_CONFIRM) approves only the one card it can have been
+about (in process, the real channel against a fake Graph API; a hostile probe's cases).
+
+- Written while two cards waited, it chose neither, even if one of them was decided or
+  expired before the "sim" was handled (a late delivery approved the one left).
+- A swipe reply quoting a card is about that card only (quoting a card a correction had
+  replaced, it approved the newer card).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from signoff.demo.offline_model import OfflineDemoModel
+from signoff.runtime.cards import Card, Decision, Status
+from signoff.runtime.decisions import Resolution
+from signoff.testing import FakeGraphAPI, Harness, delivery, text_message
+from tests.harness import harness
+from tests.integration.test_whatsapp_delivery import channel_of, post, sims_in, wa_settings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+TOKEN = "wa-token"
+
+
+@pytest.fixture
+def graph() -> Iterator[FakeGraphAPI]:
+    with FakeGraphAPI(token=TOKEN) as g:
+        yield g
+
+
+def settings_for(graph: FakeGraphAPI) -> Any:
+    return msgspec.structs.replace(
+        wa_settings(),
+        whatsapp_token=TOKEN,
+        whatsapp_base_url=graph.url,
+        whatsapp_text_confirm=True,
+        whatsapp_text_confirm_max_risk="critical",
+    )
+
+
+@contextlib.asynccontextmanager
+async def sending(h: Harness) -> AsyncIterator[None]:
+    """The channel's courier, which a process runs beside its server (the harness does not)."""
+    task = asyncio.create_task(channel_of(h.asgi).courier.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def shown(h: Harness, wa_id: str, n: int) -> tuple[str, list[Card]]:
+    """The number's thread, once ``n`` of its cards are pending and sent to WhatsApp."""
+    deadline = time.monotonic() + 30
+    while True:
+        thread = await h.store.whatsapp.contact_thread(h.tenant, wa_id)
+        if thread is not None:
+            pending = await h.store.pending_cards(thread)
+            sent = await h.store.pool.fetchval(
+                "SELECT count(*) FROM wa_outbound o JOIN messages m"
+                " ON o.key = 'log:' || m.thread_id || ':' || m.seq"
+                " WHERE m.thread_id = $1 AND m.kind = 'card' AND o.status = 'sent'"
+                " AND m.body->>'id' = ANY($2::text[])",
+                thread,
+                [c.id for c in pending],
+            )
+            if len(pending) == n and sent == n:
+                return thread, pending
+        assert time.monotonic() < deadline, f"{n} cards never shown"
+        await asyncio.sleep(0.05)
+
+
+async def wamid_of(h: Harness, thread: str, card: Card) -> str:
+    value = await h.store.pool.fetchval(
+        "SELECT o.wa_message FROM wa_outbound o JOIN messages m"
+        " ON o.key = 'log:' || m.thread_id || ':' || m.seq"
+        " WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' = $2",
+        thread,
+        card.id,
+    )
+    assert isinstance(value, str)
+    return value
+
+
+async def approvals(h: Harness, card: Card) -> int:
+    return sum(1 for e in await h.store.card_events(card.id) if e.to_status == "approved")
+
+
+async def test_a_sim_written_while_two_cards_waited_approves_neither(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    async with (
+        harness(
+            database_url, model=OfflineDemoModel(), gateway=True, settings=settings_for(graph)
+        ) as h,
+        sending(h),
+    ):
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        ask = text_message(wa_id, "cobre 150 do João e estorne a venda V002")
+        assert (await post(h, delivery(ask))).status_code == 200
+        thread, (first, second) = await shown(h, wa_id, 2)
+        await asyncio.sleep(1.1)  # the "sim" is written a second after both were shown
+        sim = text_message(wa_id, "sim")
+        await asyncio.sleep(1.1)  # ... and reaches us late: one card decided meanwhile
+        await h.decisions.resolve(
+            first.id,
+            Resolution(decision=Decision.REJECT, snapshot_hash=first.snapshot_hash),
+            principal=wa_id,
+            channel="http",
+            tenant=h.tenant,
+        )
+        assert (await post(h, delivery(sim))).status_code == 200
+        await h.settle()
+        assert await approvals(h, second) == 0  # it chose neither: a message
+        assert await sims_in(h, thread) == 1
+        assert (await h.store.get_card(second.id)).status is Status.SUPERSEDED
+
+
+async def test_a_sim_quoting_a_card_is_about_that_card_only(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    async with (
+        harness(
+            database_url, model=OfflineDemoModel(), gateway=True, settings=settings_for(graph)
+        ) as h,
+        sending(h),
+    ):
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        assert (
+            await post(h, delivery(text_message(wa_id, "cobre 150 do João")))
+        ).status_code == 200
+        thread, (old,) = await shown(h, wa_id, 1)
+        old_wamid = await wamid_of(h, thread, old)
+        fix = text_message(wa_id, "cobre 90 do João")  # a correction replaces it
+        assert (await post(h, delivery(fix))).status_code == 200
+        deadline = time.monotonic() + 30
+        while (await h.store.get_card(old.id)).status is Status.PENDING:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        _, (new,) = await shown(h, wa_id, 1)
+        await asyncio.sleep(1.1)
+        quoting_old = {**text_message(wa_id, "sim"), "context": {"id": old_wamid}}
+        assert (await post(h, delivery(quoting_old))).status_code == 200
+        await h.settle()
+        assert await approvals(h, new) == 0  # about the replaced card: a message
+        assert await sims_in(h, thread) == 1
+        # Quoting the card that is waiting approves it.
+        again = text_message(wa_id, "cobre 70 do João")
+        assert (await post(h, delivery(again))).status_code == 200
+        _, (newest,) = await shown(h, wa_id, 1)
+        await asyncio.sleep(1.1)
+        quoting = {
+            **text_message(wa_id, "sim"),
+            "context": {"id": await wamid_of(h, thread, newest)},
+        }
+        assert (await post(h, delivery(quoting))).status_code == 200
+        deadline = time.monotonic() + 30
+        while await approvals(h, newest) == 0:
+            assert time.monotonic() < deadline, "the quoted card was not approved"
+            await asyncio.sleep(0.05)
