@@ -48,15 +48,20 @@ def settings_for(graph: FakeGraphAPI) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def sending(h: Harness) -> AsyncIterator[None]:
-    """The channel's courier, which a process runs beside its server (the harness does not)."""
-    task = asyncio.create_task(channel_of(h.asgi).courier.run())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+async def channel(database_url: str, graph: FakeGraphAPI) -> AsyncIterator[Harness]:
+    """The demo with the WhatsApp channel, and its courier (which a process runs beside its
+    server; the harness does not)."""
+    settings = settings_for(graph)
+    async with harness(
+        database_url, model=OfflineDemoModel(), gateway=True, settings=settings
+    ) as h:
+        task = asyncio.create_task(channel_of(h.asgi).courier.run())
+        try:
+            yield h
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def shown(h: Harness, wa_id: str, n: int) -> tuple[str, list[Card]]:
@@ -99,12 +104,7 @@ async def approvals(h: Harness, card: Card) -> int:
 async def test_a_sim_written_while_two_cards_waited_approves_neither(
     database_url: str, graph: FakeGraphAPI
 ) -> None:
-    async with (
-        harness(
-            database_url, model=OfflineDemoModel(), gateway=True, settings=settings_for(graph)
-        ) as h,
-        sending(h),
-    ):
+    async with channel(database_url, graph) as h:
         wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
         ask = text_message(wa_id, "cobre 150 do João e estorne a venda V002")
         assert (await post(h, delivery(ask))).status_code == 200
@@ -129,12 +129,7 @@ async def test_a_sim_written_while_two_cards_waited_approves_neither(
 async def test_a_sim_quoting_a_card_is_about_that_card_only(
     database_url: str, graph: FakeGraphAPI
 ) -> None:
-    async with (
-        harness(
-            database_url, model=OfflineDemoModel(), gateway=True, settings=settings_for(graph)
-        ) as h,
-        sending(h),
-    ):
+    async with channel(database_url, graph) as h:
         wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
         assert (
             await post(h, delivery(text_message(wa_id, "cobre 150 do João")))
