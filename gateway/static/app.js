@@ -695,6 +695,7 @@
   // ------------------------------------------------------------------ the view model
 
   function resetView() {
+    hideGuard();
     state.lastSeq = 0;
     state.liveFrom = Infinity;
     state.cards.clear();
@@ -1316,6 +1317,7 @@
     el.pending.hidden = n === 0;
     // A message now would replace them (design note 17); a workflow thread takes none.
     el.composerHint.hidden = n === 0 || isWorkflowThread(state.threadId);
+    if (n === 0 && el.guard && !el.guard.hidden) hideGuard();
     el.pendingText.textContent = n === 1 ? t('pending.one') : t('pending.many', { n: n });
     var busy = pending.some(function (e) { return e.busy; });
     // A card with its edit form open is not confirmed as it stands, one by one or all
@@ -1404,6 +1406,32 @@
     }
   }
 
+  // A message sent under waiting cards replaces them (design note 17): the composer says
+  // so first and sends it once the person chose to, here or in a new chat (a person who
+  // opened the chat on another device landed under a waiting card, and their first words
+  // replaced it; a typed correction did too, where Edit was meant).
+  function submitComposer() {
+    var text = el.text.value.trim();
+    if (!text) return;
+    var waiting = isWorkflowThread(state.threadId) ? 0 : pendingCards().length;
+    // (a message sent again under its key is the same message: it replaces nothing)
+    var again = state.retry && state.retry.text === text;
+    if (waiting > 0 && state.confirmed !== text && !again) {
+      state.guarded = text;
+      el.guardText.textContent = waiting === 1 ? t('guard.one') : t('guard.many', { n: waiting });
+      el.guard.hidden = false;
+      return;
+    }
+    hideGuard();
+    if (sendMessage(text)) el.text.value = '';
+  }
+
+  function hideGuard() {
+    state.guarded = null;
+    state.confirmed = null;
+    if (el.guard) el.guard.hidden = true;
+  }
+
   function sendMessage(text) {
     text = (text || '').trim();
     if (!text) return false;
@@ -1472,6 +1500,10 @@
     el.thinking = $('thinking');
     el.composer = $('composer');
     el.composerHint = $('composer-hint');
+    el.guard = $('replace-guard');
+    el.guardText = $('replace-guard-text');
+    el.guardSend = $('guard-send');
+    el.guardNew = $('guard-new');
     el.text = $('text');
     el.send = $('send');
     el.composerError = $('composer-error');
@@ -1526,14 +1558,29 @@
     el.rejectAll.addEventListener('click', function () { batch('reject'); });
     el.composer.addEventListener('submit', function (ev) {
       ev.preventDefault();
-      if (sendMessage(el.text.value)) el.text.value = '';
+      submitComposer();
     });
-    el.text.addEventListener('input', renderComposer);
+    el.text.addEventListener('input', function () {
+      if (state.guarded !== el.text.value.trim()) hideGuard();
+      renderComposer();
+    });
     el.text.addEventListener('keydown', function (ev) {
       if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();
-        if (!el.send.disabled && sendMessage(el.text.value)) el.text.value = '';
+        if (!el.send.disabled) submitComposer();
       }
+    });
+    el.guardSend.addEventListener('click', function () {
+      state.confirmed = el.text.value.trim();
+      submitComposer();
+      el.text.focus();
+    });
+    el.guardNew.addEventListener('click', function () {
+      var text = el.text.value;
+      hideGuard();
+      el.newChat.click();
+      el.text.value = text;
+      if (sendMessage(text)) el.text.value = '';
     });
     window.addEventListener('popstate', function () {
       var thread = new URL(window.location.href).searchParams.get('thread');

@@ -116,11 +116,16 @@ class Chat:
         if token:
             await expect(self.page.locator("#conn")).to_have_text("Online")
 
-    async def say(self, text: str) -> None:
+    async def say(self, text: str, *, here: bool = True) -> None:
+        """Type and send ``text``. Under waiting cards the composer asks first (it would
+        replace them): ``here`` answers "Send here"; False leaves the question open."""
         box = self.page.get_by_label(self.message_label, exact=True)
         await expect(self.page.locator("#send")).to_be_enabled()
         await box.fill(text)
         await box.press("Enter")
+        guard = self.page.locator("#replace-guard")
+        if here and await guard.is_visible():
+            await guard.locator("#guard-send").click()
 
     def cards(self) -> Any:
         return self.page.locator("article.card")

@@ -724,3 +724,35 @@ async def test_an_open_form_survives_reload_and_language_and_says_when_it_was_no
     await other_ui.get_by_role("button", name="Propose edited card").click()
     await expect(other_ui).to_have_attribute("data-status", "modified")
     await expect(other_ui.locator(".card-error")).to_be_empty()
+
+
+async def test_a_message_under_a_waiting_card_asks_first_and_can_go_to_a_new_chat(
+    chat: Chat,
+) -> None:
+    """A first-hour walkthrough: opening the chat on a second device landed under a card
+    waiting there, and the first words typed replaced it without a word ("Superseded").
+    The composer says what sending here would do; the person sends here (the card is
+    replaced), or in a new chat (the card keeps waiting)."""
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    await chat.say("saldo", here=False)
+    guard = page.locator("#replace-guard")
+    await expect(guard).to_be_visible()
+    await expect(guard).to_contain_text("replaces the card waiting")
+    await chat.shot("1-asked")
+    assert not [f for f in chat.sent_frames if f.get("type") == "message" and f["text"] == "saldo"]
+    await page.get_by_role("button", name="Send in a new chat").click()
+    await expect(guard).to_be_hidden()
+    await expect(page.locator(".msg.user", has_text="saldo")).to_have_count(1)
+    await expect(chat.card(card.id)).to_have_count(0)  # a new conversation
+    assert (await chat.h.store.get_card(card.id)).status == "pending"
+    # Back in the card's conversation, a correction sent here replaces it, once chosen.
+    await page.locator(".thread-link", has_text="cobre 150 do João").click()
+    ui = chat.card(card.id)
+    await expect(ui).to_have_attribute("data-status", "pending")
+    await chat.say("não, são 120", here=False)
+    await expect(guard).to_be_visible()
+    await page.get_by_role("button", name="Send here").click()
+    await expect(ui).to_have_attribute("data-status", "superseded")
+    await expect(guard).to_be_hidden()
