@@ -396,7 +396,15 @@
     // server runs it once, in the thread its first send made, design note 54).
     var unanswered = null;
     state.requests.forEach(function (req) {
-      if (req.cardIds) req.cardIds.forEach(function (id) { setBusy(id, false); });
+      if (req.cardIds) {
+        req.cardIds.forEach(function (id) {
+          // Said on the card: it looked undecided, as if the click was lost (a
+          // first-hour walkthrough); the replay shows what happened once back online.
+          var entry = state.cards.get(id);
+          if (entry && entry.card.status === 'pending') entry.error = t('card.unknown');
+          setBusy(id, false);
+        });
+      }
       if (req.kind === 'message') unanswered = req;
     });
     state.requests.clear();
@@ -855,7 +863,8 @@
     if (live) {
       if (!previous) {
         announce(t('announce.new', { summary: card.summary }));
-      } else if (previous !== card.status) {
+      } else if (previous !== card.status && card.status !== 'executing') {
+        // (not the passing "executing": one confirm read the whole summary three times)
         announce(t('announce.status', { status: statusLabel(card.status).toLowerCase(), summary: card.summary }));
       }
     }
@@ -1097,7 +1106,13 @@
     if (!entry || entry.busy) return;
     if (action === 'again') {
       if (entry.againSent) return;
-      entry.againSent = sendMessage(t('again.text', { summary: entry.card.summary }));
+      // With the tool's own fields (a description): the summary alone made a card
+      // without them (a first-hour walkthrough).
+      var fields = (entry.card.impact && entry.card.impact.fields) || [];
+      var said = [entry.card.summary].concat(fields.filter(function (f) {
+        return f && typeof f.label === 'string' && typeof f.value === 'string' && f.value;
+      }).map(function (f) { return f.label + ': ' + f.value; })).join(' · ');
+      entry.againSent = sendMessage(t('again.text', { summary: said }));
       renderCard(entry);
       return;
     }

@@ -125,6 +125,16 @@ def brl(cents: int) -> str:
     return f"{sign}R$ {grouped},{cent:02d}"
 
 
+def br_datetime(text: str) -> str:
+    """ "2026-12-08 14:00" -> "08/12/2026 14:00", as the demo's Portuguese cards write dates
+    (an ISO date on a card read as a machine's, a first-hour walkthrough); else as given."""
+    found = re.fullmatch(r"(\d{4})-(\d{2})-(\d{2})([ T]\d{2}:\d{2})?", text.strip())
+    if found is None:
+        return text
+    year, month, day, time = found.groups()
+    return f"{day}/{month}/{year}{(' ' + time[1:]) if time else ''}"
+
+
 def mask_cpf(cpf: str) -> str:
     """ "123.123.456-78" -> "***.123.456-**"."""
     digits = re.sub(r"\D", "", cpf)

@@ -85,6 +85,9 @@ SEND = re.compile(
 )
 
 
+_DESCRIPTION = re.compile(r"(?:descrição|description)\s*:\s*([^·]+)", re.IGNORECASE)
+
+
 def requests(text: str) -> list[str]:
     """The requests of a message: split before each verb (``_SPLIT``), and a charge's
     verb carried over to the charges listed after it without one."""
@@ -168,7 +171,11 @@ def intent(part: str) -> dict[str, Any] | None:
     if re.search(r"cobr|\bpix\b|charge", low):
         amount = amount_of(part)
         if name and amount:
-            return _use("create_pix_charge", {"customer": name, "amount": amount})
+            data = {"customer": name, "amount": amount}
+            # "Propose again" of a card that had one ("· Descrição: aluguel de março")
+            if (said := _DESCRIPTION.search(part)) is not None:
+                data["description"] = said.group(1).strip()
+            return _use("create_pix_charge", data)
         return None
     if re.search(r"busc|find|procur|search|look up|cliente|customer", low) and name:
         return _use("find_customer", {"query": name})

@@ -19,7 +19,7 @@ from signoff import (
     ToolValidationError,
     one_line,
 )
-from signoff.demo.money import brl, mask_cpf, parse_amount
+from signoff.demo.money import br_datetime, brl, mask_cpf, parse_amount
 from signoff.demo.provider import Provider
 
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -301,7 +301,8 @@ class CancelAppointment(Tool):
             raise ToolValidationError(f"no appointment {data.appointment_id!r}")
         if appt["status"] != "scheduled":
             raise ToolValidationError(f"appointment {appt['id']} is {appt['status']}")
-        summary = f"Cancelar consulta {appt['id']} · Cliente: {appt['name']} · Data: {appt['at']}"
+        when = br_datetime(str(appt["at"]))
+        summary = f"Cancelar consulta {appt['id']} · Cliente: {appt['name']} · Data: {when}"
         impact = {
             "target": appt["name"],
             "reversible": True,

@@ -756,3 +756,66 @@ async def test_a_message_under_a_waiting_card_asks_first_and_can_go_to_a_new_cha
     await page.get_by_role("button", name="Send here").click()
     await expect(ui).to_have_attribute("data-status", "superseded")
     await expect(guard).to_be_hidden()
+
+
+async def test_propose_again_of_an_edited_card_keeps_its_description(chat: Chat) -> None:
+    """A first-hour walkthrough: "Propose again" of an expired card that had been edited
+    (an amount and a description) proposed a card without the description: the page sent
+    only the summary. It sends the card's own fields too."""
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await ui.locator(".actions").get_by_role("button", name="Edit").click()
+    await ui.get_by_label("Description").fill("aluguel de março")
+    await ui.get_by_role("button", name="Propose edited card").click()
+    [edited] = await chat.wait_cards(1)
+    await chat.h.provider.pool.execute(
+        "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1::uuid",
+        edited.id,
+    )
+    await chat.h.worker.sweep()
+    await expect(chat.card(edited.id)).to_have_attribute("data-status", "expired")
+    await chat.card(edited.id).get_by_role("button", name="Propose again").click()
+    [again] = await chat.wait_cards(1)
+    assert again.id != edited.id
+    assert again.args_snapshot.get("description") == "aluguel de março", again.args_snapshot
+    await expect(chat.card(again.id).locator(".impact")).to_contain_text("aluguel de março")
+
+
+async def test_a_decision_cut_off_by_the_network_says_it_may_not_have_arrived(
+    chat: Chat,
+) -> None:
+    """A first-hour walkthrough: Confirm clicked, then the network gone before the answer:
+    the card went back to "Waiting for your decision" with no word, as if the click was
+    lost. It says the decision may or may not have arrived; back online it shows which."""
+    page = chat.page
+    swallowed: list[dict[str, Any]] = []
+
+    async def handler(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_page(raw: str | bytes) -> None:
+            frame = json.loads(raw)
+            if frame.get("type") == "resolve" and not swallowed:
+                swallowed.append(frame)  # lost on the way: the network went first
+                return
+            server.send(raw)
+
+        ws.on_message(from_page)
+        server.on_message(lambda raw: ws.send(raw))
+
+    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await ui.get_by_role("button", name="Confirm").click()
+    await expect(ui.locator(".progress")).to_have_text("Sending your decision…")
+    await page.context.set_offline(True)
+    await expect(ui.locator(".card-error")).to_contain_text("may or may not have arrived")
+    await chat.shot("1-unknown")
+    await page.context.set_offline(False)
+    await expect(page.locator("#conn")).to_have_text("Online")
+    await expect(ui).to_have_attribute("data-status", "pending")  # it did not arrive
+    await ui.get_by_role("button", name="Confirm").click()
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await expect(ui.locator(".card-error")).to_be_empty()

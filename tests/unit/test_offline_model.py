@@ -598,3 +598,21 @@ def test_every_example_the_help_gives_is_understood(lang: str) -> None:
     examples = re.findall(r'"([^"]+)"', HELP[lang])
     assert len(examples) == 3
     assert all(intent(example) is not None for example in examples), examples
+
+
+def test_propose_again_keeps_the_cards_description() -> None:
+    """A first-hour walkthrough: "Propose again" of an edited charge (with a description)
+    made a card without it: the page sent the summary alone, and the model read no
+    description. The page sends the card's fields too; the model reads them."""
+    text = (
+        "Proponha novamente: Gerar cobrança Pix · Cliente: João Silva (CPF ***.123.456-**)"
+        " · Valor: R$ 1.234,56 · Descrição: aluguel de março"
+    )
+    (use,) = ask([user(text)]).tool_uses()
+    assert use["input"] == {
+        "customer": "João",
+        "amount": "1.234,56",
+        "description": "aluguel de março",
+    }
+    (plain,) = ask([user("cobre 150 do João")]).tool_uses()
+    assert "description" not in plain["input"]

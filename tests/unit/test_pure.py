@@ -409,3 +409,11 @@ def test_the_owners_audit_leaves_out_what_operators_alone_read() -> None:
     assert _for_owner(broken)["detail"] == {"reason": {"en": "r"}}
     plain = {"to_status": "approved", "detail": {"reason": "ok", "edits": {"amount": 1}}}
     assert _for_owner(plain) is plain
+
+
+def test_a_cards_date_is_written_as_the_demos_portuguese_cards_write_dates() -> None:
+    from signoff.demo.money import br_datetime
+
+    assert br_datetime("2026-12-08 14:00") == "08/12/2026 14:00"
+    assert br_datetime("2026-12-08") == "08/12/2026"
+    assert br_datetime("amanhã às 9h") == "amanhã às 9h"  # not a date it knows: as given
