@@ -600,6 +600,18 @@
         entry.busy = false;
         entry.error = errorText(f);
         renderCard(entry);
+        // An edit the tool refused: its fields are marked and described by the card's
+        // error, and the first one takes focus to be fixed (focus went to the card).
+        var inputs = entry.form === 'edit-form' && f.status === 422 ?
+          entry.el.querySelectorAll('.card-form input') : [];
+        var errorId = 'card-error-' + entry.card.id;
+        entry.el.querySelector('.card-error').id = errorId;
+        Array.prototype.forEach.call(inputs, function (input) {
+          input.setAttribute('aria-invalid', 'true');
+          input.setAttribute('aria-describedby', errorId);
+          input.addEventListener('input', function () { input.removeAttribute('aria-invalid'); }, { once: true });
+        });
+        if (inputs.length) inputs[0].focus();
       });
       alertText(errorText(f));
       return;
@@ -1343,6 +1355,8 @@
     el.confirmAll.hidden = !batch;
     el.rejectAll.hidden = !batch;
     el.confirmAll.disabled = busy || editing || !state.ready;
+    // Why "Confirm all" waits, where it is seen (it was greyed out without a word).
+    if (batch && editing && !busy) el.pendingText.textContent += ' · ' + t('pending.formOpen');
     el.rejectAll.disabled = busy || !state.ready;
     el.confirmAll.textContent = t('pending.confirmAll', { n: n });
     el.rejectAll.textContent = t('pending.rejectAll', { n: n });

@@ -331,6 +331,17 @@ async def test_several_cards_pending_and_batch_confirm(chat: Chat) -> None:
     charge = next(c for c in cards if c.tool == "create_pix_charge")
     await chat.card(charge.id).get_by_role("button", name="Edit").click()
     await expect(confirm_all).to_be_disabled()
+    await expect(page.locator("#pending-text")).to_contain_text(  # and it says why
+        "finish or cancel the open form to confirm all"
+    )
+    # An edit the tool refuses marks its field, described by the card's error, focused.
+    amount = chat.card(charge.id).get_by_label("Amount (R$)")
+    await amount.fill("-5")
+    await chat.card(charge.id).get_by_role("button", name="Propose edited card").click()
+    await expect(amount).to_have_attribute("aria-invalid", "true")
+    await expect(amount).to_be_focused()
+    described = await amount.get_attribute("aria-describedby")
+    await expect(page.locator(f"#{described}")).not_to_be_empty()
     await chat.card(charge.id).get_by_role("button", name="Cancel").click()
     await expect(confirm_all).to_be_enabled()
     await confirm_all.click()
