@@ -1295,17 +1295,18 @@ WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled
 -- the thread's WhatsApp number before then (a send within that second counts), and no
 -- other card of the thread had been sent by then and was still undecided at that second
 -- (an "ok" written while two cards waited chose neither, whichever is left when it is
--- handled: a hostile probe). Not one shown after a late redelivery, either.
+-- handled: a hostile probe), unless the reply quotes the card ($4: then it is about that
+-- card alone). Not one shown after a late redelivery, either.
 SELECT EXISTS (
     SELECT 1 FROM messages m
     JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
     WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' = $2::text
       AND o.status = 'sent'
       AND o.sent_at < to_timestamp($3::bigint + 1)
-) AND NOT EXISTS (
+) AND ($4::boolean OR NOT EXISTS (
     SELECT 1 FROM messages m
     JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
-    JOIN cards c ON c.id::text = m.body->>'id'
+    JOIN cards c ON c.id = (m.body->>'id')::uuid AND c.thread_id = $1
     WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' <> $2::text
       AND o.status = 'sent'
       AND o.sent_at < to_timestamp($3::bigint + 1)
@@ -1315,7 +1316,7 @@ SELECT EXISTS (
           WHERE e.card_id = c.id AND e.from_status = 'pending'
             AND e.at < to_timestamp($3::bigint)
       )
-);
+));
 
 -- name: wa_quoted_card
 -- The card whose WhatsApp message $2 (Meta's id, as the send returned it) a reply in

@@ -80,10 +80,13 @@ class WhatsAppRows:
         value = await self._db.fetchval(SQL.wa_quoted_card, thread_id, wa_message)
         return None if value is None else str(value)
 
-    async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool:
+    async def card_shown(
+        self, thread_id: str, card_id: str, before: int, *, quoted: bool = False
+    ) -> bool:
         """Whether the card's proposal was sent to the thread's number before ``before``
-        (the unix second of the person's message: a send within that second counts)."""
-        return bool(await self._db.fetchval(SQL.wa_card_shown, thread_id, card_id, before))
+        (the unix second of the person's message: a send within that second counts) and,
+        unless the message ``quoted`` the card, no other card sent by then still waited."""
+        return bool(await self._db.fetchval(SQL.wa_card_shown, thread_id, card_id, before, quoted))
 
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None:
         value = await self._db.fetchval(SQL.wa_contact_get, tenant, wa_id)

@@ -410,7 +410,7 @@
     state.requests.clear();
     state.awaitingThread = false;
     if (unanswered) {
-      state.retry = { text: unanswered.text, key: unanswered.key };
+      state.retry = { text: unanswered.text, key: unanswered.key, thread: state.threadId };
       if (!el.text.value.trim()) el.text.value = unanswered.text;
       el.composerError.textContent = t('composer.maybeQueued');
       renderComposer();
@@ -629,7 +629,7 @@
       if (f.status === 503 || f.status === 429) {
         // Not taken, or not known to be: the text goes back in the box, to be sent
         // again under the same key (it cannot run twice).
-        state.retry = { text: req.text, key: req.key };
+        state.retry = { text: req.text, key: req.key, thread: state.threadId };
         if (!el.text.value.trim()) el.text.value = req.text;
         message = where && f.status === 503 ? t('composer.maybeQueued')
           : t('composer.notTaken', { msg: message });
@@ -1124,7 +1124,16 @@
       var said = [entry.card.summary].concat(fields.filter(function (f) {
         return f && typeof f.label === 'string' && typeof f.value === 'string' && f.value;
       }).map(function (f) { return f.label + ': ' + f.value; })).join(' · ');
-      entry.againSent = sendMessage(t('again.text', { summary: said }));
+      var text = t('again.text', { summary: said });
+      if (pendingCards().length > 0) {
+        // Other cards wait: sending it would replace them, so the composer asks first,
+        // as for any message typed under them (the button went around the question).
+        el.text.value = text;
+        submitComposer();
+        el.text.focus();
+        return;
+      }
+      entry.againSent = sendMessage(text);
       renderCard(entry);
       return;
     }
@@ -1344,7 +1353,10 @@
     el.pending.hidden = n === 0;
     // A message now would replace them (design note 17); a workflow thread takes none.
     el.composerHint.hidden = n === 0 || isWorkflowThread(state.threadId);
-    if (n === 0 && el.guard && !el.guard.hidden) hideGuard();
+    if (el.guard && !el.guard.hidden) {
+      if (n === 0) hideGuard();
+      else el.guardText.textContent = n === 1 ? t('guard.one') : t('guard.many', { n: n });
+    }
     el.pendingText.textContent = n === 1 ? t('pending.one') : t('pending.many', { n: n });
     var busy = pending.some(function (e) { return e.busy; });
     // A card with its edit form open is not confirmed as it stands, one by one or all
@@ -1443,8 +1455,11 @@
     var text = el.text.value.trim();
     if (!text) return;
     var waiting = isWorkflowThread(state.threadId) ? 0 : pendingCards().length;
-    // (a message sent again under its key is the same message: it replaces nothing)
-    var again = state.retry && state.retry.text === text;
+    // (a message sent again under its key, in its thread, is the same message: it
+    // replaces nothing)
+    // (no thread then: the one its first send made, which this view shows now)
+    var again = state.retry && state.retry.text === text &&
+      (!state.retry.thread || state.retry.thread === state.threadId);
     if (waiting > 0 && state.confirmed !== text && !again) {
       state.guarded = text;
       el.guardText.textContent = waiting === 1 ? t('guard.one') : t('guard.many', { n: waiting });
@@ -1591,6 +1606,8 @@
     });
     el.text.addEventListener('input', function () {
       if (state.guarded !== el.text.value.trim()) hideGuard();
+      // emptied: what is typed next is a new message, under a key of its own
+      if (!el.text.value.trim()) state.retry = null;
       renderComposer();
     });
     el.text.addEventListener('keydown', function (ev) {

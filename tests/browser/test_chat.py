@@ -830,3 +830,25 @@ async def test_a_decision_cut_off_by_the_network_says_it_may_not_have_arrived(
     await ui.get_by_role("button", name="Confirm").click()
     await expect(ui).to_have_attribute("data-status", "executed")
     await expect(ui.locator(".card-error")).to_be_empty()
+
+
+async def test_propose_again_beside_a_waiting_card_asks_first(chat: Chat) -> None:
+    """A review: "Propose again" sent its message without the composer's question, so it
+    replaced another card still waiting (a refund beside the expired charge)."""
+    await chat.open()
+    page = chat.page
+    await chat.say("cobre 150 do João e estorne a venda V002")
+    cards = await chat.wait_cards(2)
+    charge = next(c for c in cards if c.tool == "create_pix_charge")
+    refund = next(c for c in cards if c.tool == "refund_sale")
+    await chat.h.provider.pool.execute(
+        "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", charge.id
+    )
+    await chat.h.worker.sweep()
+    await expect(chat.card(charge.id)).to_have_attribute("data-status", "expired")
+    await chat.card(charge.id).get_by_role("button", name="Propose again").click()
+    await expect(page.locator("#replace-guard")).to_be_visible()
+    box = page.get_by_label(chat.message_label, exact=True)
+    await expect(box).to_have_value(re.compile(r"^Propose again: "))
+    assert [f for f in chat.sent_frames if f.get("type") == "message"][1:] == []
+    assert (await chat.h.store.get_card(refund.id)).status == "pending"

@@ -148,7 +148,7 @@ async def text_confirm_card(
         assert asyncio.get_running_loop().time() < deadline, "no card"
         await asyncio.sleep(0.05)
 
-    async def shown(thread_id: str, card_id: str, before: int) -> bool:
+    async def shown(thread_id: str, card_id: str, before: int, *, quoted: bool = False) -> bool:
         return True
 
     monkeypatch.setattr(channel.rows, "card_shown", shown)

@@ -163,3 +163,32 @@ async def test_a_sim_quoting_a_card_is_about_that_card_only(
         while await approvals(h, newest) == 0:
             assert time.monotonic() < deadline, "the quoted card was not approved"
             await asyncio.sleep(0.05)
+
+
+async def test_a_sim_quoting_one_of_two_waiting_cards_approves_that_one(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A review of the above: a quote makes a "sim" under two waiting cards unambiguous;
+    refused, it became a message that replaced both. It approves the quoted card, and
+    the other keeps waiting."""
+    async with channel(database_url, graph) as h:
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        ask = text_message(wa_id, "cobre 150 do João e estorne a venda V002")
+        assert (await post(h, delivery(ask))).status_code == 200
+        thread, (first, second) = await shown(h, wa_id, 2)
+        await asyncio.sleep(1.1)
+        sim = {**text_message(wa_id, "sim"), "context": {"id": await wamid_of(h, thread, second)}}
+        assert (await post(h, delivery(sim))).status_code == 200
+        deadline = time.monotonic() + 30
+        while await approvals(h, second) == 0:
+            assert time.monotonic() < deadline, "the quoted card was not approved"
+            await asyncio.sleep(0.05)
+        assert (await h.store.get_card(first.id)).status is Status.PENDING
+        assert await sims_in(h, thread) == 0
+        # A quote of something that is not a card confirms nothing: a message.
+        await asyncio.sleep(1.1)
+        other = {**text_message(wa_id, "sim"), "context": {"id": "wamid.not-a-card"}}
+        assert (await post(h, delivery(other))).status_code == 200
+        await h.settle()
+        assert await approvals(h, first) == 0
+        assert await sims_in(h, thread) == 1

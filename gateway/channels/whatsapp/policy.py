@@ -20,11 +20,16 @@ def normalize(text: str) -> str:
     return " ".join(bare.translate(_PUNCT).split())
 
 
-def card_to_confirm(text: str, pending: list[Card], max_risk: str) -> Card | None:
-    """The card this text approves, or None (then it is an ordinary message)."""
+def card_to_confirm(
+    text: str, pending: list[Card], max_risk: str, quoted: str | None = None
+) -> Card | None:
+    """The card this text approves, or None (then it is an ordinary message). ``quoted``:
+    the card a swipe reply quotes, the only one it can approve (others may wait too)."""
     if normalize(text) not in YES:
         return None
-    open_cards = [c for c in pending if c.status is Status.PENDING]
+    open_cards = [
+        c for c in pending if c.status is Status.PENDING and (quoted is None or c.id == quoted)
+    ]
     if len(open_cards) != 1:
         return None
     card = open_cards[0]

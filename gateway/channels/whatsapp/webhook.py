@@ -76,7 +76,9 @@ class ChannelRows(OutboundRows, Protocol):
         self, channel: str, message_id: str, claim: DeliveryClaim
     ) -> None: ...
     async def contact_thread(self, tenant: str, wa_id: str) -> str | None: ...
-    async def card_shown(self, thread_id: str, card_id: str, before: int) -> bool: ...
+    async def card_shown(
+        self, thread_id: str, card_id: str, before: int, *, quoted: bool = False
+    ) -> bool: ...
     async def quoted_card(self, thread_id: str, wa_message: str) -> str | None: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
@@ -290,9 +292,15 @@ class WhatsAppChannel:
     async def _confirms(self, item: inbound.Inbound, thread_id: str) -> str:
         """``confirm:<card id>`` if the text confirms a card, else ``message``."""
         assert item.text is not None
+        # A swipe reply quoting a card is about that card only (quoting one a correction
+        # replaced, it approved the newer card: a hostile probe), even beside others; a
+        # quote of anything else (a text, a card unknown here) confirms nothing.
+        quoted = None
+        if item.quoted is not None:
+            quoted = await self.rows.quoted_card(thread_id, item.quoted) or "none"
         pending = await self.store.pending_cards(thread_id)
         card = policy.card_to_confirm(
-            item.text, pending, self.settings.whatsapp_text_confirm_max_risk
+            item.text, pending, self.settings.whatsapp_text_confirm_max_risk, quoted
         )
         # Only a card this number had been shown when it wrote (Meta's timestamp): an
         # "ok" written before the card reached WhatsApp (or while its sending failed), or
@@ -300,13 +308,7 @@ class WhatsAppChannel:
         # something else, and is a message like any other.
         if card is None or card.owner != item.wa_id or item.sent is None:
             return MESSAGE
-        # A swipe reply quoting a card is about that card only: quoting one a correction
-        # replaced, it approved the newer card (a hostile probe).
-        if item.quoted is not None and await self.rows.quoted_card(thread_id, item.quoted) != (
-            card.id
-        ):
-            return MESSAGE
-        if await self.rows.card_shown(thread_id, card.id, item.sent):
+        if await self.rows.card_shown(thread_id, card.id, item.sent, quoted=quoted is not None):
             return CONFIRM + card.id
         return MESSAGE
 
