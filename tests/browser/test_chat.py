@@ -828,3 +828,30 @@ async def test_propose_again_beside_a_waiting_card_asks_first(chat: Chat) -> Non
     await expect(box).to_have_value(re.compile(r"^Propose again: "))
     assert [f for f in chat.sent_frames if f.get("type") == "message"][1:] == []
     assert (await chat.h.store.get_card(refund.id)).status == "pending"
+
+
+async def test_propose_again_of_an_edited_card_keeps_its_description(chat: Chat) -> None:
+    """A first-hour walkthrough: "Propose again" of an expired card that had been edited
+    (an amount and a description) proposed a card without the description: the page sent
+    only the summary. It sends the card's own fields too."""
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await ui.locator(".actions").get_by_role("button", name="Edit").click()
+    await ui.get_by_label("Description").fill("aluguel de março")
+    await ui.get_by_role("button", name="Propose edited card").click()
+    # The old card says "modified" first: read before the edit committed, the one pending
+    # card was the old one, and the test expired that (CI once proposed it again).
+    await expect(ui).to_have_attribute("data-status", "modified")
+    [edited] = await chat.wait_cards(1)
+    await chat.h.provider.pool.execute(
+        "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1::uuid",
+        edited.id,
+    )
+    await chat.h.worker.sweep()
+    await expect(chat.card(edited.id)).to_have_attribute("data-status", "expired")
+    await chat.card(edited.id).get_by_role("button", name="Propose again").click()
+    [again] = await chat.wait_cards(1)
+    assert again.id != edited.id
+    assert again.args_snapshot.get("description") == "aluguel de março", again.args_snapshot
+    await expect(chat.card(again.id).locator(".impact")).to_contain_text("aluguel de março")
