@@ -170,21 +170,24 @@ _CLUSTER_PORTS: set[int] = set()  # the session's local Redis Cluster, once star
 
 
 @pytest.fixture(autouse=True)
-def _cluster_leaks_closed() -> Iterator[None]:
-    """After a test on the local Redis Cluster (and its other fixtures' teardown), close
-    the connections to its nodes that redis-py's cluster client dropped without closing
-    while nodes were killed (opened to startup nodes by ``NodesManager.initialize`` and
-    replaced during a topology reload; traced with an allocation probe). They stay
-    referenced for a while, so a ``gc.collect()`` here did not find them, and when they
-    were collected later their ``ResourceWarning`` failed whichever test ran then
-    (``test_500_threads_across_pools``; pytest turns warnings into errors here), and
-    bare sockets a transport let go of without closing them. Only
-    for these tests, which kill nodes on purpose; any StreamWriter still open to a node
-    once every client of the test is closed is such a leftover. Checked after every test
-    once the cluster has started: a reconnect redis-py began in a cluster test may open
-    its socket after that test's teardown."""
+def _cluster_leaks_closed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the local Redis Cluster, or any slow test (and its other fixtures'
+    teardown), close the connections that were dropped without being closed while
+    servers were killed, stopped or restarted on purpose: redis-py's cluster client's
+    (opened to startup nodes by ``NodesManager.initialize`` and replaced during a
+    topology reload; traced with an allocation probe), bare sockets a transport let go
+    of, and transports closed on a test's event loop that ended before they let go of
+    their socket. They stay referenced for a while, so a ``gc.collect()`` here did not
+    find them, and when they were collected later their ``ResourceWarning`` failed
+    whichever test ran then (``test_500_threads_across_pools``, and in CI's slow pass
+    ``test_postgres_restart_and_redis_master_kill_under_load_lose_nothing``: five
+    closing transports; pytest turns warnings into errors here). Any StreamWriter still
+    open to a cluster node once every client of the test is closed is such a leftover.
+    Checked after every test once the cluster has started: a reconnect redis-py began in
+    a cluster test may open its socket after that test's teardown."""
     yield
-    if not _CLUSTER_PORTS:
+    slow = request.node.get_closest_marker("slow") is not None
+    if not _CLUSTER_PORTS and not slow:
         return
     if _close_cluster_leftovers():
         with warnings.catch_warnings():
@@ -194,10 +197,11 @@ def _cluster_leaks_closed() -> Iterator[None]:
 
 def _close_cluster_leftovers() -> int:
     """Close every redis-py connection and bare StreamWriter still open to a node of the
-    local cluster; return how many. A connection is emptied as redis-py's own ``_close``
-    does, so neither its ``__del__`` nor its StreamWriter's warns later. ``type()`` rather
-    than ``isinstance``: ``gc.get_objects()`` holds weak proxies, and ``isinstance`` on a
-    dead one raises ``ReferenceError``."""
+    local cluster, and every transport closed on an event loop that has ended; return
+    how many. A connection is emptied as redis-py's own ``_close`` does, so neither its
+    ``__del__`` nor its StreamWriter's warns later. ``type()`` rather than
+    ``isinstance``: ``gc.get_objects()`` holds weak proxies, and ``isinstance`` on a dead
+    one raises ``ReferenceError``."""
     closed = 0
     for obj in gc.get_objects():
         kind = type(obj)
@@ -215,9 +219,14 @@ def _close_cluster_leftovers() -> int:
         elif issubclass(kind, asyncio.Transport) and obj.is_closing():
             # closed on a loop that ended before it let go of its socket (CI's slow pass:
             # a killed master's, collected in the next module's test); what its __del__
-            # would do, without the warning
+            # would do, without the warning. The peer is the one the transport kept when
+            # it connected: a socket whose peer was killed has none any more.
             sock = getattr(obj, "_sock", None)
-            if sock is not None and _peer_port(sock) in _CLUSTER_PORTS:
+            loop = getattr(obj, "_loop", None)
+            ended = loop is not None and loop.is_closed()
+            peer = obj.get_extra_info("peername")
+            ours = bool(peer) and isinstance(peer, tuple) and peer[1] in _CLUSTER_PORTS
+            if sock is not None and (ended or ours):
                 obj._sock = None
                 sock.close()
                 closed += 1
