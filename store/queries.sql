@@ -1296,7 +1296,9 @@ WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled
 -- other card of the thread had been sent by then and was still undecided at that second
 -- (an "ok" written while two cards waited chose neither, whichever is left when it is
 -- handled: a hostile probe), unless the reply quotes the card ($4: then it is about that
--- card alone). Not one shown after a late redelivery, either.
+-- card alone). Not one shown after a late redelivery, either. Another card counts from
+-- the moment its send was claimed, sent or not: a send whose "sent" was not recorded (a
+-- crash after the claim, an answer lost, then 'failed') may have reached the phone.
 SELECT EXISTS (
     SELECT 1 FROM messages m
     JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
@@ -1308,8 +1310,8 @@ SELECT EXISTS (
     JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
     JOIN cards c ON c.id = (m.body->>'id')::uuid AND c.thread_id = $1
     WHERE m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' <> $2::text
-      AND o.status = 'sent'
-      AND o.sent_at < to_timestamp($3::bigint + 1)
+      AND o.status <> 'skipped'
+      AND o.created_at < to_timestamp($3::bigint + 1)
       AND c.expires_at > to_timestamp($3::bigint)
       AND NOT EXISTS (
           SELECT 1 FROM card_events e

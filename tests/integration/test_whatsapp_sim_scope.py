@@ -192,3 +192,40 @@ async def test_a_sim_quoting_one_of_two_waiting_cards_approves_that_one(
         await h.settle()
         assert await approvals(h, first) == 0
         assert await sims_in(h, thread) == 1
+
+
+@pytest.mark.parametrize("left", ["claimed", "failed"])
+async def test_a_card_whose_send_was_not_recorded_counts_as_shown(
+    database_url: str, graph: FakeGraphAPI, left: str
+) -> None:
+    """A review of the above: a card whose send the courier began but whose "sent" was not
+    recorded (a crash after the claim, or an answer lost: the message may have reached the
+    phone) was not counted as shown, so a "sim" written under it and another card
+    approved the other once it was decided. Any send begun by the "sim"'s second counts."""
+    async with channel(database_url, graph) as h:
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        ask = text_message(wa_id, "cobre 150 do João e estorne a venda V002")
+        assert (await post(h, delivery(ask))).status_code == 200
+        thread, (first, second) = await shown(h, wa_id, 2)
+        await h.store.pool.execute(
+            "UPDATE wa_outbound o SET status = $3, sent_at = NULL, claimed_at = now()"
+            " FROM messages m WHERE o.key = 'log:' || m.thread_id || ':' || m.seq"
+            " AND m.thread_id = $1 AND m.kind = 'card' AND m.body->>'id' = $2",
+            thread,
+            first.id,
+            left,
+        )
+        await asyncio.sleep(1.1)
+        sim = text_message(wa_id, "sim")
+        await asyncio.sleep(1.1)
+        await h.decisions.resolve(
+            first.id,
+            Resolution(decision=Decision.REJECT, snapshot_hash=first.snapshot_hash),
+            principal=wa_id,
+            channel="http",
+            tenant=h.tenant,
+        )
+        assert (await post(h, delivery(sim))).status_code == 200
+        await h.settle()
+        assert await approvals(h, second) == 0  # it chose neither: a message
+        assert await sims_in(h, thread) == 1
