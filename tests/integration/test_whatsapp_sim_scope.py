@@ -101,6 +101,23 @@ async def approvals(h: Harness, card: Card) -> int:
     return sum(1 for e in await h.store.card_events(card.id) if e.to_status == "approved")
 
 
+async def sim_late_after_rejecting(h: Harness, wa_id: str, first: Card) -> None:
+    """A "sim" written a second after the cards were shown reaches us late: ``first`` was
+    rejected on the web meanwhile."""
+    await asyncio.sleep(1.1)
+    sim = text_message(wa_id, "sim")
+    await asyncio.sleep(1.1)
+    await h.decisions.resolve(
+        first.id,
+        Resolution(decision=Decision.REJECT, snapshot_hash=first.snapshot_hash),
+        principal=wa_id,
+        channel="http",
+        tenant=h.tenant,
+    )
+    assert (await post(h, delivery(sim))).status_code == 200
+    await h.settle()
+
+
 async def test_a_sim_written_while_two_cards_waited_approves_neither(
     database_url: str, graph: FakeGraphAPI
 ) -> None:
@@ -109,18 +126,7 @@ async def test_a_sim_written_while_two_cards_waited_approves_neither(
         ask = text_message(wa_id, "cobre 150 do João e estorne a venda V002")
         assert (await post(h, delivery(ask))).status_code == 200
         thread, (first, second) = await shown(h, wa_id, 2)
-        await asyncio.sleep(1.1)  # the "sim" is written a second after both were shown
-        sim = text_message(wa_id, "sim")
-        await asyncio.sleep(1.1)  # ... and reaches us late: one card decided meanwhile
-        await h.decisions.resolve(
-            first.id,
-            Resolution(decision=Decision.REJECT, snapshot_hash=first.snapshot_hash),
-            principal=wa_id,
-            channel="http",
-            tenant=h.tenant,
-        )
-        assert (await post(h, delivery(sim))).status_code == 200
-        await h.settle()
+        await sim_late_after_rejecting(h, wa_id, first)
         assert await approvals(h, second) == 0  # it chose neither: a message
         assert await sims_in(h, thread) == 1
         assert (await h.store.get_card(second.id)).status is Status.SUPERSEDED
@@ -215,17 +221,6 @@ async def test_a_card_whose_send_was_not_recorded_counts_as_shown(
             first.id,
             left,
         )
-        await asyncio.sleep(1.1)
-        sim = text_message(wa_id, "sim")
-        await asyncio.sleep(1.1)
-        await h.decisions.resolve(
-            first.id,
-            Resolution(decision=Decision.REJECT, snapshot_hash=first.snapshot_hash),
-            principal=wa_id,
-            channel="http",
-            tenant=h.tenant,
-        )
-        assert (await post(h, delivery(sim))).status_code == 200
-        await h.settle()
+        await sim_late_after_rejecting(h, wa_id, first)
         assert await approvals(h, second) == 0  # it chose neither: a message
         assert await sims_in(h, thread) == 1
