@@ -1,6 +1,6 @@
 """The text-confirmation policy through real gateways (SIGNOFF_WHATSAPP_TEXT_CONFIRM on):
-a bare "sim" approves the thread's one pending non-critical card; anything more, or a
-critical card, is an ordinary message for the agent."""
+a bare "sim" approves the thread's one pending non-critical card; anything more is an
+ordinary message for the agent; under a critical card it is answered with how to decide."""
 
 from __future__ import annotations
 
@@ -149,17 +149,35 @@ async def test_sim_with_more_words_is_a_normal_message(yes: Cluster, database_ur
         await db.close()
 
 
-async def test_sim_does_not_approve_a_critical_card(yes: Cluster, database_url: str) -> None:
+async def test_sim_does_not_approve_a_critical_card(
+    yes: Cluster, database_url: str, graph: FakeGraphAPI
+) -> None:
+    """Nor does it supersede it as a message (a review: the person's "sim" under a Pix
+    charge took the card away): the number is told the card needs its button."""
     me = "5511900000022"
     await say(yes, me, "cobra R$ 50,00 da Maria por pix")
     db = await asyncpg.connect(database_url)
     try:
         card = await pending_card(db, me)
         assert card["risk"] == "critical"
+        await asyncio.to_thread(shown, graph, me)
+        await asyncio.sleep(1.1)  # written a second after the card was shown
         await say(yes, me, "sim")
-        await reached_agent(db, card["thread_id"], '"sim"')
+        await asyncio.to_thread(
+            graph.wait_for,
+            lambda m: m["to"] == me and m["type"] == "text" and "botão" in m["text"]["body"],
+            30,
+        )
         await asyncio.sleep(0.5)
         assert await approvals(db, card) == 0
+        assert await db.fetchval("SELECT status FROM cards WHERE id = $1", card["id"]) == (
+            "pending"
+        )
+        assert not await db.fetchval(
+            "SELECT count(*) FROM messages WHERE thread_id = $1 AND kind = 'user'"
+            " AND body::text LIKE '%\"sim\"%'",
+            card["thread_id"],
+        )
         assert not await db.fetchval(
             "SELECT count(*) FROM demo_charges WHERE idempotency_key = $1",
             str(card["operation_id"]),

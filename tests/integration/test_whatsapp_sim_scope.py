@@ -97,6 +97,16 @@ async def wamid_of(h: Harness, thread: str, card: Card) -> str:
     return value
 
 
+async def told(graph: FakeGraphAPI, wa_id: str, words: str) -> None:
+    """Wait until a text to the number says ``words``."""
+    found = await asyncio.to_thread(
+        graph.wait_for,
+        lambda m: m["to"] == wa_id and m["type"] == "text" and words in m["text"]["body"],
+        30,
+    )
+    assert found
+
+
 async def approvals(h: Harness, card: Card) -> int:
     return sum(1 for e in await h.store.card_events(card.id) if e.to_status == "approved")
 
@@ -127,9 +137,12 @@ async def test_a_sim_written_while_two_cards_waited_approves_neither(
         assert (await post(h, delivery(ask))).status_code == 200
         thread, (first, second) = await shown(h, wa_id, 2)
         await sim_late_after_rejecting(h, wa_id, first)
-        assert await approvals(h, second) == 0  # it chose neither: a message
-        assert await sims_in(h, thread) == 1
-        assert (await h.store.get_card(second.id)).status is Status.SUPERSEDED
+        assert await approvals(h, second) == 0  # it chose neither
+        # ... and is answered with how to decide: not a message that supersedes the card
+        # it was about (a later review)
+        await told(graph, wa_id, "mais de um pedido")
+        assert await sims_in(h, thread) == 0
+        assert (await h.store.get_card(second.id)).status is Status.PENDING
 
 
 async def test_a_sim_quoting_a_card_is_about_that_card_only(
@@ -153,11 +166,17 @@ async def test_a_sim_quoting_a_card_is_about_that_card_only(
         quoting_old = {**text_message(wa_id, "sim"), "context": {"id": old_wamid}}
         assert (await post(h, delivery(quoting_old))).status_code == 200
         await h.settle()
-        assert await approvals(h, new) == 0  # about the replaced card: a message
-        assert await sims_in(h, thread) == 1
+        assert await approvals(h, new) == 0  # about the replaced card: told what became
+        await told(graph, wa_id, "substituído")  # of it, and the new card keeps waiting
+        assert await sims_in(h, thread) == 0
+        assert (await h.store.get_card(new.id)).status is Status.PENDING
         # Quoting the card that is waiting approves it.
         again = text_message(wa_id, "cobre 70 do João")
         assert (await post(h, delivery(again))).status_code == 200
+        deadline = time.monotonic() + 30
+        while (await h.store.get_card(new.id)).status is Status.PENDING:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
         _, (newest,) = await shown(h, wa_id, 1)
         await asyncio.sleep(1.1)
         quoting = {
@@ -222,5 +241,30 @@ async def test_a_card_whose_send_was_not_recorded_counts_as_shown(
             left,
         )
         await sim_late_after_rejecting(h, wa_id, first)
-        assert await approvals(h, second) == 0  # it chose neither: a message
-        assert await sims_in(h, thread) == 1
+        assert await approvals(h, second) == 0  # it chose neither
+        await told(graph, wa_id, "mais de um pedido")
+        assert await sims_in(h, thread) == 0
+
+
+async def test_a_sim_under_two_waiting_cards_is_answered_and_supersedes_nothing(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A review: an unquoted "sim" under two waiting cards became a message that
+    superseded both (the person lost the cards they were answering). It is answered once
+    with how to decide, even when Meta delivers it again, and both cards keep waiting."""
+    async with channel(database_url, graph) as h:
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        ask = text_message(wa_id, "cobre 150 do João e estorne a venda V002")
+        assert (await post(h, delivery(ask))).status_code == 200
+        thread, cards = await shown(h, wa_id, 2)
+        await asyncio.sleep(1.1)
+        sim = text_message(wa_id, "sim")
+        for _ in range(2):
+            assert (await post(h, delivery(sim))).status_code == 200
+        await told(graph, wa_id, "mais de um pedido")
+        await h.settle()
+        assert await sims_in(h, thread) == 0
+        for c in cards:
+            assert (await h.store.get_card(c.id)).status is Status.PENDING
+        said = graph.matching(lambda m: m["to"] == wa_id and m["type"] == "text")
+        assert len(said) == 1, said

@@ -152,67 +152,18 @@ def card(risk: Risk = Risk.REVERSIBLE, status: Status = Status.PENDING) -> Card:
 
 
 @pytest.mark.parametrize("text", ["sim", "Sim!", "SIM.", "confirmo", "Pode", "ok", "yes"])
-def test_yes_approves_the_one_pending_card(text: str) -> None:
-    c = card()
-    assert policy.card_to_confirm(text, [c], "reversible") is c
+def test_a_bare_yes_is_a_yes(text: str) -> None:
+    assert policy.is_yes(text)
 
 
 @pytest.mark.parametrize("text", ["sim, mas muda pra 200", "sim sim", "não", "simm", "ok?? muda"])
 def test_anything_else_is_a_message(text: str) -> None:
-    assert policy.card_to_confirm(text, [card()], "reversible") is None
+    assert not policy.is_yes(text)
 
 
-def test_yes_needs_exactly_one_pending_card_under_the_risk_limit() -> None:
-    assert policy.card_to_confirm("sim", [], "reversible") is None
-    assert policy.card_to_confirm("sim", [card(), card()], "reversible") is None
-    assert policy.card_to_confirm("sim", [card(Risk.CRITICAL)], "reversible") is None
-    assert policy.card_to_confirm("sim", [card(Risk.CRITICAL)], "critical") is not None
+def test_text_confirmation_stays_under_the_risk_limit() -> None:
+    assert policy.allowed(card(Risk.REVERSIBLE), "reversible")
+    assert not policy.allowed(card(Risk.CRITICAL), "reversible")
+    assert policy.allowed(card(Risk.CRITICAL), "critical")
+    assert not policy.allowed(card(Risk.REVERSIBLE), "read")
     assert policy.normalize("Confirmação!") == "confirmacao"
-
-
-def test_a_summary_over_the_body_limit_gets_no_buttons() -> None:
-    """A card whose summary WhatsApp could only show cut is not offered for a button
-    approval: a fixed notice sends the person to the web instead."""
-    from signoff.gateway.channels.whatsapp import outbound
-
-    card = {"id": "00000000-0000-0000-0000-000000000001", "summary": "x" * 1025}
-    message = outbound.interactive_card("5511999990000", card)
-    assert message["type"] == "text" and message["text"]["body"] == outbound.TOO_LONG
-    fits = outbound.interactive_card("5511999990000", {**card, "summary": "y" * 1024})
-    assert fits["type"] == "interactive"
-    assert fits["interactive"]["body"]["text"] == "y" * 1024
-
-
-def test_a_card_shows_its_labelled_values_beside_the_summary() -> None:
-    """The hostile prober's case: an e-mail change whose new address lives in the card's
-    labelled fields went out as "Alterar e-mail · Cliente: João Silva" with a Confirm
-    button. The values that will run are in the body; if they do not fit, no button."""
-    from signoff.gateway.channels.whatsapp import outbound
-
-    card = {
-        "id": "00000000-0000-0000-0000-000000000001",
-        "summary": "Alterar e-mail · Cliente: João Silva",
-        "impact": {"fields": [{"label": "Novo e-mail", "value": "attacker@evil.example"}]},
-    }
-    message = outbound.interactive_card("5511999990000", card)
-    assert message["interactive"]["body"]["text"] == (
-        "Alterar e-mail · Cliente: João Silva\nNovo e-mail: attacker@evil.example"
-    )
-    long_value = {"label": "Descrição", "value": "d" * 1000}
-    over = {**card, "impact": {"fields": [long_value]}}
-    assert outbound.interactive_card("5511999990000", over)["text"]["body"] == outbound.TOO_LONG
-    assert outbound.card_text(card, " · ").endswith("· Novo e-mail: attacker@evil.example")
-
-
-def test_a_not_executed_notice_says_why_in_portuguese() -> None:
-    from signoff.gateway.channels.whatsapp import outbound
-
-    card = {"status": "invalidated", "summary": "Gerar cobrança Pix · R$ 9,00"}
-    said = {"pt-BR": "o cliente não está mais ativo", "en": "the customer is no longer active"}
-    assert outbound.notice({**card, "result": {"reason": said}}) == (
-        "Não executado (a situação mudou: o cliente não está mais ativo): "
-        "Gerar cobrança Pix · R$ 9,00"
-    )
-    one = outbound.notice({**card, "result": {"reason": "stock\nchanged\u202e"}})
-    assert one is not None and "\n" not in one and "\u202e" not in one
-    assert outbound.notice(card) == "Não executado (a situação mudou): Gerar cobrança Pix · R$ 9,00"

@@ -113,6 +113,21 @@ def notice(card: dict[str, Any]) -> str | None:
     return None
 
 
+SEVERAL_WAITING = (
+    'Há mais de um pedido aguardando sua decisão, e um "sim" escrito não diz qual. '
+    "Use o botão Confirmar ou Cancelar do pedido (ou responda citando-o). Nada foi feito."
+)
+
+
+def needs_button(card: dict[str, Any]) -> str:
+    """The answer to a written "sim" under a card whose risk text confirmation may not
+    approve."""
+    return (
+        "Este pedido só pode ser confirmado pelo botão Confirmar; nada foi feito: "
+        f"{card.get('summary', '')}"
+    )
+
+
 def decided_notice(card: dict[str, Any]) -> str:
     """The answer to a late button on a card that is no longer pending."""
     where = CHANNEL_NAMES.get(str(card.get("channel") or ""), "")
@@ -123,6 +138,9 @@ def decided_notice(card: dict[str, Any]) -> str:
         "rejected": "cancelado",
         "expired": "expirado",
         "superseded": "substituído por um pedido mais novo",
+        "modified": "alterado (a versão nova é a que aguarda)",
+        "invalidated": "aprovado, mas não executado (a situação mudou)",
+        "failed": "aprovado, mas não foi possível concluir",
     }.get(str(card.get("status")), str(card.get("status")))
     return f"Este pedido já foi {said}{(' ' + where) if where else ''}: {card.get('summary', '')}"
 

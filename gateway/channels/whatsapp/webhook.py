@@ -56,6 +56,10 @@ BUSY_POLL_SECONDS = 0.1
 CONFIRM = "confirm:"
 MESSAGE = "message"
 PRESS = "press"  # a button's decision (made once; handled again, it says nothing)
+# A "yes" that cannot be tied to one card the person had seen: answered with how to
+# decide, and nothing else done (it superseded every waiting card as a message).
+ASK = "ask:"
+SEVERAL, RISK, GONE = "several", "risk", "gone:"
 MAX_BODY = 1024 * 1024
 # Run ids derive from the inbox message id (design note 5); WhatsApp's own message id
 # makes that id stable across Meta's redeliveries too.
@@ -274,6 +278,9 @@ class WhatsAppChannel:
             if effect.startswith(CONFIRM):
                 await self._confirm(item, effect.removeprefix(CONFIRM), again)
                 return
+            if effect.startswith(ASK):
+                await self._ask(item, effect.removeprefix(ASK))
+                return
         text = item.text.strip()[:8000]
         message_id = str(uuid.uuid5(_NS, item.message_id))
         who = Principal(tenant=self.tenant, user=item.wa_id)
@@ -290,27 +297,66 @@ class WhatsAppChannel:
             )
 
     async def _confirms(self, item: inbound.Inbound, thread_id: str) -> str:
-        """``confirm:<card id>`` if the text confirms a card, else ``message``."""
+        """``confirm:<card id>`` if the text approves a card, ``ask:<why>`` if it only says
+        yes about a card the person had seen but cannot approve it (two cards were
+        waiting; the card's risk needs its button; the card it quotes waits no more),
+        else ``message``. Seen: sent to this number before it wrote (Meta's timestamp);
+        an "ok" written before any card reached WhatsApp (or while its sending failed)
+        is about something else, and is a message like any other."""
         assert item.text is not None
+        if not policy.is_yes(item.text) or item.sent is None:
+            return MESSAGE
+        sent = item.sent
         # A swipe reply quoting a card is about that card only (quoting one a correction
         # replaced, it approved the newer card: a hostile probe), even beside others; a
-        # quote of anything else (a text, a card unknown here) confirms nothing.
+        # quote of anything else (a text, a card unknown here) is a message.
         quoted = None
         if item.quoted is not None:
-            quoted = await self.rows.quoted_card(thread_id, item.quoted) or "none"
-        pending = await self.store.pending_cards(thread_id)
-        card = policy.card_to_confirm(
-            item.text, pending, self.settings.whatsapp_text_confirm_max_risk, quoted
-        )
-        # Only a card this number had been shown when it wrote (Meta's timestamp): an
-        # "ok" written before the card reached WhatsApp (or while its sending failed), or
-        # delivered again after a newer card replaced the one it answered, is about
-        # something else, and is a message like any other.
-        if card is None or card.owner != item.wa_id or item.sent is None:
+            quoted = await self.rows.quoted_card(thread_id, item.quoted)
+            if quoted is None:
+                return MESSAGE
+        pending = [
+            c for c in await self.store.pending_cards(thread_id) if c.status is Status.PENDING
+        ]
+        if quoted is not None and all(c.id != quoted for c in pending):
+            return ASK + GONE + quoted
+        waiting = [
+            c for c in pending if c.owner == item.wa_id and (quoted is None or c.id == quoted)
+        ]
+        seen = [
+            c for c in waiting if await self.rows.card_shown(thread_id, c.id, sent, quoted=True)
+        ]
+        if not seen:
             return MESSAGE
-        if await self.rows.card_shown(thread_id, card.id, item.sent, quoted=quoted is not None):
-            return CONFIRM + card.id
-        return MESSAGE
+        card = seen[0]
+        # Unquoted, the one card waiting, and no other card sent by then was still
+        # waiting at that second (a "sim" written under two cards chose neither,
+        # whichever is left when it is handled: a hostile probe).
+        if len(waiting) > 1 or not await self.rows.card_shown(
+            thread_id, card.id, sent, quoted=quoted is not None
+        ):
+            return ASK + SEVERAL
+        if not policy.allowed(card, self.settings.whatsapp_text_confirm_max_risk):
+            return ASK + RISK + ":" + card.id
+        return CONFIRM + card.id
+
+    async def _ask(self, item: inbound.Inbound, why: str) -> None:
+        """Tell the person how to decide, instead of taking a "yes" for a message that
+        would supersede the cards it was about."""
+        if why.startswith(GONE):
+            try:
+                card = await self.store.get_card(why.removeprefix(GONE))
+            except CardNotFound:
+                return
+            await self.reply(item, outbound.decided_notice(card.public()))
+        elif why.startswith(RISK):
+            try:
+                card = await self.store.get_card(why.removeprefix(RISK + ":"))
+            except CardNotFound:
+                return
+            await self.reply(item, outbound.needs_button(card.public()))
+        else:
+            await self.reply(item, outbound.SEVERAL_WAITING)
 
     async def _confirm(self, item: inbound.Inbound, card_id: str, again: bool) -> None:
         try:
