@@ -109,6 +109,8 @@ class Queries:
     delivery_handled: str
     delivery_forget: str
     wa_card_shown: str
+    wa_contact_text: str
+    wa_written_since: str
     wa_quoted_card: str
     wa_contact_get: str
     wa_contact_insert: str

@@ -1348,6 +1348,24 @@ RETURNING thread_id::text;
 -- name: wa_contact_inbound
 UPDATE wa_contacts SET last_inbound_at = now() WHERE tenant = $1 AND wa_id = $2;
 
+-- name: wa_contact_text
+-- The number wrote a text at unix second $3 that goes on to its agent as a message.
+UPDATE wa_contacts SET last_text_sent = greatest(coalesce(last_text_sent, $3), $3)
+WHERE tenant = $1 AND wa_id = $2;
+
+-- name: wa_written_since
+-- Whether thread $1's number wrote a text that went on as a message in a second after
+-- the one card $2's proposal was sent to it in: a "sim" after it is about what came
+-- after it. A text of the same second was written before the card could be read (the
+-- request that made it, most often).
+SELECT EXISTS (
+    SELECT 1 FROM wa_contacts c
+    JOIN messages m ON m.thread_id = c.thread_id AND m.kind = 'card' AND m.body->>'id' = $2::text
+    JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
+    WHERE c.thread_id = $1
+      AND c.last_text_sent > floor(extract(epoch FROM coalesce(o.sent_at, o.created_at)))
+);
+
 -- name: wa_outbound_claim
 -- Claim up to $1 thread-log entries of WhatsApp threads not yet claimed, for claimer $2:
 -- the INSERT ... ON CONFLICT lets exactly one gateway claim each entry; the contact's

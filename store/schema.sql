@@ -152,6 +152,8 @@ CREATE TABLE wa_contacts (
     last_inbound_at  timestamptz,
     sent_seq         bigint NOT NULL DEFAULT 0,
     created_at       timestamptz NOT NULL DEFAULT now(),
+    -- Meta's second of the newest text of the number passed on as a message (0019)
+    last_text_sent   bigint,
     PRIMARY KEY (tenant, wa_id)
 );
 

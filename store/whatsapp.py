@@ -103,6 +103,15 @@ class WhatsAppRows:
         """The number wrote to us now: its 24-hour window opens again."""
         await self._db.execute(SQL.wa_contact_inbound, tenant, wa_id)
 
+    async def wrote_text(self, tenant: str, wa_id: str, sent: int) -> None:
+        """The number's text of unix second ``sent`` goes on to its agent as a message."""
+        await self._db.execute(SQL.wa_contact_text, tenant, wa_id, sent)
+
+    async def written_since(self, thread_id: str, card_id: str) -> bool:
+        """Whether the number wrote a text passed on as a message after the card was
+        sent to it (in a later second)."""
+        return bool(await self._db.fetchval(SQL.wa_written_since, thread_id, card_id))
+
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool:
         value = await self._db.fetchval(SQL.wa_in_window, tenant, wa_id, float(window_seconds))
         return bool(value)

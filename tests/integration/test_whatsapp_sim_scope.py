@@ -268,3 +268,38 @@ async def test_a_sim_under_two_waiting_cards_is_answered_and_supersedes_nothing(
             assert (await h.store.get_card(c.id)).status is Status.PENDING
         said = graph.matching(lambda m: m["to"] == wa_id and m["type"] == "text")
         assert len(said) == 1, said
+
+
+async def test_a_sim_after_a_newer_request_does_not_approve_the_card_before_it(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A hostile probe: card A shown, then "charge João 3000" (waiting for a worker: all
+    busy), then "sim": the "sim" approved A and a R$ 25 charge ran, though the person
+    had just asked for another (and their text supersedes A once a worker takes it). A
+    "sim" after a text the number wrote since a card was shown is not about that card."""
+    async with channel(database_url, graph) as h:
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        ask = text_message(wa_id, "cobre 150 do João")
+        assert (await post(h, delivery(ask))).status_code == 200
+        _, (first,) = await shown(h, wa_id, 1)
+        await h.worker.stop()  # no worker takes the next request for now
+        await asyncio.sleep(1.1)
+        newer = text_message(wa_id, "cobre 90 do João")
+        assert (await post(h, delivery(newer))).status_code == 200
+        await asyncio.sleep(1.1)
+        sim = text_message(wa_id, "sim")
+        assert (await post(h, delivery(sim))).status_code == 200
+        assert await approvals(h, first) == 0
+        effect = await h.store.pool.fetchval(
+            "SELECT effect FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
+            sim["id"],
+        )
+        assert effect == "message"  # passed on, after the request it follows
+        # A swipe reply quoting the card is still about that card.
+        await asyncio.sleep(1.1)
+        quoting = {
+            **text_message(wa_id, "sim"),
+            "context": {"id": await wamid_of(h, first.thread_id, first)},
+        }
+        assert (await post(h, delivery(quoting))).status_code == 200
+        assert await approvals(h, first) == 1

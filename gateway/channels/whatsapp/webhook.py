@@ -84,6 +84,8 @@ class ChannelRows(OutboundRows, Protocol):
         self, thread_id: str, card_id: str, before: int, *, quoted: bool = False
     ) -> bool: ...
     async def quoted_card(self, thread_id: str, wa_message: str) -> str | None: ...
+    async def wrote_text(self, tenant: str, wa_id: str, sent: int) -> None: ...
+    async def written_since(self, thread_id: str, card_id: str) -> bool: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
@@ -281,6 +283,11 @@ class WhatsAppChannel:
             if effect.startswith(ASK):
                 await self._ask(item, effect.removeprefix(ASK))
                 return
+            if effect != MESSAGE:  # chosen by a later version: done, as far as we know
+                log.warning("WhatsApp message %s: unknown effect %r", item.message_id, effect)
+                return
+            if item.sent is not None:  # a "sim" after this text is about what follows it
+                await self.rows.wrote_text(self.tenant, item.wa_id, item.sent)
         text = item.text.strip()[:8000]
         message_id = str(uuid.uuid5(_NS, item.message_id))
         who = Principal(tenant=self.tenant, user=item.wa_id)
@@ -326,6 +333,11 @@ class WhatsAppChannel:
         seen = [
             c for c in waiting if await self.rows.card_shown(thread_id, c.id, sent, quoted=True)
         ]
+        if quoted is None:
+            # Not a card shown before a text the number wrote since (passed on as a
+            # message, still waiting for a worker to supersede that card): a "sim" after
+            # "charge João 3000" approved the card shown before it (a hostile probe).
+            seen = [c for c in seen if not await self.rows.written_since(thread_id, c.id)]
         if not seen:
             return MESSAGE
         card = seen[0]
