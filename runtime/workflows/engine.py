@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from signoff.runtime.backoff import doubling
 from signoff.runtime.bus import Bus
 from signoff.runtime.config import Settings
 from signoff.runtime.errors import (
@@ -86,6 +87,9 @@ async def run_function(step: Step, ctx: WorkflowContext) -> Mapping[str, Any] | 
     return await step.fn(ctx)
 
 
+UNAVAILABLE_FIRST, UNAVAILABLE_MOST = 1.0, 30.0  # seconds before a run is tried again
+
+
 class WorkflowEngine:
     """Runs workflow steps on one worker (``Worker.workflows``)."""
 
@@ -119,6 +123,11 @@ class WorkflowEngine:
             self.handlers[kind] = factory(self)
         self._inflight: set[str] = set()
         self._again: set[str] = set()
+        # Run -> how many times in a row its steps met Unavailable, and until when (loop
+        # time) the poll leaves it alone: retried after a pause that doubles up to
+        # UNAVAILABLE_MOST. A step whose provider never recovered was tried again at
+        # every poll tick (~20 a second in tests), a warning each time: a review.
+        self._unavailable: dict[str, tuple[int, float]] = {}
         self._stopping = False
         self._reclaimed = False  # our own runs taken back once (a restart with a stable id)
         # Signal received (gateway's wall clock at the resolution) -> the next step starts.
@@ -192,18 +201,25 @@ class WorkflowEngine:
         try:
             run = await self.store.claim(run_id, self.worker_id, self.app, self._names)
             if run is None:
+                self._unavailable.pop(run_id, None)
                 return  # not running, or a live worker holds it
             if at_ns:
                 self.wake_latency_ns.append(time.time_ns() - at_ns)
             await self._steps(run)
+            self._unavailable.pop(run_id, None)
         except RunInactive:
+            self._unavailable.pop(run_id, None)
             return  # cancelled or taken over while a step ran: nothing more to do here
         except ExecutingElsewhere as exc:  # an agent step's card: a lease at most (note 49)
             log.info("workflow run %s: %s; continuing it later", run_id, exc)
             self._later(run_id, 2.0)
         except Unavailable as exc:
-            log.warning("workflow run %s: %s; continuing it later", run_id, exc)
-            self._later(run_id, 1.0)
+            tries = self._unavailable.get(run_id, (0, 0.0))[0]
+            delay = doubling(UNAVAILABLE_FIRST, tries, UNAVAILABLE_MOST)
+            rest = asyncio.get_running_loop().time() + delay
+            self._unavailable[run_id] = (tries + 1, rest)
+            log.warning("workflow run %s: %s; continuing it in %.0f s", run_id, exc, delay)
+            self._later(run_id, delay)
         except Exception:  # a bug: the run stays running here; looked at again later
             log.exception("workflow run %s: continuing it failed; again in 5s", run_id)
             self._later(run_id, 5.0)
@@ -290,8 +306,10 @@ class WorkflowEngine:
         await self.sweep()
 
     def recheck_ids(self, run_ids: list[str]) -> None:
+        now = asyncio.get_running_loop().time()
         for run_id in run_ids:
-            if run_id not in self._inflight:
+            resting = run_id in self._unavailable and self._unavailable[run_id][1] > now
+            if run_id not in self._inflight and not resting:  # a signal still wakes it
                 self.wake(run_id)
 
     async def recheck(self) -> None:

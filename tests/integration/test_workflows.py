@@ -321,3 +321,19 @@ async def test_a_service_principal_delivering_an_event_is_not_shown_the_run(
         release(run.id)
         done = await until(status_is(h, run.id, "completed"), what="the kept event consumed")
         assert done.state["amount"] == 7
+
+
+async def test_a_step_whose_provider_stays_away_is_tried_again_less_and_less_often(
+    h: Harness,
+) -> None:
+    """A review: a step meeting Unavailable every time was tried again every second, for
+    ever, with a warning each time. The pause doubles (1, 2, 4 ... 30 s), and the run
+    stays running: the provider may come back."""
+    run = await start(h, "away")
+    while calls(run.id, "unavailable") < 1:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(6.5)  # tries at ~0, 1, 3 and 7 s (every second: 7 or 8 by now)
+    tried = calls(run.id, "unavailable")
+    assert 2 <= tried <= 4, tried
+    assert str((await h.store.workflows.get_workflow_run(run.id)).status) == "running"
+    await h.workflows.cancel(run.id, tenant=h.tenant, by=OWNER)

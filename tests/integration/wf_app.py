@@ -9,7 +9,15 @@ from typing import Any
 
 import msgspec
 
-from signoff import App, Registry, Workflow, WorkflowContext, await_event, await_human
+from signoff import (
+    App,
+    Registry,
+    Unavailable,
+    Workflow,
+    WorkflowContext,
+    await_event,
+    await_human,
+)
 
 # (run_id, step) -> how many times the step's body ran
 CALLS: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -42,6 +50,12 @@ async def held(ctx: WorkflowContext) -> dict[str, Any]:
     gate = GATES.setdefault(ctx.run_id, asyncio.Event())
     await gate.wait()
     return {"held": True}
+
+
+async def unavailable(ctx: WorkflowContext) -> dict[str, Any]:
+    """Counts, then says its provider is away, every time."""
+    CALLS[(ctx.run_id, "unavailable")] += 1
+    raise Unavailable("the provider is away")
 
 
 def release(run_id: str) -> None:
@@ -94,6 +108,7 @@ def build(lookback: float = 30.0) -> App:
                 steps=[held, await_event("payment.confirmed", schema=Payment), counted("ship")],
             ),
             Workflow("crashy", steps=[counted("first"), held, counted("last")]),
+            Workflow("away", steps=[unavailable, counted("after")]),
             Workflow(  # two installments: one confirmation for each
                 "installments",
                 steps=[
