@@ -1,14 +1,48 @@
-"""What a WebSocket may send: its frames' rate, the origins it may come from, and how a
-handshake is turned away."""
+"""What a WebSocket may send: its frames' rate, how many may wait to be handled, the
+origins it may come from, and how a handshake is turned away."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
 import msgspec
 from starlette.responses import Response
 from starlette.websockets import WebSocket
+
+# Read ahead of the frame being handled, at most this many frames and bytes; past that a
+# frame is refused (503, send it again) and the reader goes on reading: blocked on a full
+# queue it answered no ping (a review), and 64 frames of 64 KB held 4 MB per socket.
+QUEUED_FRAMES = 64
+QUEUED_BYTES = 256 * 1024
+
+
+class ReadAhead:
+    """The frames a socket's reader has read and its handler not yet taken, bounded."""
+
+    def __init__(self, frames: int = QUEUED_FRAMES, most_bytes: int = QUEUED_BYTES) -> None:
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.frames, self.most_bytes = frames, most_bytes
+        self.bytes = 0
+
+    def offer(self, raw: bytes) -> bool:
+        """Queue the frame, unless that would pass either bound (then False)."""
+        if self._queue.qsize() >= self.frames or self.bytes + len(raw) > self.most_bytes:
+            return False
+        self.bytes += len(raw)
+        self._queue.put_nowait(raw)
+        return True
+
+    def end(self) -> None:
+        """No more frames: the handler stops after those queued."""
+        self._queue.put_nowait(None)
+
+    async def next(self) -> bytes | None:
+        raw = await self._queue.get()
+        if raw is not None:
+            self.bytes -= len(raw)
+        return raw
 
 
 class RateLimit:

@@ -25,7 +25,7 @@ from signoff.gateway.errors import Internal, error_body, status_of, typed
 from signoff.gateway.feed import Feeds, Listener
 from signoff.gateway.frames import Frame, decode_frame, id_of
 from signoff.gateway.service import GatewayService, ResolveIn, checked_message, event_of, parse
-from signoff.gateway.socket_limits import RateLimit, deny, origin_allowed
+from signoff.gateway.socket_limits import RateLimit, ReadAhead, deny, origin_allowed
 from signoff.gateway.watch import ThreadWatch
 from signoff.runtime.errors import (
     InvalidInput,
@@ -34,13 +34,13 @@ from signoff.runtime.errors import (
     RateLimited,
     SignoffError,
     Unauthenticated,
+    Unavailable,
 )
 from signoff.runtime.hints import Hint, WireEntry
 
 log = logging.getLogger("signoff.ws")
 
 AUTH_TIMEOUT = 10.0
-QUEUED_FRAMES = 64  # read ahead of the one being handled (the rate limit bounds them too)
 
 
 _enc = msgspec.json.Encoder()
@@ -165,17 +165,17 @@ class Connection:
         """Frames are read by one task and handled in order by another: a ``ping`` is
         answered by the reader at once, even while an earlier frame is still handled (a
         ``resolve`` waiting on a slow Postgres held the pong back, and the page's heartbeat
-        let a healthy socket go). A frame being handled when the client left is finished
-        (its effect is not cut midway); what was still queued goes unanswered, as frames
-        the old one-by-one loop had not read yet did. Rate refusals (429) are sent by the
-        reader, at once."""
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUED_FRAMES)
+        let a healthy socket go). When the client leaves, the frames it had sent are
+        still handled, in order (a ``resolve`` sent just before closing is a person's
+        click), and their answers go nowhere. Rate refusals (429) and refusals of a frame
+        that finds the queue full (503) are sent by the reader, at once."""
+        queue = ReadAhead()
         handler = asyncio.create_task(self._handle_queued(queue))
         reader = asyncio.create_task(self._read(queue))
         try:
             await asyncio.wait({reader, handler}, return_when=asyncio.FIRST_COMPLETED)
             if not handler.done():  # the client left (or flooded): the rest, then stop
-                await queue.put(None)
+                queue.end()
                 await handler
         finally:
             for task in (reader, handler):
@@ -185,16 +185,17 @@ class Connection:
             if not task.cancelled() and (exc := task.exception()) is not None:
                 raise exc
 
-    async def _read(self, queue: asyncio.Queue[bytes | None]) -> None:
+    async def _read(self, queue: ReadAhead) -> None:
         while True:
             raw = await self.receive()
             if not self.limit.take():
                 await self.refuse(raw)
-            elif not await self._pong(raw):
-                await queue.put(raw)
+            elif not await self._pong(raw) and not queue.offer(raw):
+                busy = "too many frames of this socket wait to be handled; send it again"
+                await self.send_error(Unavailable(busy, retry_after=1.0), id_of(raw))
 
-    async def _handle_queued(self, queue: asyncio.Queue[bytes | None]) -> None:
-        while (raw := await queue.get()) is not None:
+    async def _handle_queued(self, queue: ReadAhead) -> None:
+        while (raw := await queue.next()) is not None:
             await self.handle(raw)
 
     async def _pong(self, raw: bytes) -> bool:

@@ -583,3 +583,43 @@ async def test_ws_ping_is_answered_while_an_earlier_frame_waits_on_postgres(
     finally:
         await ws.close()
         await lock.close()
+
+
+async def test_ws_frames_beyond_the_read_ahead_are_refused_and_pings_still_answered(
+    h: Harness, database_url: str
+) -> None:
+    """A review: the reader blocked on a full queue behind a slow frame, so pings went
+    unanswered again, and 64 frames of 64 KB held 4 MB per socket. Past 256 KB waiting, a
+    frame is refused at once (503, send it again), the reader reads on, and what was
+    queued is still handled in order."""
+    card = await card_for(h)
+    lock = await asyncpg.connect(database_url)
+    ws = await ws_connect(h, "alice")
+    try:
+        tx = lock.transaction()
+        await tx.start()
+        await lock.execute("SELECT 1 FROM cards WHERE id = $1 FOR UPDATE", card["id"])
+        resolve = {
+            "type": "resolve", "id": "r1", "card_id": card["id"], "decision": "approve",
+            "snapshot_hash": card["snapshot_hash"],
+        }  # fmt: skip
+        await ws.send(json.dumps(resolve))
+        pad = "x" * 60_000
+        for i in range(5):  # 300 KB behind the resolve: the fifth does not fit
+            await ws.send(json.dumps({"type": "threads", "id": f"t{i}", "pad": pad}))
+        await ws.send(json.dumps({"type": "ping", "id": "p1"}))
+        seen: dict[str, dict[str, object]] = {}
+        while "p1" not in seen:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            seen[str(msg.get("id"))] = msg
+        assert seen["t4"]["status"] == 503, seen["t4"]
+        assert "r1" not in seen and "t0" not in seen  # the resolve still waits, in order
+        await tx.rollback()
+        while "t3" not in seen:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            seen[str(msg.get("id"))] = msg
+        assert seen["r1"]["type"] == "resolved", seen["r1"]
+        assert list(seen).index("r1") < list(seen).index("t0") < list(seen).index("t3")
+    finally:
+        await ws.close()
+        await lock.close()
