@@ -546,6 +546,22 @@ async def test_ws_ping_is_answered_pong_with_its_id(h: Harness) -> None:
         await ws.close()
 
 
+async def resolve_behind_a_lock(
+    lock: asyncpg.Connection, ws: Any, card: dict[str, Any]
+) -> asyncpg.transaction.Transaction:
+    """Lock the card's row (``lock``'s transaction, returned) and send a ``resolve`` of it
+    (id ``r1``), which waits on that lock."""
+    tx = lock.transaction()
+    await tx.start()
+    await lock.execute("SELECT 1 FROM cards WHERE id = $1 FOR UPDATE", card["id"])
+    resolve = {
+        "type": "resolve", "id": "r1", "card_id": card["id"], "decision": "approve",
+        "snapshot_hash": card["snapshot_hash"],
+    }  # fmt: skip
+    await ws.send(json.dumps(resolve))
+    return tx
+
+
 async def test_ws_ping_is_answered_while_an_earlier_frame_waits_on_postgres(
     h: Harness, database_url: str
 ) -> None:
@@ -558,14 +574,7 @@ async def test_ws_ping_is_answered_while_an_earlier_frame_waits_on_postgres(
     lock = await asyncpg.connect(database_url)
     ws = await ws_connect(h, "alice")
     try:
-        tx = lock.transaction()
-        await tx.start()
-        await lock.execute("SELECT 1 FROM cards WHERE id = $1 FOR UPDATE", card["id"])
-        resolve = {
-            "type": "resolve", "id": "r1", "card_id": card["id"], "decision": "approve",
-            "snapshot_hash": card["snapshot_hash"],
-        }  # fmt: skip
-        await ws.send(json.dumps(resolve))
+        tx = await resolve_behind_a_lock(lock, ws, card)
         await ws.send(json.dumps({"type": "threads", "id": "t1"}))  # after the resolve
         await ws.send(json.dumps({"type": "ping", "id": "p1"}))
         seen: list[str] = []
@@ -596,14 +605,7 @@ async def test_ws_frames_beyond_the_read_ahead_are_refused_and_pings_still_answe
     lock = await asyncpg.connect(database_url)
     ws = await ws_connect(h, "alice")
     try:
-        tx = lock.transaction()
-        await tx.start()
-        await lock.execute("SELECT 1 FROM cards WHERE id = $1 FOR UPDATE", card["id"])
-        resolve = {
-            "type": "resolve", "id": "r1", "card_id": card["id"], "decision": "approve",
-            "snapshot_hash": card["snapshot_hash"],
-        }  # fmt: skip
-        await ws.send(json.dumps(resolve))
+        tx = await resolve_behind_a_lock(lock, ws, card)
         pad = "x" * 60_000
         for i in range(5):  # 300 KB behind the resolve: the fifth does not fit
             await ws.send(json.dumps({"type": "threads", "id": f"t{i}", "pad": pad}))
