@@ -59,6 +59,7 @@
     user: null,
     threadId: null,
     retry: null, // {text, key} of a message not known to be taken: sent again as it was
+    againOf: null, // {card, text}: a "Propose again" waiting on the composer's question
     ws: null,
     ready: false,
     attempt: 0,
@@ -599,6 +600,9 @@
         if (!entry) return;
         entry.busy = false;
         entry.error = errorText(f);
+        // Refused (4xx: nothing was done): a form still open is unsent again, and is said
+        // to be "not sent" if the card is then decided elsewhere (a review: it was lost)
+        if (f.status >= 400 && f.status < 500) entry.sent = false;
         renderCard(entry);
         // An edit the tool refused: its fields are marked and described by the card's
         // error, and the first one takes focus to be fixed (focus went to the card).
@@ -1129,6 +1133,7 @@
         // Other cards wait: sending it would replace them, so the composer asks first,
         // as for any message typed under them (the button went around the question).
         el.text.value = text;
+        state.againOf = { card: cardId, text: text };
         submitComposer();
         el.text.focus();
         return;
@@ -1456,10 +1461,11 @@
     if (!text) return;
     var waiting = isWorkflowThread(state.threadId) ? 0 : pendingCards().length;
     // (a message sent again under its key, in its thread, is the same message: it
-    // replaces nothing)
-    // (no thread then: the one its first send made, which this view shows now)
-    var again = state.retry && state.retry.text === text &&
-      (!state.retry.thread || state.retry.thread === state.threadId);
+    // replaces nothing. One whose first send named no thread asks like any other once a
+    // thread is open: a review found it sent unasked into a thread opened meanwhile,
+    // replacing its cards; in the thread the first send made it asks only if that send
+    // ran, and the key keeps it from running twice)
+    var again = state.retry && state.retry.text === text && state.retry.thread === state.threadId;
     if (waiting > 0 && state.confirmed !== text && !again) {
       state.guarded = text;
       el.guardText.textContent = waiting === 1 ? t('guard.one') : t('guard.many', { n: waiting });
@@ -1497,6 +1503,13 @@
       state.awaitingThread = false;
       el.composerError.textContent = t('composer.offline');
       return false;
+    }
+    // Sent after the question, a "Propose again" counts as that card's (a second press
+    // proposed the same card twice once the first had replaced the waiting ones: a review)
+    if (state.againOf && state.againOf.text === text) {
+      var from = state.cards.get(state.againOf.card);
+      if (from) { from.againSent = true; renderCard(from); }
+      state.againOf = null;
     }
     renderComposer();
     return true;
@@ -1592,7 +1605,7 @@
       if (state.threadId) state.seenThreads.add(state.threadId);
       state.threadId = null;
       state.awaitingThread = false;
-      writeLocation();
+        writeLocation();
       resetView();
       T.setCurrent(null);
       el.empty.hidden = false;

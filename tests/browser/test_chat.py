@@ -855,3 +855,103 @@ async def test_propose_again_of_an_edited_card_keeps_its_description(chat: Chat)
     assert again.id != edited.id
     assert again.args_snapshot.get("description") == "aluguel de março", again.args_snapshot
     await expect(chat.card(again.id).locator(".impact")).to_contain_text("aluguel de março")
+
+
+async def test_propose_again_sent_after_the_question_is_not_offered_twice(chat: Chat) -> None:
+    """A review: "Propose again" under a waiting card asks first; once sent ("Send
+    here"), its button stayed live, and a second press proposed the same card again (the
+    waiting card gone by then, nothing asked)."""
+    await chat.open()
+    page = chat.page
+    await chat.say("cobre 150 do João e estorne a venda V002")
+    cards = await chat.wait_cards(2)
+    charge = next(c for c in cards if c.tool == "create_pix_charge")
+    await chat.h.provider.pool.execute(
+        "UPDATE cards SET expires_at = now() - interval '1 second' WHERE id = $1::uuid", charge.id
+    )
+    await chat.h.worker.sweep()
+    ui = chat.card(charge.id)
+    await expect(ui).to_have_attribute("data-status", "expired")
+    await ui.get_by_role("button", name="Propose again").click()
+    await page.get_by_role("button", name="Send here").click()
+    # At once, before the new card can arrive (which also takes the button away).
+    offered = await page.evaluate(
+        """id => [...document.querySelectorAll(`article.card[data-card-id="${id}"] button`)]
+                 .filter(b => b.textContent.includes('Propose again') && !b.closest('[hidden]'))
+                 .length""",
+        charge.id,
+    )
+    assert offered == 0
+    await expect(page.locator("#replace-guard")).to_be_hidden()
+    await asyncio.sleep(1.0)
+    sent = [f for f in chat.sent_frames if f.get("type") == "message"]
+    assert len(sent) == 2, sent  # the request, and one proposal again
+
+
+async def test_a_refused_edit_then_decided_elsewhere_says_it_was_not_sent(chat: Chat) -> None:
+    """A review: a decision the server refused (422) left the form open but marked as
+    sent, so when the card was then decided elsewhere the edit vanished without the
+    "not sent" word."""
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await ui.locator(".actions").get_by_role("button", name="Edit").click()
+    await ui.get_by_label("Amount (R$)").fill("0")
+    await ui.get_by_role("button", name="Propose edited card").click()
+    await expect(ui.locator(".card-error")).not_to_be_empty()  # refused: the form stays
+    await expect(ui).to_have_attribute("data-status", "pending")
+    await chat.h.decisions.resolve(
+        card.id,
+        Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+        principal=chat.user,
+        channel="http",
+    )
+    await expect(ui).to_have_attribute("data-status", "executed")
+    await expect(ui.locator(".card-error")).to_contain_text("was not sent")
+
+
+async def test_a_message_to_send_again_asks_in_another_thread_with_waiting_cards(
+    chat: Chat,
+) -> None:
+    """A review: a new chat's first message whose answer was lost (its text back in the
+    box, to be sent again under its key) was sent unasked into another thread opened
+    meanwhile, replacing the card waiting there."""
+    page = chat.page
+    dropped: dict[str, Any] = {}
+    closing: list[Any] = []
+
+    async def handler(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_page(raw: str | bytes) -> None:
+            frame = json.loads(raw)
+            if frame.get("type") == "message" and frame.get("text") == "saldo":
+                dropped.setdefault("id", frame["id"])
+            server.send(raw)
+
+        def from_server(raw: str | bytes) -> None:
+            frame = json.loads(raw)
+            if frame.get("type") == "ack" and frame.get("id") == dropped.get("id"):
+                closing.append(asyncio.ensure_future(ws.close(code=1011)))  # dropped: no ack
+                return
+            ws.send(raw)
+
+        ws.on_message(from_page)
+        server.on_message(from_server)
+
+    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    await chat.open()
+    card = await propose_charge(chat)
+    await page.locator("#new-chat").click()
+    await chat.say("saldo")
+    await expect(page.locator("#composer-error")).to_contain_text("will not run twice")
+    await expect(page.locator("#conn")).to_have_text("Online", timeout=15_000)
+    await page.locator(".thread-link", has_text="cobre 150 do João").click()
+    ui = chat.card(card.id)
+    await expect(ui).to_have_attribute("data-status", "pending")
+    box = page.get_by_label(chat.message_label, exact=True)
+    await expect(box).to_have_value("saldo")
+    await box.press("Enter")
+    await expect(page.locator("#replace-guard")).to_be_visible()
+    assert len([f for f in chat.sent_frames if f.get("text") == "saldo"]) == 1
+    assert (await chat.h.store.get_card(card.id)).status == "pending"
