@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -577,15 +578,9 @@ async def test_a_message_not_known_to_be_taken_is_sent_again_under_its_key(chat:
     assert len(users) == 1
 
 
-async def test_a_message_whose_socket_dropped_before_its_ack_is_sent_again_once(
-    chat: Chat,
-) -> None:
-    """A review's finding: the socket dropped after a new conversation's first message
-    went out and before its ``ack``; the page had cleared the box and forgot the message,
-    and sent again by hand it was a new message in a new thread: the charge proposed
-    twice. The page now puts the text back with its key, and the server gives a keyed
-    message naming no thread the key's thread: one thread, one run, one card."""
-    page = chat.page
+def socket_dropped_before_ack(text: str | None) -> Callable[[Any], Awaitable[None]]:
+    """A WebSocket route that closes the page's socket (1011) instead of passing on the
+    ``ack`` of its first ``message`` frame (with ``text``, if given): the answer lost."""
     first: dict[str, Any] = {}
     closing: list[Any] = []
 
@@ -594,8 +589,8 @@ async def test_a_message_whose_socket_dropped_before_its_ack_is_sent_again_once(
 
         def from_page(raw: str | bytes) -> None:
             frame = json.loads(raw)
-            if frame.get("type") == "message" and not first:
-                first.update(frame)
+            if frame.get("type") == "message" and text in (None, frame.get("text")):
+                first.setdefault("id", frame["id"])
             server.send(raw)
 
         def from_server(raw: str | bytes) -> None:
@@ -608,7 +603,19 @@ async def test_a_message_whose_socket_dropped_before_its_ack_is_sent_again_once(
         ws.on_message(from_page)
         server.on_message(from_server)
 
-    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    return handler
+
+
+async def test_a_message_whose_socket_dropped_before_its_ack_is_sent_again_once(
+    chat: Chat,
+) -> None:
+    """A review's finding: the socket dropped after a new conversation's first message
+    went out and before its ``ack``; the page had cleared the box and forgot the message,
+    and sent again by hand it was a new message in a new thread: the charge proposed
+    twice. The page now puts the text back with its key, and the server gives a keyed
+    message naming no thread the key's thread: one thread, one run, one card."""
+    page = chat.page
+    await page.route_web_socket(re.compile(r"/v1/ws$"), socket_dropped_before_ack(None))
     await chat.open()
     await chat.say("cobre 150 do João")
     await expect(page.locator("#composer-error")).to_contain_text("will not run twice")
@@ -917,29 +924,7 @@ async def test_a_message_to_send_again_asks_in_another_thread_with_waiting_cards
     box, to be sent again under its key) was sent unasked into another thread opened
     meanwhile, replacing the card waiting there."""
     page = chat.page
-    dropped: dict[str, Any] = {}
-    closing: list[Any] = []
-
-    async def handler(ws: Any) -> None:
-        server = ws.connect_to_server()
-
-        def from_page(raw: str | bytes) -> None:
-            frame = json.loads(raw)
-            if frame.get("type") == "message" and frame.get("text") == "saldo":
-                dropped.setdefault("id", frame["id"])
-            server.send(raw)
-
-        def from_server(raw: str | bytes) -> None:
-            frame = json.loads(raw)
-            if frame.get("type") == "ack" and frame.get("id") == dropped.get("id"):
-                closing.append(asyncio.ensure_future(ws.close(code=1011)))  # dropped: no ack
-                return
-            ws.send(raw)
-
-        ws.on_message(from_page)
-        server.on_message(from_server)
-
-    await page.route_web_socket(re.compile(r"/v1/ws$"), handler)
+    await page.route_web_socket(re.compile(r"/v1/ws$"), socket_dropped_before_ack("saldo"))
     await chat.open()
     card = await propose_charge(chat)
     await page.locator("#new-chat").click()
