@@ -109,6 +109,7 @@ class Queries:
     delivery_handled: str
     delivery_forget: str
     wa_card_shown: str
+    delivery_held: str
     wa_contact_text: str
     wa_written_since: str
     wa_quoted_card: str

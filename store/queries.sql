@@ -1275,6 +1275,14 @@ RETURNING effect;
 UPDATE deliveries SET handled = true
 WHERE channel = $1 AND message_id = $2 AND claimed_until = $3;
 
+-- name: delivery_held
+-- Whether claim $3 on the delivery is still held (not taken over, not handled): a
+-- handling that lost it leaves the telling to the request that took it over.
+SELECT EXISTS (
+    SELECT 1 FROM deliveries
+    WHERE channel = $1 AND message_id = $2 AND claimed_until = $3 AND NOT handled
+);
+
 -- name: delivery_forget
 -- A delivery that could not be handled under claim $3: gone when nothing was chosen for it
 -- yet (a redelivery is new, to a gateway of any version), else its claim let go and its

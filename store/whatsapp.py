@@ -69,6 +69,10 @@ class WhatsAppRows:
         """The claimed delivery's effect committed: its redeliveries are dropped."""
         await self._db.execute(SQL.delivery_handled, channel, message_id, claim.token)
 
+    async def delivery_held(self, channel: str, message_id: str, claim: DeliveryClaim) -> bool:
+        """Whether this request still holds its claim on the delivery."""
+        return bool(await self._db.fetchval(SQL.delivery_held, channel, message_id, claim.token))
+
     async def forget_delivery(self, channel: str, message_id: str, claim: DeliveryClaim) -> None:
         """Let go of the claim on a delivery that could not be handled: a redelivery is
         handled at once, with the effect already chosen if one was (never deleted: a

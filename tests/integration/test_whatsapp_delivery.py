@@ -347,3 +347,39 @@ async def test_a_delivery_let_go_is_gone_unless_a_choice_was_written(database_ur
         assert not await rows.delivery_effect("whatsapp", chosen, claim, "message")
         await rows.delivery_handled("whatsapp", chosen, claim)
         assert (await rows.claim_delivery("whatsapp", chosen, 30)).state == "busy"
+
+
+async def test_a_press_held_up_past_its_lease_says_nothing_once_another_decided_it(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a press whose handling was held up after it wrote its choice (a pool
+    wait, a lock) past its lease; Meta's redelivery claimed it and approved the card
+    (quietly: handled again); the first handling then found the card approved and told
+    the person, who pressed once, "already approved". A handling that lost its claim
+    leaves the telling to the request that took it over."""
+    monkeypatch.setattr(webhook, "BUSY_WAIT_SECONDS", 0.1)
+    settings = msgspec.structs.replace(wa_settings(), whatsapp_delivery_lease_seconds=0.5)
+    async with harness(database_url, model=Scripted(pix()), gateway=True, settings=settings) as h:
+        channel = channel_of(h.asgi)
+        wa_id, _, card = await text_confirm_card(h, channel, monkeypatch)
+        real = channel.decisions.resolve
+        held = [True]
+
+        async def held_up_once(*args: Any, **kwargs: Any) -> Any:
+            if held and held.pop():
+                await asyncio.sleep(1.5)
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(channel.decisions, "resolve", held_up_once)
+        press = button_message(wa_id, inbound.button_id(Decision.APPROVE, card.id))
+        body = delivery(press)
+        first = asyncio.create_task(post(h, body))
+        await asyncio.sleep(0.8)  # the first claim lapsed: Meta sends it again
+        assert (await post(h, body)).status_code == 200
+        await first
+        replies = await h.store.pool.fetchval(
+            "SELECT count(*) FROM wa_outbound WHERE key = $1", f"reply:{press['id']}"
+        )
+        assert replies == 0
+        approvals = [e for e in await h.store.card_events(card.id) if e.to_status == "approved"]
+        assert len(approvals) == 1

@@ -76,6 +76,7 @@ class ChannelRows(OutboundRows, Protocol):
     async def delivery_handled(
         self, channel: str, message_id: str, claim: DeliveryClaim
     ) -> None: ...
+    async def delivery_held(self, channel: str, message_id: str, claim: DeliveryClaim) -> bool: ...
     async def forget_delivery(
         self, channel: str, message_id: str, claim: DeliveryClaim
     ) -> None: ...
@@ -273,12 +274,11 @@ class WhatsAppChannel:
             # "sim" whose card was approved meanwhile became a message superseding the
             # person's next card: a hostile probe).
             effect = claim.effect
-            again = effect is not None
             if effect is None:
                 effect = await self._confirms(item, thread_id)
                 await self._chose(item, claim, effect)
             if effect.startswith(CONFIRM):
-                await self._confirm(item, effect.removeprefix(CONFIRM), again)
+                await self._confirm(item, effect.removeprefix(CONFIRM), claim)
                 return
             if effect.startswith(ASK):
                 await self._ask(item, effect.removeprefix(ASK))
@@ -370,13 +370,13 @@ class WhatsAppChannel:
         else:
             await self.reply(item, outbound.SEVERAL_WAITING)
 
-    async def _confirm(self, item: inbound.Inbound, card_id: str, again: bool) -> None:
+    async def _confirm(self, item: inbound.Inbound, card_id: str, claim: DeliveryClaim) -> None:
         try:
             card = await self.store.get_card(card_id)
         except CardNotFound:  # gone since (retention)
             log.info("WhatsApp confirmation for unknown card %s ignored", card_id)
             return
-        await self.decide(item, card, Decision.APPROVE, again=again)
+        await self.decide(item, card, Decision.APPROVE, claim)
 
     async def _chose(self, item: inbound.Inbound, claim: DeliveryClaim, effect: str) -> None:
         """Write what this handling chose, before doing it; only while this request still
@@ -408,15 +408,14 @@ class WhatsAppChannel:
         # A press handled again (its answer lost, a claim that lapsed) finds its own
         # decision made: it says nothing then ("already approved" to a person who pressed
         # once). Marked on the claim before deciding, as a text's choice is.
-        again = claim.effect is not None
-        if not again:
+        if claim.effect is None:
             await self._chose(item, claim, PRESS)
-        await self.decide(item, card, decision, again=again)
+        await self.decide(item, card, decision, claim)
 
     async def decide(
-        self, item: inbound.Inbound, card: Card, decision: Decision, *, again: bool = False
+        self, item: inbound.Inbound, card: Card, decision: Decision, claim: DeliveryClaim
     ) -> None:
-        """``again``: this message's decision handled a second time (a lapsed claim)."""
+        """``claim``: this request's, with the effect an earlier handling chose if any."""
         res = Resolution(decision=decision, snapshot_hash=card.snapshot_hash)
         try:
             await self.decisions.resolve(
@@ -447,8 +446,15 @@ class WhatsAppChannel:
                 )
                 return
             fresh = await self.store.get_card(card.id)
-            if again and fresh.decided_by == item.wa_id and _decided_as(fresh.status, decision):
-                return  # most likely this message's own decision: nothing to tell
+            if fresh.decided_by == item.wa_id and _decided_as(fresh.status, decision):
+                # Most likely this message's own decision: handled again (an earlier
+                # handling chose), or by the request that took this one's claim over
+                # while it was held up (a review: it told a person who pressed once
+                # "already approved"). Nothing to tell.
+                if claim.effect is not None or not await self.rows.delivery_held(
+                    CHANNEL, item.message_id, claim
+                ):
+                    return
             await self.reply(item, outbound.decided_notice(fresh.public()))
 
     async def reply(self, item: inbound.Inbound, body: str) -> None:
