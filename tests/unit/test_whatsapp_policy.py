@@ -167,3 +167,24 @@ def test_text_confirmation_stays_under_the_risk_limit() -> None:
     assert policy.allowed(card(Risk.CRITICAL), "critical")
     assert not policy.allowed(card(Risk.REVERSIBLE), "read")
     assert policy.normalize("Confirmação!") == "confirmacao"
+
+
+def test_a_reaction_or_a_template_button_is_a_nudge_on_the_message_it_touches() -> None:
+    react = {"id": "m1", "from": "551100001", "type": "reaction",
+             "reaction": {"message_id": "wamid.card", "emoji": "👍"}}  # fmt: skip
+    (item,) = inbound.messages(one(react), "100")
+    assert (item.nudge, item.quoted, item.text, item.button_id) == (
+        "reaction", "wamid.card", None, None,
+    )  # fmt: skip
+    pressed = {"id": "m2", "from": "551100001", "type": "button",
+               "context": {"id": "wamid.tpl"}, "button": {"text": "Sim", "payload": "x"}}  # fmt: skip
+    (item,) = inbound.messages(one(pressed), "100")
+    assert (item.nudge, item.quoted, item.text) == ("template", "wamid.tpl", None)
+    # Taken back (no emoji), quoting nothing, or an unreadable id: nothing to answer.
+    for msg in (
+        {**react, "reaction": {"message_id": "wamid.card", "emoji": ""}},
+        {**react, "reaction": {"message_id": 7, "emoji": "👍"}},
+        {**pressed, "context": {}},
+        {**pressed, "context": {"id": "x" * 300}},
+    ):
+        assert inbound.messages(one(msg), "100") == []

@@ -19,7 +19,7 @@ BUTTON_PREFIX = "pa"
 
 
 class Inbound(msgspec.Struct, frozen=True, kw_only=True):
-    """One inbound message: a text, or a reply button's id."""
+    """One inbound message: a text, a reply button's id, or a nudge."""
 
     message_id: str
     wa_id: str
@@ -31,6 +31,10 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True):
     # The WhatsApp message it answers (a swipe reply quotes it: Meta's `context.id`), if
     # any: a "sim" quoting a card is about that card only.
     quoted: str | None = None
+    # A touch on the message ``quoted`` that decides nothing: a "reaction" (👍 on a card)
+    # or a "template" quick-reply button (a card sent as the template, outside the
+    # window). Dropped without a word, the person took their 👍 for an approval.
+    nudge: str | None = None
 
 
 def messages(payload: Any, phone_number_id: str) -> list[Inbound]:
@@ -112,6 +116,14 @@ def _one(msg: Any) -> Inbound | None:
         bid = _dict(_dict(msg.get("interactive")).get("button_reply")).get("id")
         if isinstance(bid, str) and len(bid) <= MAX_BUTTON_ID:
             return Inbound(message_id=mid, wa_id=sender, button_id=bid, sent=sent)
+    elif kind in ("reaction", "button"):
+        reaction = _dict(msg.get("reaction"))
+        if kind == "reaction":
+            # an emptied emoji takes a reaction back: nothing to answer
+            quoted = reaction.get("message_id") if reaction.get("emoji") else None
+        if isinstance(quoted, str) and 0 < len(quoted) <= MAX_MESSAGE_ID and quoted.isprintable():
+            nudge = "reaction" if kind == "reaction" else "template"
+            return Inbound(message_id=mid, wa_id=sender, sent=sent, quoted=quoted, nudge=nudge)
     return None
 
 

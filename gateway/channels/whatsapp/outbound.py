@@ -113,6 +113,10 @@ def notice(card: dict[str, Any]) -> str | None:
     return None
 
 
+REACTION_DECIDES_NOTHING = (
+    "Uma reação não decide o pedido: use o botão Confirmar ou Cancelar dele. Nada foi feito."
+)
+
 SEVERAL_WAITING = (
     'Há mais de um pedido aguardando sua decisão, e um "sim" escrito não diz qual. '
     "Use o botão Confirmar ou Cancelar do pedido (ou responda citando-o). Nada foi feito."

@@ -7,7 +7,7 @@ from __future__ import annotations
 import string
 import unicodedata
 
-from signoff.runtime.cards import Card, Risk
+from signoff.runtime.cards import Card, Decision, Risk, Status
 
 YES = frozenset({"sim", "confirmo", "confirmar", "pode", "ok", "yes", "confirm"})
 _ORDER = {Risk.READ: 0, Risk.REVERSIBLE: 1, Risk.CRITICAL: 2}
@@ -29,3 +29,18 @@ def is_yes(text: str) -> bool:
 def allowed(card: Card, max_risk: str) -> bool:
     """Whether text confirmation may approve a card of this risk."""
     return _ORDER[Risk(card.risk)] <= _ORDER[Risk(max_risk)]
+
+
+def decided_as(status: Status, decision: Decision) -> bool:
+    """Whether a card's status is what ``decision`` made of it (an approval: approved and
+    what follows it; a rejection: rejected). A press of the other button, handled again,
+    is still told what became of the card."""
+    if decision is Decision.REJECT:
+        return status is Status.REJECTED
+    return status in (
+        Status.APPROVED,
+        Status.EXECUTING,
+        Status.EXECUTED,
+        Status.INVALIDATED,
+        Status.FAILED,
+    )

@@ -18,7 +18,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from signoff.gateway.auth import Principal
-from signoff.gateway.channels.whatsapp import inbound, outbound, policy, signature
+from signoff.gateway.channels.whatsapp import inbound, nudges, outbound, policy, signature
 from signoff.gateway.channels.whatsapp.courier import Courier, OutboundRows
 from signoff.gateway.channels.whatsapp.graph import GraphSender
 from signoff.gateway.errors import Internal
@@ -246,6 +246,8 @@ class WhatsAppChannel:
             await self.button(item, claim)
         elif item.text is not None:
             await self.text(item, claim)
+        elif item.nudge is not None:
+            await nudges.answer(self, item)
 
     async def thread_of(self, wa_id: str) -> str:
         """The number's thread in this tenant, made on its first message."""
@@ -446,7 +448,7 @@ class WhatsAppChannel:
                 )
                 return
             fresh = await self.store.get_card(card.id)
-            if fresh.decided_by == item.wa_id and _decided_as(fresh.status, decision):
+            if fresh.decided_by == item.wa_id and policy.decided_as(fresh.status, decision):
                 # Most likely this message's own decision: handled again (an earlier
                 # handling chose), or by the request that took this one's claim over
                 # while it was held up (a review: it told a person who pressed once
@@ -457,15 +459,22 @@ class WhatsAppChannel:
                     return
             await self.reply(item, outbound.decided_notice(fresh.public()))
 
-    async def reply(self, item: inbound.Inbound, body: str) -> None:
-        """A direct answer to one inbound message, claimed once (keyed by its id)."""
+    async def reply(
+        self, item: inbound.Inbound, body: str, card: dict[str, Any] | None = None
+    ) -> None:
+        """A direct answer to one inbound message, claimed once (keyed by its id). With
+        ``card`` (public), the card itself with its buttons when the window is open."""
         key = f"reply:{item.message_id}"
         if not await self.rows.claim_reply(key, self.tenant, item.wa_id, "notice", self.claimer):
             return
         if await self.rows.in_window(
             self.tenant, item.wa_id, self.settings.whatsapp_window_seconds
         ):
-            payload = outbound.text(item.wa_id, body)
+            payload = (
+                outbound.text(item.wa_id, body)
+                if card is None
+                else outbound.interactive_card(item.wa_id, card)
+            )
         else:
             s = self.settings
             payload = outbound.template(
@@ -474,18 +483,3 @@ class WhatsAppChannel:
         await self.courier.finish(
             key, await self.sender.send(payload, still_ours=self.courier.holds(key))
         )
-
-
-def _decided_as(status: Status, decision: Decision) -> bool:
-    """Whether a card's status is what ``decision`` made of it (an approval: approved and
-    what follows it; a rejection: rejected). A press of the other button, handled again,
-    is still told what became of the card."""
-    if decision is Decision.REJECT:
-        return status is Status.REJECTED
-    return status in (
-        Status.APPROVED,
-        Status.EXECUTING,
-        Status.EXECUTED,
-        Status.INVALIDATED,
-        Status.FAILED,
-    )
