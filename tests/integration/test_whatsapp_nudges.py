@@ -14,9 +14,15 @@ from typing import Any
 import pytest
 
 from signoff.runtime.cards import Status
-from signoff.testing import FakeGraphAPI, delivery, text_message
+from signoff.testing import FakeGraphAPI, delivery
 from tests.integration.test_whatsapp_delivery import post, sims_in
-from tests.integration.test_whatsapp_sim_scope import TOKEN, approvals, channel, shown, wamid_of
+from tests.integration.test_whatsapp_sim_scope import (
+    TOKEN,
+    approvals,
+    channel,
+    one_card_shown,
+    wamid_of,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -48,11 +54,7 @@ async def test_a_reaction_to_a_waiting_card_is_told_to_use_its_buttons(
     database_url: str, graph: FakeGraphAPI
 ) -> None:
     async with channel(database_url, graph) as h:
-        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
-        assert (
-            await post(h, delivery(text_message(wa_id, "cobre 150 do João")))
-        ).status_code == 200
-        thread, (card,) = await shown(h, wa_id, 1)
+        wa_id, thread, card = await one_card_shown(h)
         thumbs = touch(wa_id, "reaction", await wamid_of(h, thread, card))
         for _ in range(2):  # delivered twice: answered once
             assert (await post(h, delivery(thumbs))).status_code == 200
@@ -79,11 +81,7 @@ async def test_a_template_button_on_a_card_gets_the_card_with_its_buttons(
     database_url: str, graph: FakeGraphAPI
 ) -> None:
     async with channel(database_url, graph) as h:
-        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
-        assert (
-            await post(h, delivery(text_message(wa_id, "cobre 150 do João")))
-        ).status_code == 200
-        thread, (card,) = await shown(h, wa_id, 1)
+        wa_id, thread, card = await one_card_shown(h)
         pressed = touch(wa_id, "button", await wamid_of(h, thread, card))
         assert (await post(h, delivery(pressed))).status_code == 200
         deadline = time.monotonic() + 30

@@ -85,6 +85,14 @@ async def shown(h: Harness, wa_id: str, n: int) -> tuple[str, list[Card]]:
         await asyncio.sleep(0.05)
 
 
+async def one_card_shown(h: Harness) -> tuple[str, str, Card]:
+    """A new number asks for a charge: (its wa_id, its thread, the card, shown to it)."""
+    wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+    assert (await post(h, delivery(text_message(wa_id, "cobre 150 do João")))).status_code == 200
+    thread, (card,) = await shown(h, wa_id, 1)
+    return wa_id, thread, card
+
+
 async def wamid_of(h: Harness, thread: str, card: Card) -> str:
     value = await h.store.pool.fetchval(
         "SELECT o.wa_message FROM wa_outbound o JOIN messages m"
@@ -149,11 +157,7 @@ async def test_a_sim_quoting_a_card_is_about_that_card_only(
     database_url: str, graph: FakeGraphAPI
 ) -> None:
     async with channel(database_url, graph) as h:
-        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
-        assert (
-            await post(h, delivery(text_message(wa_id, "cobre 150 do João")))
-        ).status_code == 200
-        thread, (old,) = await shown(h, wa_id, 1)
+        wa_id, thread, old = await one_card_shown(h)
         old_wamid = await wamid_of(h, thread, old)
         fix = text_message(wa_id, "cobre 90 do João")  # a correction replaces it
         assert (await post(h, delivery(fix))).status_code == 200
