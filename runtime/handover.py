@@ -28,14 +28,16 @@ RETRY_MAX_SECONDS = 60.0
 async def hand_over(
     store: Store,
     worker_id: str,
+    app: str,
     run_id: str,
     exc: UnknownTool,
     attempt: int,
     later: Callable[[str, int, float], None],
 ) -> None:
-    """Release ``run_id`` to the workers serving ``exc.tool``, or ``later`` look again."""
+    """Release ``run_id`` to the workers of ``app`` serving ``exc.tool``, or ``later``
+    look again."""
     try:
-        handed = await store.hand_over_run(run_id, worker_id, exc.tool, presence.LIVE_SECONDS)
+        handed = await store.hand_over_run(run_id, worker_id, exc.tool, presence.LIVE_SECONDS, app)
     except SignoffError as err:
         log.warning("run %s: could not hand it over (%s)", run_id, err)
         handed = False

@@ -371,7 +371,9 @@ class Worker:
 
     async def _hand_over(self, run_id: str, exc: UnknownTool, attempt: int = 0) -> None:
         self.waits.drop_run(run_id)  # not invalidated: to a worker that serves it (handover.py)
-        await hand_over(self.store, self.worker_id, run_id, exc, attempt, self.wakes.later)
+        await hand_over(
+            self.store, self.worker_id, self.app.name, run_id, exc, attempt, self.wakes.later
+        )
 
     async def _listen(self) -> None:
         """Own the subscription loop: re-subscribe after any drop and re-read Postgres."""

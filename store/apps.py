@@ -59,10 +59,13 @@ class Apps:
         found = await self._db.fetch(SQL.app_processes_live, "", float(live_seconds))
         return [msgspec.convert(dict(r), AppProcess) for r in found]
 
-    async def hand_over_run(self, run_id: str, holder: str, tool: str, live_seconds: float) -> bool:
+    async def hand_over_run(
+        self, run_id: str, holder: str, tool: str, live_seconds: float, app: str
+    ) -> bool:
         """Let go of a run we hold (its holder NULL: adopted by the next worker that looks)
-        when another live worker serves ``tool``; False (and the run kept) when none does."""
+        when another live worker of ``app`` serves ``tool``; False (and the run kept) when
+        none does."""
         value = await self._db.fetchval(
-            SQL.run_hand_over, rows.uuid_of(run_id), holder, tool, float(live_seconds)
+            SQL.run_hand_over, rows.uuid_of(run_id), holder, tool, float(live_seconds), app
         )
         return value is not None

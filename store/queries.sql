@@ -1223,12 +1223,14 @@ DELETE FROM app_processes WHERE seen_at < now() - make_interval(secs => 86400);
 
 -- name: run_hand_over
 -- A run whose approved card names a tool its holder ($2) does not serve, handed back
--- (holder NULL: any worker adopts it) when a live worker ($4 seconds) serves tool $3.
+-- (holder NULL: any worker adopts it) when a live worker ($4 seconds) of the same app
+-- ($5: a process of another app on the database serves its own tools, whatever their
+-- names) serves tool $3.
 UPDATE runs SET worker_id = NULL, updated_at = now()
 WHERE id = $1 AND worker_id = $2 AND status IN ('running', 'waiting')
   AND EXISTS (
       SELECT 1 FROM app_processes p
-      WHERE p.id <> $2 AND 'worker' = ANY (p.roles) AND p.tools ? $3
+      WHERE p.id <> $2 AND p.app = $5 AND 'worker' = ANY (p.roles) AND p.tools ? $3
         AND p.seen_at > now() - make_interval(secs => $4)
   )
 RETURNING id::text;

@@ -140,9 +140,10 @@ async def test_a_gateway_refuses_to_approve_or_edit_a_card_of_a_tool_it_does_not
         assert (await h.store.get_card(card.id)).status is Status.REJECTED
 
 
-def old_version_worker(h: Harness, settings: Settings) -> Worker:
-    """A worker of an older version of the harness's app: it lacks create_pix_charge."""
-    old_app = _app("payments", without="create_pix_charge")
+def old_version_worker(h: Harness, settings: Settings, name: str = "payments") -> Worker:
+    """A worker of an older version of the harness's app (or of app ``name``): it lacks
+    create_pix_charge."""
+    old_app = _app(name, without="create_pix_charge")
     old_app.services = h.provider
     return Worker(
         settings=settings.with_(worker_id="old-" + secrets.token_hex(3)),
@@ -153,17 +154,21 @@ def old_version_worker(h: Harness, settings: Settings) -> Worker:
     )
 
 
-async def new_version_worker(h: Harness, settings: Settings) -> Worker:
-    """A live worker of the harness's own app version, started (stop it, then
-    ``h.store.leave_app(worker.worker_id)``)."""
+async def new_version_worker(h: Harness, settings: Settings, name: str | None = None) -> Worker:
+    """A live worker of the harness's own app version (or of app ``name``, with every
+    tool), started (stop it, then ``h.store.leave_app(worker.worker_id)``)."""
+    app = h.worker.app
+    if name is not None:
+        app = _app(name)
+        app.services = h.provider
     new = Worker(
         settings=settings.with_(worker_id="new-" + secrets.token_hex(3)),
         store=h.store,
         bus=h.bus,
-        app=h.worker.app,
+        app=app,
         model=Scripted(),
     )
-    me = presence.describe(h.worker.app, new.worker_id, ["worker"])
+    me = presence.describe(app, new.worker_id, ["worker"])
     await h.store.join_app(me, presence.LIVE_SECONDS, lambda _: None)
     await new.start()
     return new
@@ -174,11 +179,15 @@ async def test_a_worker_leaves_an_approved_card_of_an_unknown_tool_to_a_worker_t
 ) -> None:
     monkeypatch.setattr(handover, "RETRY_SECONDS", 0.2)
     monkeypatch.setattr(handover, "RETRY_MAX_SECONDS", 0.5)
+    # An app of its own: a live worker of another app serving a tool of the same name (a
+    # test running beside this one on the same database) is not one the run goes to
+    # (CI: the run was handed to one, and this test found no holder).
+    name = "payments-" + secrets.token_hex(3)
     async with harness(database_url, model=Scripted(pix("42"))) as h:
         card = await one_card(h)
         settings = h.settings.with_(lease_seconds=1.0)
         await h.worker.stop()  # hands the parked run back (holder NULL)
-        old = old_version_worker(h, settings)
+        old = old_version_worker(h, settings, name)
         new: Worker | None = None
         try:
             await old.start()  # adopts the run, parks on the pending card
@@ -189,9 +198,17 @@ async def test_a_worker_leaves_an_approved_card_of_an_unknown_tool_to_a_worker_t
             assert (await h.store.get_card(card.id)).status is Status.APPROVED  # not invalidated
             assert run.holder == old.worker_id and run.status == "waiting"
             assert await h.charges() == 0
+            # A live worker of another app serving a tool of that name does not take it.
+            other = presence.describe(_app("other-" + name), "other-" + name, ["worker"])
+            await h.store.join_app(other, presence.LIVE_SECONDS, lambda _: None)
+            try:
+                await asyncio.sleep(1.0)
+                assert (await h.store.get_run(card.run_id)).holder == old.worker_id
+            finally:
+                await h.store.leave_app("other-" + name)
 
             # a worker of the version that proposed the card starts: the run goes there
-            new = await new_version_worker(h, settings)
+            new = await new_version_worker(h, settings, name)
             deadline = asyncio.get_running_loop().time() + 15
             while (await h.store.get_card(card.id)).status is not Status.EXECUTED:
                 assert asyncio.get_running_loop().time() < deadline, "not executed"
