@@ -383,3 +383,29 @@ async def test_a_press_held_up_past_its_lease_says_nothing_once_another_decided_
         assert replies == 0
         approvals = [e for e in await h.store.card_events(card.id) if e.to_status == "approved"]
         assert len(approvals) == 1
+
+
+async def test_a_choice_is_done_again_by_a_gateway_with_text_confirmation_off(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a "sim" whose first handling chose to approve its card (and whose answer
+    was lost) was handled again by a gateway with text confirmation turned off since (a
+    configuration change rolling out): it took the text for a message. What a handling
+    chose is done again whatever the setting."""
+    async with harness(
+        database_url, model=Scripted(pix()), gateway=True, settings=wa_settings()
+    ) as h:  # text confirmation off
+        channel = channel_of(h.asgi)
+        wa_id, thread, card = await text_confirm_card(h, channel, monkeypatch)
+        sim = text_message(wa_id, "sim")
+        await h.store.pool.execute(  # a first handling's choice, its claim lapsed
+            "INSERT INTO deliveries (channel, message_id, claimed_until, effect)"
+            " VALUES ('whatsapp', $1, now() - interval '1 second', $2)",
+            sim["id"],
+            "confirm:" + card.id,
+        )
+        assert (await post(h, delivery(sim))).status_code == 200
+        await h.settle()
+        assert await sims_in(h, thread) == 0
+        approvals = [e for e in await h.store.card_events(card.id) if e.to_status == "approved"]
+        assert len(approvals) == 1

@@ -22,6 +22,7 @@ import pytest
 from signoff.demo.offline_model import OfflineDemoModel
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.decisions import Resolution
+from signoff.runtime.errors import Unavailable
 from signoff.testing import FakeGraphAPI, Harness, delivery, text_message
 from tests.harness import harness
 from tests.integration.test_whatsapp_delivery import channel_of, post, sims_in, wa_settings
@@ -307,3 +308,32 @@ async def test_a_sim_after_a_newer_request_does_not_approve_the_card_before_it(
         }
         assert (await post(h, delivery(quoting))).status_code == 200
         assert await approvals(h, first) == 1
+
+
+async def test_a_sim_after_a_request_whose_handling_failed_is_not_about_the_card_before(
+    database_url: str, graph: FakeGraphAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review of the above: the newer text was marked only after its choice was
+    written, so a "sim" handled while that text's handling was slow, or after it failed
+    (Postgres away: 503, Meta sends it again minutes later), approved the card before
+    it. The text is marked first of all."""
+    async with channel(database_url, graph) as h:
+        wa_id, _, first = await one_card_shown(h)
+        rows = channel_of(h.asgi).rows
+        touch = rows.touch_inbound
+        failing = [True]
+
+        async def away_once(tenant: str, number: str) -> None:
+            if failing and failing.pop():
+                raise Unavailable("Postgres away")
+            await touch(tenant, number)
+
+        monkeypatch.setattr(rows, "touch_inbound", away_once)
+        await asyncio.sleep(1.1)
+        newer = text_message(wa_id, "cobre 90 do João")
+        assert (await post(h, delivery(newer))).status_code == 503
+        await asyncio.sleep(1.1)
+        sim = text_message(wa_id, "sim")
+        assert (await post(h, delivery(sim))).status_code == 200
+        await h.settle()
+        assert await approvals(h, first) == 0

@@ -268,13 +268,20 @@ class WhatsAppChannel:
 
     async def text(self, item: inbound.Inbound, claim: DeliveryClaim) -> None:
         assert item.text is not None
+        confirming = self.settings.whatsapp_text_confirm
+        if confirming and item.sent is not None and not policy.is_yes(item.text):
+            # First of all: a "sim" handled from now on, by any gateway, is about what
+            # follows this text, even if this handling fails or is slow (a review: marked
+            # after its choice, a "sim" handled meanwhile approved the card before it).
+            await self.rows.wrote_text(self.tenant, item.wa_id, item.sent)
         thread_id = await self.thread_of(item.wa_id)
         await self.rows.touch_inbound(self.tenant, item.wa_id)
-        if self.settings.whatsapp_text_confirm:
+        if confirming or claim.effect is not None:
             # Approve a card, or pass the text on: chosen once and written before it is
             # done, so a redelivery after a lapsed claim does the same (handled again, a
             # "sim" whose card was approved meanwhile became a message superseding the
-            # person's next card: a hostile probe).
+            # person's next card: a hostile probe), even by a gateway with text
+            # confirmation turned off since (a review).
             effect = claim.effect
             if effect is None:
                 effect = await self._confirms(item, thread_id)
