@@ -11,9 +11,10 @@ import msgspec
 from starlette.responses import Response
 from starlette.websockets import WebSocket
 
-# Read ahead of the frame being handled, at most this many frames and bytes; past that a
-# frame is refused (503, send it again) and the reader goes on reading: blocked on a full
-# queue it answered no ping (a review), and 64 frames of 64 KB held 4 MB per socket.
+# Read ahead of the frame being handled, at most this many frames and bytes; past that the
+# socket is closed (1013: try again later). Blocked on a full queue the reader answered no
+# ping (a review), and 64 frames of 64 KB held 4 MB per socket; a frame refused alone
+# (503) let a later one be handled before it was sent again (a second review).
 QUEUED_FRAMES = 64
 QUEUED_BYTES = 256 * 1024
 
@@ -27,8 +28,11 @@ class ReadAhead:
         self.bytes = 0
 
     def offer(self, raw: bytes) -> bool:
-        """Queue the frame, unless that would pass either bound (then False)."""
-        if self._queue.qsize() >= self.frames or self.bytes + len(raw) > self.most_bytes:
+        """Queue the frame, unless that would pass either bound (then False). A frame
+        finding the queue empty is taken whatever its size (the socket's own frame limit
+        may be set above this bound)."""
+        full = self._queue.qsize() >= self.frames or self.bytes + len(raw) > self.most_bytes
+        if full and not self._queue.empty():
             return False
         self.bytes += len(raw)
         self._queue.put_nowait(raw)

@@ -34,7 +34,6 @@ from signoff.runtime.errors import (
     RateLimited,
     SignoffError,
     Unauthenticated,
-    Unavailable,
 )
 from signoff.runtime.hints import Hint, WireEntry
 
@@ -191,8 +190,12 @@ class Connection:
             if not self.limit.take():
                 await self.refuse(raw)
             elif not await self._pong(raw) and not queue.offer(raw):
-                busy = "too many frames of this socket wait to be handled; send it again"
-                await self.send_error(Unavailable(busy, retry_after=1.0), id_of(raw))
+                # Not read on: a frame refused alone let later ones be handled before it
+                # was sent again. What was read is still handled, in order.
+                who = self.who.user if self.who else "?"
+                log.info("closing a WebSocket of %s: too many frames waiting", who)
+                await self.close(1013, "too many frames waiting; try again later")
+                raise WebSocketDisconnect(1013)
 
     async def _handle_queued(self, queue: ReadAhead) -> None:
         while (raw := await queue.next()) is not None:
