@@ -1447,10 +1447,19 @@ JOIN wa_contacts c ON c.tenant = t.tenant AND c.wa_id = t.wa_id
 ORDER BY t.thread_id, t.seq;
 
 -- name: wa_reply_claim
--- A direct answer to one inbound delivery (a late or refused button), claimed once.
+-- A direct answer to one inbound delivery (a late or refused button, a "sim" told how to
+-- decide), claimed once; taken back by the delivery's own redelivery when its gateway
+-- stopped before sending it (closed as failed with no attempt by the reclaim, or still
+-- claimed past the lease $6): a person whose "sim" was answered so got no answer at all.
 INSERT INTO wa_outbound (key, tenant, wa_id, kind, claimed_by)
 VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (key) DO NOTHING
+ON CONFLICT (key) DO UPDATE
+    SET claimed_by = EXCLUDED.claimed_by, claimed_at = now(), status = 'claimed',
+        error = NULL
+    WHERE wa_outbound.attempts = 0
+      AND (wa_outbound.status = 'failed'
+           OR (wa_outbound.status = 'claimed'
+               AND wa_outbound.claimed_at < now() - make_interval(secs => $6)))
 RETURNING key;
 
 -- name: wa_outbound_hold

@@ -135,9 +135,15 @@ class WhatsAppRows:
         )
         return [msgspec.convert(dict(r), Outgoing) for r in found]
 
-    async def claim_reply(self, key: str, tenant: str, wa_id: str, kind: str, claimer: str) -> bool:
-        """Claim a direct answer (keyed by the inbound message): True for exactly one caller."""
-        value = await self._db.fetchval(SQL.wa_reply_claim, key, tenant, wa_id, kind, claimer)
+    async def claim_reply(
+        self, key: str, tenant: str, wa_id: str, kind: str, claimer: str, lease: float
+    ) -> bool:
+        """Claim a direct answer (keyed by the inbound message): True for exactly one caller,
+        or for a later one when the claim was abandoned unsent (its gateway stopped: failed
+        with no attempt, or claimed longer than ``lease`` seconds)."""
+        value = await self._db.fetchval(
+            SQL.wa_reply_claim, key, tenant, wa_id, kind, claimer, float(lease)
+        )
         return value is not None
 
     async def hold_outgoing(self, key: str, claimer: str) -> bool:

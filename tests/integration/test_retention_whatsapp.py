@@ -34,7 +34,7 @@ async def outbound(
     """An outbound row as the channel leaves it (claimed; finished with ``status`` unless
     that is ``claimed``), made ``days_old`` days ago; its key."""
     key = f"reply:wamid.{secrets.token_hex(8)}"
-    assert await store.whatsapp.claim_reply(key, tenant, wa_id, "notice", "gateway-test")
+    assert await store.whatsapp.claim_reply(key, tenant, wa_id, "notice", "gateway-test", 30.0)
     if status != "claimed":
         sent = "wamid.out" if status == "sent" else None
         error = "HTTP 400" if status == "failed" else None

@@ -96,7 +96,7 @@ async def test_a_late_finish_does_not_overwrite_the_gateway_that_took_the_row_ov
     gateway's ("sent" turned "failed"). A finish counts only while its gateway holds the
     row; an anonymous finish (``claimer`` None) is as before."""
     key = f"reply:{secrets.token_hex(4)}"
-    await store.whatsapp.claim_reply(key, "t-late", "5511900000099", "notice", "gateway-a")
+    await store.whatsapp.claim_reply(key, "t-late", "5511900000099", "notice", "gateway-a", 30.0)
     await store.db.execute("UPDATE wa_outbound SET claimed_by = 'gateway-b' WHERE key = $1", key)
     await store.whatsapp.finish_outgoing(key, "sent", 1, None, "wamid.b", "gateway-b")
     await store.whatsapp.finish_outgoing(key, "failed", 4, "timed out", None, "gateway-a")
@@ -157,3 +157,37 @@ async def test_one_slow_attempt_keeps_its_claim_and_is_sent_once(store: Postgres
         "SELECT status, claimed_by FROM wa_outbound WHERE thread_id = $1", thread.id
     )
     assert [(r["status"], r["claimed_by"]) for r in rows] == [("sent", "gateway-a")]
+
+
+async def test_a_reply_abandoned_unsent_is_taken_back_by_its_redelivery(
+    store: PostgresStore,
+) -> None:
+    """A review: a gateway that stopped between claiming a direct answer (a "sim" told how
+    to decide) and sending it left the row claimed (then closed as failed by the
+    reclaim); Meta's redelivery found the reply claimed and sent nothing, so the person
+    got no answer at all. An abandoned claim (no attempt made) is taken back; one sent,
+    tried, or still live is not."""
+    claim = store.whatsapp.claim_reply
+    key = f"reply:{secrets.token_hex(4)}"
+    assert await claim(key, "t-re", "5511900000098", "notice", "gateway-a", 30.0)
+    assert not await claim(key, "t-re", "5511900000098", "notice", "gateway-b", 30.0)  # live
+    await store.db.execute(  # gateway-a stopped: past the lease
+        "UPDATE wa_outbound SET claimed_at = now() - interval '31 seconds' WHERE key = $1", key
+    )
+    assert await claim(key, "t-re", "5511900000098", "notice", "gateway-b", 30.0)
+    await store.db.execute(  # closed as failed by the reclaim, never tried
+        "UPDATE wa_outbound SET status = 'failed', error = 'stopped' WHERE key = $1", key
+    )
+    assert await claim(key, "t-re", "5511900000098", "notice", "gateway-c", 30.0)
+    row = await store.db.fetchrow(
+        "SELECT status, claimed_by, error FROM wa_outbound WHERE key = $1", key
+    )
+    assert row is not None and dict(row) == {
+        "status": "claimed", "claimed_by": "gateway-c", "error": None,
+    }  # fmt: skip
+    await store.whatsapp.finish_outgoing(key, "failed", 4, "Graph said no", None, "gateway-c")
+    assert not await claim(key, "t-re", "5511900000098", "notice", "gateway-d", 30.0)  # tried
+    await store.db.execute(
+        "UPDATE wa_outbound SET status = 'sent', attempts = 1 WHERE key = $1", key
+    )
+    assert not await claim(key, "t-re", "5511900000098", "notice", "gateway-d", 30.0)

@@ -91,7 +91,7 @@ class ChannelRows(OutboundRows, Protocol):
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
     async def claim_reply(
-        self, key: str, tenant: str, wa_id: str, kind: str, claimer: str
+        self, key: str, tenant: str, wa_id: str, kind: str, claimer: str, lease: float
     ) -> bool: ...
     async def refuse(
         self, card_id: str, actor: str, channel: str, reason: str, detail: dict[str, Any]
@@ -472,7 +472,10 @@ class WhatsAppChannel:
         """A direct answer to one inbound message, claimed once (keyed by its id). With
         ``card`` (public), the card itself with its buttons when the window is open."""
         key = f"reply:{item.message_id}"
-        if not await self.rows.claim_reply(key, self.tenant, item.wa_id, "notice", self.claimer):
+        lease = self.settings.whatsapp_claim_lease_seconds
+        if not await self.rows.claim_reply(
+            key, self.tenant, item.wa_id, "notice", self.claimer, lease
+        ):
             return
         if await self.rows.in_window(
             self.tenant, item.wa_id, self.settings.whatsapp_window_seconds
