@@ -215,13 +215,17 @@ async def test_a_sim_quoting_one_of_two_waiting_cards_approves_that_one(
             await asyncio.sleep(0.05)
         assert (await h.store.get_card(first.id)).status is Status.PENDING
         assert await sims_in(h, thread) == 0
-        # A quote of something that is not a card confirms nothing: a message.
+        # A quote of something that is not a card (our notice, a text) confirms nothing,
+        # and replaces nothing either while a card it may be about waits (a review: as
+        # a message it replaced the card the notice protected): told how to decide.
         await asyncio.sleep(1.1)
         other = {**text_message(wa_id, "sim"), "context": {"id": "wamid.not-a-card"}}
         assert (await post(h, delivery(other))).status_code == 200
+        await told(graph, wa_id, "responde a outra mensagem")
         await h.settle()
         assert await approvals(h, first) == 0
-        assert await sims_in(h, thread) == 1
+        assert await sims_in(h, thread) == 0
+        assert (await h.store.get_card(first.id)).status is Status.PENDING
 
 
 @pytest.mark.parametrize("left", ["claimed", "failed"])

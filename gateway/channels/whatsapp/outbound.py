@@ -118,8 +118,15 @@ REACTION_DECIDES_NOTHING = (
 )
 
 SEVERAL_WAITING = (
-    'Há mais de um pedido aguardando sua decisão, e um "sim" escrito não diz qual. '
-    "Use o botão Confirmar ou Cancelar do pedido (ou responda citando-o). Nada foi feito."
+    'Quando você escreveu, havia mais de um pedido aguardando sua decisão, e um "sim" '
+    "escrito não diz qual. Use o botão Confirmar ou Cancelar do pedido (ou responda à "
+    "mensagem do próprio pedido, citando-a). Nada foi feito."
+)
+
+USE_THE_BUTTONS = (
+    'Um "sim" que responde a outra mensagem não diz qual pedido confirmar. Use o botão '
+    "Confirmar ou Cancelar do pedido (ou responda à mensagem do próprio pedido, citando-a). "
+    "Nada foi feito."
 )
 
 

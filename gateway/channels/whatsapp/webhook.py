@@ -59,7 +59,7 @@ PRESS = "press"  # a button's decision (made once; handled again, it says nothin
 # A "yes" that cannot be tied to one card the person had seen: answered with how to
 # decide, and nothing else done (it superseded every waiting card as a message).
 ASK = "ask:"
-SEVERAL, RISK, GONE = "several", "risk", "gone:"
+SEVERAL, RISK, GONE, QUOTE = "several", "risk", "gone:", "quote"
 MAX_BODY = 1024 * 1024
 # Run ids derive from the inbox message id (design note 5); WhatsApp's own message id
 # makes that id stable across Meta's redeliveries too.
@@ -325,12 +325,10 @@ class WhatsAppChannel:
         sent = item.sent
         # A swipe reply quoting a card is about that card only (quoting one a correction
         # replaced, it approved the newer card: a hostile probe), even beside others; a
-        # quote of anything else (a text, a card unknown here) is a message.
+        # quote of anything else (a notice, a text) approves nothing.
         quoted = None
         if item.quoted is not None:
             quoted = await self.rows.quoted_card(thread_id, item.quoted)
-            if quoted is None:
-                return MESSAGE
         pending = [
             c for c in await self.store.pending_cards(thread_id) if c.status is Status.PENDING
         ]
@@ -342,6 +340,11 @@ class WhatsAppChannel:
         seen = [
             c for c in waiting if await self.rows.card_shown(thread_id, c.id, sent, quoted=True)
         ]
+        if quoted is None and item.quoted is not None:
+            # A "sim" quoting our notice ("use the card's buttons, or reply quoting it")
+            # or a text, under a card seen and waiting: told again, nothing replaced (a
+            # review: as a message it replaced the cards the notice protected).
+            return ASK + QUOTE if seen else MESSAGE
         if quoted is None:
             # Not a card shown before a text the number wrote since (passed on as a
             # message, still waiting for a worker to supersede that card): a "sim" after
@@ -376,6 +379,8 @@ class WhatsAppChannel:
             except CardNotFound:
                 return
             await self.reply(item, outbound.needs_button(card.public()))
+        elif why == QUOTE:
+            await self.reply(item, outbound.USE_THE_BUTTONS)
         else:
             await self.reply(item, outbound.SEVERAL_WAITING)
 
