@@ -1621,6 +1621,9 @@
       if (state.guarded !== el.text.value.trim()) hideGuard();
       // emptied: what is typed next is a new message, under a key of its own
       if (!el.text.value.trim()) state.retry = null;
+      // changed: no longer that card's "Propose again" (a review: a later send of the
+      // same words marked the card proposed again)
+      if (state.againOf && state.againOf.text !== el.text.value.trim()) state.againOf = null;
       renderComposer();
     });
     el.text.addEventListener('keydown', function (ev) {

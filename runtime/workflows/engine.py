@@ -128,6 +128,7 @@ class WorkflowEngine:
         # UNAVAILABLE_MOST. A step whose provider never recovered was tried again at
         # every poll tick (~20 a second in tests), a warning each time: a review.
         self._unavailable: dict[str, tuple[int, float]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # a run's next wake-up, if set
         self._stopping = False
         self._reclaimed = False  # our own runs taken back once (a restart with a stable id)
         # Signal received (gateway's wall clock at the resolution) -> the next step starts.
@@ -194,8 +195,19 @@ class WorkflowEngine:
             self._again.discard(run_id)
 
     def _later(self, run_id: str, delay: float) -> None:
-        if not self._stopping:
-            asyncio.get_running_loop().call_later(delay, self.wake, run_id)
+        """Wake the run after ``delay``, instead of any wake-up set for it before (a
+        review: timers left from earlier failures fired during a later, longer pause)."""
+        if self._stopping:
+            return
+        earlier = self._timers.pop(run_id, None)
+        if earlier is not None:
+            earlier.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[run_id] = loop.call_later(delay, self._timer_fired, run_id)
+
+    def _timer_fired(self, run_id: str) -> None:
+        self._timers.pop(run_id, None)
+        self.wake(run_id)
 
     async def _advance(self, run_id: str, at_ns: int) -> None:
         try:
@@ -368,8 +380,12 @@ class WorkflowEngine:
     def reopen(self) -> None:
         """Take wakes again (the worker was started again after a stop)."""
         self._stopping = False
+        self._unavailable.clear()  # the runs are adopted afresh: no pause carried over
 
     def stop(self) -> None:
         """Take no more wakes (the worker drains the steps in flight, then releases its
         runs: ``release_workflow_runs``)."""
         self._stopping = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
