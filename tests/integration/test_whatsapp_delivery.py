@@ -409,3 +409,31 @@ async def test_a_choice_is_done_again_by_a_gateway_with_text_confirmation_off(
         assert await sims_in(h, thread) == 0
         approvals = [e for e in await h.store.card_events(card.id) if e.to_status == "approved"]
         assert len(approvals) == 1
+
+
+async def test_a_choice_of_a_later_version_is_left_as_done(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a gateway meeting an effect it does not know (written by a later version
+    during a rolling deploy, e.g. the answer to a "sim" that could not approve) took the
+    text for a message, which replaced the cards that effect protected. It leaves it as
+    done: nothing is queued, and the delivery is handled."""
+    monkeypatch.setattr(webhook, "BUSY_WAIT_SECONDS", 0.1)
+    async with harness(
+        database_url, model=Scripted(pix()), gateway=True, settings=text_confirm(),
+        start_worker=False,
+    ) as h:  # fmt: skip
+        wa_id = "55119" + str(secrets.randbelow(10**8)).zfill(8)
+        sim = text_message(wa_id, "sim")
+        await h.store.pool.execute(
+            "INSERT INTO deliveries (channel, message_id, claimed_until, effect)"
+            " VALUES ('whatsapp', $1, now() - interval '1 second', 'later:thing')",
+            sim["id"],
+        )
+        assert (await post(h, delivery(sim))).status_code == 200
+        assert await queued_jobs(h) == []
+        handled = await h.store.pool.fetchval(
+            "SELECT handled FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
+            sim["id"],
+        )
+        assert handled is True
