@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
@@ -233,6 +234,15 @@ def build_app(
             decisions=decisions,
             quotas=quotas,
         )
+        if settings.whatsapp_text_confirm:
+            wa_rows = rows
+
+            async def wrote_elsewhere(thread_id: str) -> None:
+                # A request typed on the chat page in a number's thread: a WhatsApp "sim"
+                # after it is about what follows it (a review), as after a text.
+                await wa_rows.wrote_on_thread(thread_id, int(time.time()))
+
+            service.message_hooks.append(wrote_elsewhere)
 
     routes: list[Any] = [
         Route("/", index),

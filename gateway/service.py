@@ -6,7 +6,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -224,6 +224,10 @@ class GatewayService:
         # No quotas given: none enforced (tests that drive the service directly).
         self.quotas = quotas or Quotas(store=store, ledger=MemoryLedger(), keys=Keys())
         self.views = Views(getattr(decisions, "tools", None))
+        # Told of each message queued (its thread), before it is queued: the WhatsApp
+        # channel's text confirmation (a "sim" after a request typed on the chat page is
+        # not about the card shown before it).
+        self.message_hooks: list[Callable[[str], Awaitable[None]]] = []
 
     async def own_thread(self, thread_id: str, who: Principal) -> Thread:
         thread = await self.store.get_thread(thread_id)
@@ -314,6 +318,8 @@ class GatewayService:
             first = str(idempotency.message_id_for(who, thread_id, key, text))
             keyed = await idempotency.current(first, self._run_age)
             message_id = keyed or message_id
+        for hook in self.message_hooks:
+            await hook(thread_id)
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
             job = Job(
                 thread_id=thread_id,

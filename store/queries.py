@@ -111,6 +111,7 @@ class Queries:
     wa_card_shown: str
     delivery_held: str
     wa_contact_text: str
+    wa_thread_text: str
     wa_written_since: str
     wa_quoted_card: str
     wa_contact_get: str

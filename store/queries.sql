@@ -1363,6 +1363,12 @@ UPDATE wa_contacts SET last_inbound_at = now() WHERE tenant = $1 AND wa_id = $2;
 UPDATE wa_contacts SET last_text_sent = greatest(coalesce(last_text_sent, $3), $3)
 WHERE tenant = $1 AND wa_id = $2;
 
+-- name: wa_thread_text
+-- A message for thread $1's agent came from another channel (the chat page) at unix
+-- second $2 (our clock): to a "sim" on WhatsApp it is a text the number wrote too.
+UPDATE wa_contacts SET last_text_sent = greatest(coalesce(last_text_sent, $2), $2)
+WHERE thread_id = $1;
+
 -- name: wa_written_since
 -- Whether thread $1's number wrote a text that went on as a message in a second after
 -- the one card $2's proposal was sent to it in: a "sim" after it is about what came

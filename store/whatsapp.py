@@ -111,6 +111,12 @@ class WhatsAppRows:
         """The number's text of unix second ``sent`` goes on to its agent as a message."""
         await self._db.execute(SQL.wa_contact_text, tenant, wa_id, sent)
 
+    async def wrote_on_thread(self, thread_id: str, sent: int) -> None:
+        """A message for the thread's agent came from another channel at unix second
+        ``sent``: a WhatsApp "sim" after it is about what follows it (no-op for a thread
+        that is not a WhatsApp number's)."""
+        await self._db.execute(SQL.wa_thread_text, rows.uuid_of(thread_id), sent)
+
     async def written_since(self, thread_id: str, card_id: str) -> bool:
         """Whether the number wrote a text passed on as a message after the card was
         sent to it (in a later second)."""

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 
@@ -341,3 +342,31 @@ async def test_a_sim_after_a_request_whose_handling_failed_is_not_about_the_card
         assert (await post(h, delivery(sim))).status_code == 200
         await h.settle()
         assert await approvals(h, first) == 0
+
+
+async def test_a_sim_after_a_request_typed_on_the_chat_page_is_a_message(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A review: the number's thread is on the person's chat page too; a request typed
+    there (waiting for a worker) did not count as written, and a WhatsApp "sim" after it
+    approved the card shown before it. A message queued from any channel counts."""
+    async with channel(database_url, graph) as h:
+        wa_id, thread, first = await one_card_shown(h)
+        await h.worker.stop()  # no worker takes the request for now
+        await asyncio.sleep(1.1)
+        async with httpx.AsyncClient(base_url=h.base_url, timeout=10) as http:
+            typed = await http.post(
+                f"/v1/threads/{thread}/messages",
+                json={"text": "cobre 90 do João"},
+                headers={"Authorization": f"Bearer {h.token(wa_id)}"},
+            )
+        assert typed.status_code in (200, 202), typed.text
+        await asyncio.sleep(1.1)
+        sim = text_message(wa_id, "sim")
+        assert (await post(h, delivery(sim))).status_code == 200
+        assert await approvals(h, first) == 0
+        effect = await h.store.pool.fetchval(
+            "SELECT effect FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
+            sim["id"],
+        )
+        assert effect == "message"

@@ -87,6 +87,7 @@ class ChannelRows(OutboundRows, Protocol):
     async def quoted_card(self, thread_id: str, wa_message: str) -> str | None: ...
     async def wrote_text(self, tenant: str, wa_id: str, sent: int) -> None: ...
     async def written_since(self, thread_id: str, card_id: str) -> bool: ...
+    async def wrote_on_thread(self, thread_id: str, sent: int) -> None: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
@@ -277,11 +278,10 @@ class WhatsAppChannel:
         thread_id = await self.thread_of(item.wa_id)
         await self.rows.touch_inbound(self.tenant, item.wa_id)
         if confirming or claim.effect is not None:
-            # Approve a card, or pass the text on: chosen once and written before it is
-            # done, so a redelivery after a lapsed claim does the same (handled again, a
-            # "sim" whose card was approved meanwhile became a message superseding the
-            # person's next card: a hostile probe), even by a gateway with text
-            # confirmation turned off since (a review).
+            # Approve a card, answer, or pass the text on: chosen once and written before
+            # it is done, so a redelivery after a lapsed claim does the same (a "sim" whose
+            # card was approved meanwhile became a message superseding the person's next
+            # card: a hostile probe), even with text confirmation turned off since.
             effect = claim.effect
             if effect is None:
                 effect = await self._confirms(item, thread_id)
