@@ -117,6 +117,15 @@ async def told(graph: FakeGraphAPI, wa_id: str, words: str) -> None:
     assert found
 
 
+async def effect_of(h: Harness, message_id: str) -> str | None:
+    """What the handling of WhatsApp message ``message_id`` chose to do."""
+    value = await h.store.pool.fetchval(
+        "SELECT effect FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
+        message_id,
+    )
+    return None if value is None else str(value)
+
+
 async def approvals(h: Harness, card: Card) -> int:
     return sum(1 for e in await h.store.card_events(card.id) if e.to_status == "approved")
 
@@ -300,10 +309,7 @@ async def test_a_sim_after_a_newer_request_does_not_approve_the_card_before_it(
         sim = text_message(wa_id, "sim")
         assert (await post(h, delivery(sim))).status_code == 200
         assert await approvals(h, first) == 0
-        effect = await h.store.pool.fetchval(
-            "SELECT effect FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
-            sim["id"],
-        )
+        effect = await effect_of(h, sim["id"])
         assert effect == "message"  # passed on, after the request it follows
         # A swipe reply quoting the card is still about that card.
         await asyncio.sleep(1.1)
@@ -365,8 +371,5 @@ async def test_a_sim_after_a_request_typed_on_the_chat_page_is_a_message(
         sim = text_message(wa_id, "sim")
         assert (await post(h, delivery(sim))).status_code == 200
         assert await approvals(h, first) == 0
-        effect = await h.store.pool.fetchval(
-            "SELECT effect FROM deliveries WHERE channel = 'whatsapp' AND message_id = $1",
-            sim["id"],
-        )
+        effect = await effect_of(h, sim["id"])
         assert effect == "message"
