@@ -132,6 +132,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Text confirmation ("sim", "ok", ...): off by default; the highest risk it approves.
     whatsapp_text_confirm: bool = False
     whatsapp_text_confirm_max_risk: str = "reversible"
+    # A "sim" about to approve waits this long for a text the person wrote before it and
+    # Meta delivers after it (Meta does not promise order), then looks again.
+    whatsapp_text_confirm_settle_seconds: NonNegative = 2.0
     # Outside the 24-hour window, cards and notices go as this approved template.
     whatsapp_template_name: str = "signoff_notice"
     whatsapp_template_language: str = "pt_BR"
@@ -237,6 +240,7 @@ _ENV: dict[str, str] = {
     "whatsapp_base_url": "SIGNOFF_WHATSAPP_BASE_URL",
     "whatsapp_text_confirm": "SIGNOFF_WHATSAPP_TEXT_CONFIRM",
     "whatsapp_text_confirm_max_risk": "SIGNOFF_WHATSAPP_TEXT_CONFIRM_MAX_RISK",
+    "whatsapp_text_confirm_settle_seconds": "SIGNOFF_WHATSAPP_TEXT_CONFIRM_SETTLE_SECONDS",
     "whatsapp_template_name": "SIGNOFF_WHATSAPP_TEMPLATE_NAME",
     "whatsapp_template_language": "SIGNOFF_WHATSAPP_TEMPLATE_LANGUAGE",
     "whatsapp_window_seconds": "SIGNOFF_WHATSAPP_WINDOW_SECONDS",

@@ -38,7 +38,13 @@ def yes(
     database_url: str, tmp_path_factory: pytest.TempPathFactory, graph: FakeGraphAPI
 ) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("wa-yes")
-    with wa_cluster(database_url, graph, folder, SIGNOFF_WHATSAPP_TEXT_CONFIRM="1") as c:
+    with wa_cluster(
+        database_url,
+        graph,
+        folder,
+        SIGNOFF_WHATSAPP_TEXT_CONFIRM="1",
+        SIGNOFF_WHATSAPP_TEXT_CONFIRM_SETTLE_SECONDS="0.3",
+    ) as c:
         yield c
 
 

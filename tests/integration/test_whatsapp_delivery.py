@@ -33,6 +33,7 @@ def wa_settings() -> Settings:
         whatsapp_app_secret=WA_SECRET,
         whatsapp_verify_token="verify",
         whatsapp_base_url="http://127.0.0.1:9",  # nothing is sent in these tests
+        whatsapp_text_confirm_settle_seconds=0.2,
     )
 
 

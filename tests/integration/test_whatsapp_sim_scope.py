@@ -50,10 +50,14 @@ def settings_for(graph: FakeGraphAPI) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def channel(database_url: str, graph: FakeGraphAPI) -> AsyncIterator[Harness]:
+async def channel(
+    database_url: str, graph: FakeGraphAPI, settle: float = 0.2
+) -> AsyncIterator[Harness]:
     """The demo with the WhatsApp channel, and its courier (which a process runs beside its
-    server; the harness does not)."""
-    settings = settings_for(graph)
+    server; the harness does not). ``settle``: how long a "sim" about to approve waits."""
+    settings = msgspec.structs.replace(
+        settings_for(graph), whatsapp_text_confirm_settle_seconds=settle
+    )
     async with harness(
         database_url, model=OfflineDemoModel(), gateway=True, settings=settings
     ) as h:
@@ -373,3 +377,24 @@ async def test_a_sim_after_a_request_typed_on_the_chat_page_is_a_message(
         assert await approvals(h, first) == 0
         effect = await effect_of(h, sim["id"])
         assert effect == "message"
+
+
+async def test_a_sim_delivered_before_a_text_written_before_it_is_a_message(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A hostile probe: "não, cancela A002" written at t and "sim" at t+1 reached us in
+    the other order (Meta does not promise it): the "sim" approved A001 before the text
+    that changed the request arrived. A "sim" about to approve gives such a text a
+    moment (SIGNOFF_WHATSAPP_TEXT_CONFIRM_SETTLE_SECONDS) and looks again."""
+    async with channel(database_url, graph, settle=1.0) as h:
+        wa_id, _, first = await one_card_shown(h)
+        await asyncio.sleep(2.1)
+        written = int(time.time()) - 1
+        newer = {**text_message(wa_id, "não, cobre 90 do João"), "timestamp": str(written)}
+        sim = {**text_message(wa_id, "sim"), "timestamp": str(written + 1)}
+        first_sim = asyncio.create_task(post(h, delivery(sim)))
+        await asyncio.sleep(0.3)  # the earlier text arrives second
+        assert (await post(h, delivery(newer))).status_code == 200
+        assert (await first_sim).status_code == 200
+        assert await approvals(h, first) == 0
+        assert await effect_of(h, sim["id"]) == "message"

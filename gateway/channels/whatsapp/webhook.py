@@ -59,7 +59,7 @@ PRESS = "press"  # a button's decision (made once; handled again, it says nothin
 # A "yes" that cannot be tied to one card the person had seen: answered with how to
 # decide, and nothing else done (it superseded every waiting card as a message).
 ASK = "ask:"
-SEVERAL, RISK, GONE, QUOTE = "several", "risk", "gone:", "quote"
+SEVERAL, RISK, GONE, QUOTE = nudges.SEVERAL, nudges.RISK, nudges.GONE, nudges.QUOTE
 MAX_BODY = 1024 * 1024
 # Run ids derive from the inbox message id (design note 5); WhatsApp's own message id
 # makes that id stable across Meta's redeliveries too.
@@ -290,7 +290,7 @@ class WhatsAppChannel:
                 await self._confirm(item, effect.removeprefix(CONFIRM), claim)
                 return
             if effect.startswith(ASK):
-                await self._ask(item, effect.removeprefix(ASK))
+                await nudges.ask(self, item, effect.removeprefix(ASK))
                 return
             if effect != MESSAGE:  # chosen by a later version: done, as far as we know
                 log.warning("WhatsApp message %s: unknown effect %r", item.message_id, effect)
@@ -362,27 +362,14 @@ class WhatsAppChannel:
             return ASK + SEVERAL
         if not policy.allowed(card, self.settings.whatsapp_text_confirm_max_risk):
             return ASK + RISK + ":" + card.id
+        if quoted is None:
+            # A text the person wrote before this "sim" may reach us after it (Meta does
+            # not promise order: a hostile probe's "não, cancela A002" came second and
+            # the "sim" approved A001). Given a moment to arrive, it is looked for again.
+            await asyncio.sleep(self.settings.whatsapp_text_confirm_settle_seconds)
+            if await self.rows.written_since(thread_id, card.id):
+                return MESSAGE
         return CONFIRM + card.id
-
-    async def _ask(self, item: inbound.Inbound, why: str) -> None:
-        """Tell the person how to decide, instead of taking a "yes" for a message that
-        would supersede the cards it was about."""
-        if why.startswith(GONE):
-            try:
-                card = await self.store.get_card(why.removeprefix(GONE))
-            except CardNotFound:
-                return
-            await self.reply(item, outbound.decided_notice(card.public()))
-        elif why.startswith(RISK):
-            try:
-                card = await self.store.get_card(why.removeprefix(RISK + ":"))
-            except CardNotFound:
-                return
-            await self.reply(item, outbound.needs_button(card.public()))
-        elif why == QUOTE:
-            await self.reply(item, outbound.USE_THE_BUTTONS)
-        else:
-            await self.reply(item, outbound.SEVERAL_WAITING)
 
     async def _confirm(self, item: inbound.Inbound, card_id: str, claim: DeliveryClaim) -> None:
         try:
