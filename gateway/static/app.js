@@ -60,6 +60,7 @@
     threadId: null,
     retry: null, // {text, key} of a message not known to be taken: sent again as it was
     againOf: null, // {card, text}: a "Propose again" waiting on the composer's question
+    batchIds: null, // the cards "Confirm all" asks about, while it asks
     ws: null,
     ready: false,
     attempt: 0,
@@ -1369,7 +1370,7 @@
     // a reject form is open (the person is saying no to that one).
     var editing = pending.some(function (e) { return !!e.form; });
     var batch = n > 1;
-    el.confirmAll.hidden = !batch;
+    el.confirmAll.hidden = !batch || !!state.batchIds;
     el.rejectAll.hidden = !batch;
     el.confirmAll.disabled = busy || editing || !state.ready;
     // Why "Confirm all" waits, where it is seen (it was greyed out without a word).
@@ -1377,13 +1378,47 @@
     el.rejectAll.disabled = busy || !state.ready;
     el.confirmAll.textContent = t('pending.confirmAll', { n: n });
     el.rejectAll.textContent = t('pending.rejectAll', { n: n });
+    // The question lists what it would confirm: once that changes (a card decided
+    // elsewhere, a new one), or a form opens, it is asked again.
+    if (state.batchIds) {
+      var now = pending.map(function (e) { return e.card.id; }).sort().join(' ');
+      if (now !== state.batchIds.slice().sort().join(' ') || editing || busy) closeBatchCheck();
+    }
   }
 
-  function batch(decision) {
+  // "Confirm all" asks first, naming each card (a first-hour walkthrough: three Pix
+  // charges ran on one click, with nothing between the click and the money moving).
+  function openBatchCheck() {
+    var pending = pendingCards();
+    if (pending.length < 2) return;
+    state.batchIds = pending.map(function (e) { return e.card.id; });
+    el.batchCheckText.textContent = t('batch.check', { n: pending.length });
+    el.batchCheckList.textContent = '';
+    pending.forEach(function (e) {
+      var li = document.createElement('li');
+      li.textContent = e.card.summary;
+      el.batchCheckList.appendChild(li);
+    });
+    el.batchGo.textContent = t('batch.go', { n: pending.length });
+    el.batchCancel.textContent = t('batch.cancel');
+    el.batchCheck.hidden = false;
+    el.confirmAll.hidden = true;
+    el.batchGo.focus();
+  }
+
+  function closeBatchCheck() {
+    var wasOpen = !!state.batchIds;
+    state.batchIds = null;
+    el.batchCheck.hidden = true;
+    if (wasOpen) el.confirmAll.hidden = pendingCards().length < 2;
+  }
+
+  function batch(decision, only) {
     // One resolve frame per card on this page's socket, as each card's own buttons send:
     // the cards then say they were decided in the chat (the HTTP batch endpoint made
-    // them "through the API"), and each answer lands on its own card.
-    var all = pendingCards();
+    // them "through the API"), and each answer lands on its own card. ``only``: the
+    // cards the question listed.
+    var all = pendingCards().filter(function (e) { return !only || only.indexOf(e.card.id) >= 0; });
     var editing = all.some(function (e) { return !!e.form; });
     if (decision === 'approve' && editing) return;
     all.filter(function (e) { return !e.busy; }).forEach(function (e) {
@@ -1551,6 +1586,11 @@
     el.pending = $('pending');
     el.pendingText = $('pending-text');
     el.confirmAll = $('confirm-all');
+    el.batchCheck = $('batch-check');
+    el.batchCheckText = $('batch-check-text');
+    el.batchCheckList = $('batch-check-list');
+    el.batchGo = $('batch-go');
+    el.batchCancel = $('batch-cancel');
     el.rejectAll = $('reject-all');
     el.transcript = $('transcript');
     el.empty = $('empty');
@@ -1611,7 +1651,16 @@
       el.empty.hidden = false;
       el.text.focus();
     });
-    el.confirmAll.addEventListener('click', function () { batch('approve'); });
+    el.confirmAll.addEventListener('click', openBatchCheck);
+    el.batchGo.addEventListener('click', function () {
+      var ids = state.batchIds;
+      closeBatchCheck();
+      if (ids) batch('approve', ids);
+    });
+    el.batchCancel.addEventListener('click', function () {
+      closeBatchCheck();
+      el.confirmAll.focus();
+    });
     el.rejectAll.addEventListener('click', function () { batch('reject'); });
     el.composer.addEventListener('submit', function (ev) {
       ev.preventDefault();

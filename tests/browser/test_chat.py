@@ -345,11 +345,23 @@ async def test_several_cards_pending_and_batch_confirm(chat: Chat) -> None:
     await expect(page.locator(f"#{described}")).not_to_be_empty()
     await chat.card(charge.id).get_by_role("button", name="Cancel").click()
     await expect(confirm_all).to_be_enabled()
+    # It asks first, naming each card (a first-hour walkthrough: three Pix charges ran on
+    # one click); "Not now" confirms nothing.
     await confirm_all.click()
+    check = page.locator("#batch-check")
+    await expect(check).to_be_visible()
+    await expect(check.locator("li")).to_have_count(2)
+    await expect(check).to_contain_text("R$ 150,00")
+    await chat.shot("2-asked")
+    await page.get_by_role("button", name="Not now").click()
+    await expect(check).to_be_hidden()
+    assert [f for f in chat.resolve_frames() if f["decision"] == "approve"] == []
+    await confirm_all.click()
+    await page.get_by_role("button", name="Yes, confirm the 2").click()
     for c in cards:
         await expect(chat.card(c.id)).to_have_attribute("data-status", "executed")
     await expect(page.locator("#pending")).to_be_hidden()
-    await chat.shot("2-all-executed")
+    await chat.shot("3-all-executed")
     await chat.h.settle()
     assert await chat.h.charges() == 1
     for c in cards:
@@ -940,3 +952,25 @@ async def test_a_message_to_send_again_asks_in_another_thread_with_waiting_cards
     await expect(page.locator("#replace-guard")).to_be_visible()
     assert len([f for f in chat.sent_frames if f.get("text") == "saldo"]) == 1
     assert (await chat.h.store.get_card(card.id)).status == "pending"
+
+
+async def test_confirm_all_asks_again_when_its_cards_change(chat: Chat) -> None:
+    """The question names the cards it would confirm; once one of them is decided
+    elsewhere it closes, so a "Yes" never confirms a list the person did not read."""
+    await chat.open()
+    page = chat.page
+    await chat.say("cobre 150 do João e estorne a venda V002")
+    cards = await chat.wait_cards(2)
+    await page.get_by_role("button", name="Confirm all 2").click()
+    check = page.locator("#batch-check")
+    await expect(check).to_be_visible()
+    refund = next(c for c in cards if c.tool == "refund_sale")
+    await chat.h.decisions.resolve(
+        refund.id,
+        Resolution(decision=Decision.REJECT, snapshot_hash=refund.snapshot_hash),
+        principal=chat.user,
+        channel="http",
+    )
+    await expect(chat.card(refund.id)).to_have_attribute("data-status", "rejected")
+    await expect(check).to_be_hidden()
+    assert [f for f in chat.resolve_frames() if f["decision"] == "approve"] == []
