@@ -1331,8 +1331,10 @@
       var edits = {};
       var any = false;
       Object.keys(inputs).forEach(function (field) {
+        // An emptied field is a change too (a description cleared; an amount emptied is
+        // refused by the tool with its own words, not "change a field first")
         var value = inputs[field].value.trim();
-        if (value !== '' && value !== initial[field]) { edits[field] = value; any = true; }
+        if (value !== initial[field]) { edits[field] = value; any = true; }
       });
       if (!any) {
         entry.error = t('form.noChange');

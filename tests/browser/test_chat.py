@@ -974,3 +974,20 @@ async def test_confirm_all_asks_again_when_its_cards_change(chat: Chat) -> None:
     await expect(chat.card(refund.id)).to_have_attribute("data-status", "rejected")
     await expect(check).to_be_hidden()
     assert [f for f in chat.resolve_frames() if f["decision"] == "approve"] == []
+
+
+async def test_an_emptied_amount_is_refused_in_the_tools_words(chat: Chat) -> None:
+    """A first-hour walkthrough: clearing the amount and proposing said "Change a field
+    first", though the person had changed it. The emptied field goes to the tool, whose
+    refusal says what is wrong; the card keeps waiting."""
+    await chat.open()
+    card = await propose_charge(chat)
+    ui = chat.card(card.id)
+    await ui.locator(".actions").get_by_role("button", name="Edit").click()
+    await ui.get_by_label("Amount (R$)").fill("")
+    await ui.get_by_role("button", name="Propose edited card").click()
+    error = ui.locator(".card-error")
+    await expect(error).not_to_be_empty()
+    assert "Change a field first" not in (await error.text_content() or "")
+    await expect(ui).to_have_attribute("data-status", "pending")
+    assert (await chat.h.store.get_card(card.id)).status == "pending"
