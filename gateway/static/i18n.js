@@ -17,6 +17,7 @@
     en: {
       'page.title': 'signoff — chat',
       'skip': 'Skip to the message box',
+      'skipCards': 'Skip to the cards waiting for you',
       'lang.label': 'Language',
       'conn.online': 'Online',
       'conn.connecting': 'Connecting…',
@@ -175,6 +176,7 @@
     'pt-BR': {
       'page.title': 'signoff — conversa',
       'skip': 'Pular para a caixa de mensagem',
+      'skipCards': 'Pular para os cartões que aguardam você',
       'lang.label': 'Idioma',
       'conn.online': 'Conectado',
       'conn.connecting': 'Conectando…',

@@ -991,3 +991,20 @@ async def test_an_emptied_amount_is_refused_in_the_tools_words(chat: Chat) -> No
     assert "Change a field first" not in (await error.text_content() or "")
     await expect(ui).to_have_attribute("data-status", "pending")
     assert (await chat.h.store.get_card(card.id)).status == "pending"
+
+
+async def test_a_keyboard_user_skips_to_the_waiting_card(chat: Chat) -> None:
+    """A first-hour walkthrough: reaching a card's Confirm from the page's start took a
+    Tab through the header and every conversation of the list. A skip link, there while
+    cards wait, takes the focus to the first of them; its Confirm is the next Tab."""
+    await chat.open()
+    page = chat.page
+    card = await propose_charge(chat)
+    skip = page.locator("#skip-cards")
+    await expect(skip).to_be_attached()
+    await skip.focus()
+    await page.keyboard.press("Enter")
+    await expect(chat.card(card.id)).to_be_focused()
+    await page.keyboard.press("Tab")
+    focused = await page.evaluate("document.activeElement.textContent")
+    assert focused.strip() == "Confirm", focused
