@@ -57,7 +57,7 @@ async def test_propose_confirm_shows_result_and_charges_once(chat: Chat) -> None
     await expect(page.locator("#pending-text")).to_have_text("1 confirmation pending")
     # Said before it happens: a message now would replace the card (newcomer probe).
     await expect(page.locator("#composer-hint")).to_have_text(
-        "A new message replaces the cards still waiting: nothing of them runs."
+        "A new message replaces the cards still waiting: none of them runs."
     )
     await chat.shot("1-pending")
 
