@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
@@ -240,7 +239,7 @@ def build_app(
             async def wrote_elsewhere(thread_id: str) -> None:
                 # A request typed on the chat page in a number's thread: a WhatsApp "sim"
                 # after it is about what follows it (a review), as after a text.
-                await wa_rows.wrote_on_thread(thread_id, int(time.time()))
+                await wa_rows.wrote_on_thread(thread_id)
 
             service.message_hooks.append(wrote_elsewhere)
 

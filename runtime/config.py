@@ -134,7 +134,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     whatsapp_text_confirm_max_risk: str = "reversible"
     # A "sim" about to approve waits this long for a text the person wrote before it and
     # Meta delivers after it (Meta does not promise order), then looks again.
-    whatsapp_text_confirm_settle_seconds: NonNegative = 2.0
+    whatsapp_text_confirm_settle_seconds: Annotated[float, msgspec.Meta(ge=0, le=10)] = 2.0
     # Outside the 24-hour window, cards and notices go as this approved template.
     whatsapp_template_name: str = "signoff_notice"
     whatsapp_template_language: str = "pt_BR"

@@ -1359,27 +1359,43 @@ RETURNING thread_id::text;
 UPDATE wa_contacts SET last_inbound_at = now() WHERE tenant = $1 AND wa_id = $2;
 
 -- name: wa_contact_text
--- The number wrote a text at unix second $3 that goes on to its agent as a message.
-UPDATE wa_contacts SET last_text_sent = greatest(coalesce(last_text_sent, $3), $3)
+-- The number wrote a text at unix second $3 that goes on to its agent as a message
+-- (marked again, the same second is kept once).
+UPDATE wa_contacts
+SET last_text_sent = greatest(coalesce(last_text_sent, $3), $3),
+    text_seconds = CASE WHEN $3 = ANY (text_seconds) THEN text_seconds
+                        ELSE (text_seconds || $3::bigint)[greatest(cardinality(text_seconds) - 18, 1):]
+                   END
 WHERE tenant = $1 AND wa_id = $2;
 
 -- name: wa_thread_text
--- A message for thread $1's agent came from another channel (the chat page) at unix
--- second $2 (our clock): to a "sim" on WhatsApp it is a text the number wrote too.
-UPDATE wa_contacts SET last_text_sent = greatest(coalesce(last_text_sent, $2), $2)
+-- A message for thread $1's agent came from another channel (the chat page) now (the
+-- database's clock, as the card sends it is compared with): to a "sim" on WhatsApp it
+-- is a text the number wrote too.
+WITH t AS (SELECT floor(extract(epoch FROM now()))::bigint AS s)
+UPDATE wa_contacts
+SET last_text_sent = greatest(coalesce(last_text_sent, t.s), t.s),
+    text_seconds = CASE WHEN t.s = ANY (text_seconds) THEN text_seconds
+                        ELSE (text_seconds || t.s)[greatest(cardinality(text_seconds) - 18, 1):]
+                   END
+FROM t
 WHERE thread_id = $1;
 
 -- name: wa_written_since
 -- Whether thread $1's number wrote a text that went on as a message in a second after
--- the one card $2's proposal was sent to it in: a "sim" after it is about what came
--- after it. A text of the same second was written before the card could be read (the
--- request that made it, most often).
+-- the one card $2's proposal was sent to it in, and no later than second $3 (the "sim"'s:
+-- a text of that same second may have come first): a "sim" after it is about what came
+-- after it. A text of the card's own second was written before the card could be read
+-- (the request that made it, most often); one written after the "sim" does not change
+-- what the "sim" meant.
 SELECT EXISTS (
     SELECT 1 FROM wa_contacts c
     JOIN messages m ON m.thread_id = c.thread_id AND m.kind = 'card' AND m.body->>'id' = $2::text
     JOIN wa_outbound o ON o.key = 'log:' || m.thread_id || ':' || m.seq
+    CROSS JOIN LATERAL unnest(c.text_seconds) AS s(second)
     WHERE c.thread_id = $1
-      AND c.last_text_sent > floor(extract(epoch FROM coalesce(o.sent_at, o.created_at)))
+      AND s.second > floor(extract(epoch FROM coalesce(o.sent_at, o.created_at)))
+      AND s.second <= $3
 );
 
 -- name: wa_outbound_claim

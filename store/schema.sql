@@ -154,6 +154,8 @@ CREATE TABLE wa_contacts (
     created_at       timestamptz NOT NULL DEFAULT now(),
     -- Meta's second of the newest text of the number passed on as a message (0019)
     last_text_sent   bigint,
+    -- ... and of its last 20 such texts, newest last (0020)
+    text_seconds     bigint[] NOT NULL DEFAULT '{}',
     PRIMARY KEY (tenant, wa_id)
 );
 

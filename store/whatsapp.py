@@ -111,16 +111,16 @@ class WhatsAppRows:
         """The number's text of unix second ``sent`` goes on to its agent as a message."""
         await self._db.execute(SQL.wa_contact_text, tenant, wa_id, sent)
 
-    async def wrote_on_thread(self, thread_id: str, sent: int) -> None:
-        """A message for the thread's agent came from another channel at unix second
-        ``sent``: a WhatsApp "sim" after it is about what follows it (no-op for a thread
-        that is not a WhatsApp number's)."""
-        await self._db.execute(SQL.wa_thread_text, rows.uuid_of(thread_id), sent)
+    async def wrote_on_thread(self, thread_id: str) -> None:
+        """A message for the thread's agent came from another channel now: a WhatsApp
+        "sim" after it is about what follows it (no-op for a thread that is not a
+        WhatsApp number's)."""
+        await self._db.execute(SQL.wa_thread_text, rows.uuid_of(thread_id))
 
-    async def written_since(self, thread_id: str, card_id: str) -> bool:
+    async def written_since(self, thread_id: str, card_id: str, before: int) -> bool:
         """Whether the number wrote a text passed on as a message after the card was
-        sent to it (in a later second)."""
-        return bool(await self._db.fetchval(SQL.wa_written_since, thread_id, card_id))
+        sent to it (in a later second) and no later than second ``before``."""
+        return bool(await self._db.fetchval(SQL.wa_written_since, thread_id, card_id, before))
 
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool:
         value = await self._db.fetchval(SQL.wa_in_window, tenant, wa_id, float(window_seconds))

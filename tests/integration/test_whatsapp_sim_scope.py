@@ -398,3 +398,46 @@ async def test_a_sim_delivered_before_a_text_written_before_it_is_a_message(
         assert (await first_sim).status_code == 200
         assert await approvals(h, first) == 0
         assert await effect_of(h, sim["id"]) == "message"
+
+
+async def test_a_sim_batched_ahead_of_a_text_written_before_it_is_a_message(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A review: Meta may batch messages in one delivery, in any order; with "sim" (t+1)
+    ahead of "não, cobre 90" (t), the "sim" was handled (and A approved) before the text
+    was even looked at. Every text of a delivery is marked before any is handled."""
+    async with channel(database_url, graph) as h:
+        wa_id, _, first = await one_card_shown(h)
+        await asyncio.sleep(2.1)
+        written = int(time.time()) - 1
+        newer = {**text_message(wa_id, "não, cobre 90 do João"), "timestamp": str(written)}
+        sim = {**text_message(wa_id, "sim"), "timestamp": str(written + 1)}
+        assert (await post(h, delivery(sim, newer))).status_code == 200
+        assert await approvals(h, first) == 0
+        assert await effect_of(h, sim["id"]) == "message"
+
+
+async def test_a_sim_followed_by_a_new_request_still_approves(
+    database_url: str, graph: FakeGraphAPI
+) -> None:
+    """A review: a text written *after* the "sim" (delivered during its settle wait) made
+    the re-check see "a text since the card" and turned a genuine approval into a
+    message. Only texts written no later than the "sim" count. (The worker is held
+    here: a worker that takes the new request within the wait supersedes the card
+    first, and the "sim" is told so: README, SIGNOFF_WHATSAPP_TEXT_CONFIRM_SETTLE_SECONDS.)"""
+    async with channel(database_url, graph, settle=1.0) as h:
+        wa_id, _, first = await one_card_shown(h)
+        await h.worker.stop()
+        await asyncio.sleep(2.1)
+        written = int(time.time()) - 1
+        sim = {**text_message(wa_id, "sim"), "timestamp": str(written)}
+        newer = {**text_message(wa_id, "e cobre 50 da Maria"), "timestamp": str(written + 1)}
+        first_sim = asyncio.create_task(post(h, delivery(sim)))
+        await asyncio.sleep(0.3)  # the next text arrives while the "sim" waits
+        assert (await post(h, delivery(newer))).status_code == 200
+        assert (await first_sim).status_code == 200
+        assert await effect_of(h, sim["id"]) == "confirm:" + first.id
+        deadline = time.monotonic() + 30
+        while await approvals(h, first) == 0:
+            assert time.monotonic() < deadline, "the sim did not approve"
+            await asyncio.sleep(0.05)

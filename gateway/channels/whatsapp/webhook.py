@@ -86,8 +86,8 @@ class ChannelRows(OutboundRows, Protocol):
     ) -> bool: ...
     async def quoted_card(self, thread_id: str, wa_message: str) -> str | None: ...
     async def wrote_text(self, tenant: str, wa_id: str, sent: int) -> None: ...
-    async def written_since(self, thread_id: str, card_id: str) -> bool: ...
-    async def wrote_on_thread(self, thread_id: str, sent: int) -> None: ...
+    async def written_since(self, thread_id: str, card_id: str, before: int) -> bool: ...
+    async def wrote_on_thread(self, thread_id: str) -> None: ...
     async def add_contact(self, tenant: str, wa_id: str, thread_id: str) -> str | None: ...
     async def touch_inbound(self, tenant: str, wa_id: str) -> None: ...
     async def in_window(self, tenant: str, wa_id: str, window_seconds: float) -> bool: ...
@@ -180,6 +180,10 @@ class WhatsAppChannel:
         refused: SignoffError | None = None
         failed = False
         lease = self.settings.whatsapp_delivery_lease_seconds
+        try:
+            await self._mark_texts(items)
+        except SignoffError as exc:
+            return error_response(exc)
         for item in items:
             # Claimed for a lease, marked handled once its effect committed (design note
             # 64): a gateway killed while handling it leaves a claim that lapses, and a
@@ -240,6 +244,17 @@ class WhatsAppChannel:
                 return claim
             await asyncio.sleep(BUSY_POLL_SECONDS)
 
+    async def _mark_texts(self, items: list[inbound.Inbound]) -> None:
+        """Under text confirmation, each text of the delivery that is not a bare yes is
+        marked before any of them is handled: a "sim" is not about a card shown before
+        a text written before it, even one after it in the same delivery (a review: Meta
+        batched "sim" (t+1) ahead of "não, cancela A002" (t), and A001 ran)."""
+        if not self.settings.whatsapp_text_confirm:
+            return
+        for item in items:
+            if item.text is not None and item.sent is not None and not policy.is_yes(item.text):
+                await self.rows.wrote_text(self.tenant, item.wa_id, item.sent)
+
     async def handle(self, item: inbound.Inbound, claim: DeliveryClaim) -> None:
         """``claim``: this request's claim on the message, with what an earlier handling
         of it chose to do, if any (design notes 64 and 66)."""
@@ -269,12 +284,7 @@ class WhatsAppChannel:
 
     async def text(self, item: inbound.Inbound, claim: DeliveryClaim) -> None:
         assert item.text is not None
-        confirming = self.settings.whatsapp_text_confirm
-        if confirming and item.sent is not None and not policy.is_yes(item.text):
-            # First of all: a "sim" handled from now on, by any gateway, is about what
-            # follows this text, even if this handling fails or is slow (a review: marked
-            # after its choice, a "sim" handled meanwhile approved the card before it).
-            await self.rows.wrote_text(self.tenant, item.wa_id, item.sent)
+        confirming = self.settings.whatsapp_text_confirm  # the text was marked (_mark_texts)
         thread_id = await self.thread_of(item.wa_id)
         await self.rows.touch_inbound(self.tenant, item.wa_id)
         if confirming or claim.effect is not None:
@@ -349,7 +359,7 @@ class WhatsAppChannel:
             # Not a card shown before a text the number wrote since (passed on as a
             # message, still waiting for a worker to supersede that card): a "sim" after
             # "charge João 3000" approved the card shown before it (a hostile probe).
-            seen = [c for c in seen if not await self.rows.written_since(thread_id, c.id)]
+            seen = [c for c in seen if not await self.rows.written_since(thread_id, c.id, sent)]
         if not seen:
             return MESSAGE
         card = seen[0]
@@ -367,7 +377,7 @@ class WhatsAppChannel:
             # not promise order: a hostile probe's "não, cancela A002" came second and
             # the "sim" approved A001). Given a moment to arrive, it is looked for again.
             await asyncio.sleep(self.settings.whatsapp_text_confirm_settle_seconds)
-            if await self.rows.written_since(thread_id, card.id):
+            if await self.rows.written_since(thread_id, card.id, sent):
                 return MESSAGE
         return CONFIRM + card.id
 
