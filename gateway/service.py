@@ -314,13 +314,17 @@ class GatewayService:
                 thread_id=thread_id,
             )
         message_id = str(uuid.uuid4())
+        keyed = None
         if key is not None:  # the key's message, or the next of its generations
             first = str(idempotency.message_id_for(who, thread_id, key, text))
             keyed = await idempotency.current(first, self._run_age)
             message_id = keyed or message_id
-        for hook in self.message_hooks:
-            await hook(thread_id)
         async with self.quotas.turn(who, message_id):  # 429 here enqueues nothing
+            # Not for a message sent again under its key after it ran (a review: a card
+            # it made, shown since, counted as written before by the resend).
+            if self.message_hooks and (keyed is None or await self._run_age(keyed) is None):
+                for hook in self.message_hooks:
+                    await hook(thread_id)
             job = Job(
                 thread_id=thread_id,
                 text=text,

@@ -1378,7 +1378,8 @@
     el.confirmAll.disabled = busy || editing || !state.ready;
     // Why "Confirm all" waits, where it is seen (it was greyed out without a word).
     if (batch && editing && !busy) el.pendingText.textContent += ' · ' + t('pending.formOpen');
-    el.rejectAll.disabled = busy || !state.ready;
+    el.rejectAll.disabled = busy || !state.ready || !!state.batchIds;
+    if (el.batchGo) el.batchGo.disabled = !state.ready;
     el.confirmAll.textContent = t('pending.confirmAll', { n: n });
     el.rejectAll.textContent = t('pending.rejectAll', { n: n });
     // The question lists what it would confirm: once that changes (a card decided
@@ -1406,14 +1407,20 @@
     el.batchCancel.textContent = t('batch.cancel');
     el.batchCheck.hidden = false;
     el.confirmAll.hidden = true;
-    el.batchGo.focus();
+    el.rejectAll.disabled = true;  // a double click's second half landed on it (narrow screens)
+    // The question takes the focus, not "Yes": a second Enter (or a key held down)
+    // confirmed every card before the list could be read (a review).
+    el.batchCheckText.focus();
   }
 
   function closeBatchCheck() {
     var wasOpen = !!state.batchIds;
     state.batchIds = null;
     el.batchCheck.hidden = true;
-    if (wasOpen) el.confirmAll.hidden = pendingCards().length < 2;
+    if (wasOpen) {
+      el.confirmAll.hidden = pendingCards().length < 2;
+      el.rejectAll.disabled = !state.ready;
+    }
   }
 
   function batch(decision, only) {
@@ -1671,6 +1678,9 @@
     el.batchCancel.addEventListener('click', function () {
       closeBatchCheck();
       el.confirmAll.focus();
+    });
+    el.batchCheck.addEventListener('keydown', function (ev) {
+      if (ev.key === 'Escape') { closeBatchCheck(); el.confirmAll.focus(); }
     });
     el.rejectAll.addEventListener('click', function () { batch('reject'); });
     el.composer.addEventListener('submit', function (ev) {

@@ -964,6 +964,12 @@ async def test_confirm_all_asks_again_when_its_cards_change(chat: Chat) -> None:
     await page.get_by_role("button", name="Confirm all 2").click()
     check = page.locator("#batch-check")
     await expect(check).to_be_visible()
+    # The question has the focus, not "Yes" (a second Enter confirmed everything: a
+    # review), and "Reject all" waits (a double click's second half landed on it).
+    await expect(page.locator("#batch-check-text")).to_be_focused()
+    await page.keyboard.press("Enter")
+    await expect(check).to_be_visible()
+    await expect(page.get_by_role("button", name="Reject all 2")).to_be_disabled()
     refund = next(c for c in cards if c.tool == "refund_sale")
     await chat.h.decisions.resolve(
         refund.id,
