@@ -135,10 +135,27 @@ class Gate(Step):
         return json_schema(self.schema)
 
 
+# What a human gate asks: a fixed text, or one written from the run's state when the
+# gate opens (the amount to approve: a fixed "approve the payout" showed the person
+# nothing of what they approved, a first-hour walkthrough).
+Reason = str | Callable[[Mapping[str, Any]], str]
+MAX_REASON = 4000  # characters of a reason written from the state
+
+
 @dataclass(frozen=True)
 class HumanGate(Gate):
     kind: ClassVar[str] = "human"
-    reason: str = ""
+    reason: Reason = ""
+
+    def reason_for(self, state: Mapping[str, Any]) -> str:
+        """The reason shown when the gate opens on ``state`` (the app's function may
+        raise: the run then fails at the gate, as a step that raises does)."""
+        if isinstance(self.reason, str):
+            return self.reason
+        text = self.reason(state)
+        if not isinstance(text, str) or not text.strip():
+            raise SignoffError(f"the reason of gate {self.name!r} is not a text: {text!r}")
+        return text[:MAX_REASON]
 
 
 @dataclass(frozen=True)
@@ -149,7 +166,7 @@ class EventGate(Gate):
 
 
 def await_human(
-    reason: str,
+    reason: Reason,
     *,
     schema: type[msgspec.Struct] | None = None,
     timeout: float | timedelta | None = None,
@@ -158,6 +175,10 @@ def await_human(
 ) -> HumanGate:
     """Park until a person resumes the run with a payload valid for ``schema`` (a msgspec
     Struct type; its declared fields are merged into the state, others are dropped).
+
+    ``reason``: what the person is asked, a text or a function of the run's state
+    called when the gate opens (``lambda s: f"Approve the payout of R$ {s['amount']}"``),
+    so the form shows what is being approved.
 
     ``timeout`` (seconds or a timedelta): when it passes, the run resumes with
     ``timeout_response`` (validated like a person's answer, recorded as automatic), or,

@@ -69,11 +69,15 @@ def register_step_kind(kind: str, factory: Callable[[WorkflowEngine], StepHandle
     STEP_KINDS[kind] = factory
 
 
-def opening(step: Gate) -> GateOpening:
+def opening(step: Gate, state: Mapping[str, Any]) -> GateOpening:
+    """The gate as it opens on the run's ``state`` (a human gate's reason may be written
+    from it)."""
     return GateOpening(
         kind=step.kind,
         step_name=step.name,
-        reason=step.reason if isinstance(step, HumanGate) else None,
+        reason=step.reason_for(MappingProxyType(dict(state)))
+        if isinstance(step, HumanGate)
+        else None,
         schema=step.json_schema(),
         event=step.event if isinstance(step, EventGate) else None,
         timeout=step.timeout,
@@ -250,9 +254,15 @@ class WorkflowEngine:
                 return
             step = steps[run.step]
             if isinstance(step, Gate):
-                run, _ = await self.store.open_gate(
-                    run.id, self.worker_id, run.step, opening(step), n
-                )
+                try:
+                    opened = opening(step, run.state)
+                except Exception as exc:  # the app's reason function: as a step's failure
+                    log.warning("workflow run %s: gate %r failed: %r", run.id, step.name, exc)
+                    await self.store.fail_run(
+                        run.id, self.worker_id, f"gate {step.name!r} failed: {error_text(exc)}"
+                    )
+                    return
+                run, _ = await self.store.open_gate(run.id, self.worker_id, run.step, opened, n)
                 continue
             handler = self.handlers.get(step.kind)
             try:

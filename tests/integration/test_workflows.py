@@ -337,3 +337,15 @@ async def test_a_step_whose_provider_stays_away_is_tried_again_less_and_less_oft
     assert 2 <= tried <= 4, tried
     assert str((await h.store.workflows.get_workflow_run(run.id)).status) == "running"
     await h.workflows.cancel(run.id, tenant=h.tenant, by=OWNER)
+
+
+async def test_a_gate_says_what_is_approved_from_the_state(h: Harness) -> None:
+    """A first-hour walkthrough: the gate's form said "approve the payout" and nothing of
+    the amount. A reason may be written from the run's state when the gate opens; one
+    whose function fails fails the run at the gate, as a step that raises does."""
+    run = await parked(h, "said")
+    _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
+    assert interrupts[-1].reason == "Approve the payout of R$ 120"
+    broken = await start(h, "unsaid")
+    failed = await until(status_is(h, broken.id, "failed"), what="fail at the gate")
+    assert "failed" in (failed.error or "") and "KeyError" in (failed.error or "")

@@ -241,6 +241,7 @@ async def test_the_readme_workflow_works_as_written(database_url: str) -> None:
         await until(status_is(h, run.id, "awaiting_human"))
         _, interrupts = await h.workflows.get(run.id, tenant=h.tenant, user=OWNER)
         assert interrupts[-1].deadline is not None  # the 3-day timeout
+        assert interrupts[-1].reason == "Approve the payout of R$ 120"  # from the state
         await h.workflows.resume(run.id, {"approved": True}, tenant=h.tenant, by=OWNER)
         await until(status_is(h, run.id, "awaiting_event"))
         await h.workflows.deliver_event(

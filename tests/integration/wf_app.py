@@ -109,6 +109,20 @@ def build(lookback: float = 30.0) -> App:
             ),
             Workflow("crashy", steps=[counted("first"), held, counted("last")]),
             Workflow("away", steps=[unavailable, counted("after")]),
+            Workflow(  # what is asked, written from the state when the gate opens
+                "said",
+                steps=[
+                    counted("extract", amount=120),
+                    await_human(
+                        lambda s: f"Approve the payout of R$ {s['amount']}", schema=Approval
+                    ),
+                    counted("pay"),
+                ],
+            ),
+            Workflow(  # ... by a function that fails: the run fails at the gate
+                "unsaid",
+                steps=[await_human(lambda s: f"{s['missing']}", schema=Approval)],
+            ),
             Workflow(  # two installments: one confirmation for each
                 "installments",
                 steps=[
