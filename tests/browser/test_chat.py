@@ -29,6 +29,16 @@ async def propose_charge(chat: Chat, text: str = "cobre 150 do João") -> Any:
     return card
 
 
+async def approve_elsewhere(chat: Chat, card: Any) -> None:
+    """The card approved by its owner through the API (another tab, another device)."""
+    await chat.h.decisions.resolve(
+        card.id,
+        Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
+        principal=chat.user,
+        channel="http",
+    )
+
+
 async def approved_events(chat: Chat, card_id: str) -> int:
     return sum(1 for e in await chat.h.store.card_events(card_id) if e.to_status == "approved")
 
@@ -423,12 +433,7 @@ async def test_reconnects_and_rebuilds_from_the_server(chat: Chat) -> None:
     await expect(page.locator("#conn")).to_have_text("Connecting…")
     await expect(ui.get_by_role("button", name="Confirm")).to_be_disabled()
     await chat.shot("1-offline")
-    await chat.h.decisions.resolve(
-        card.id,
-        Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
-        principal=chat.user,
-        channel="http",
-    )
+    await approve_elsewhere(chat, card)
     await chat.h.settle()
     reopen.set()
     await expect(page.locator("#conn")).to_have_text("Online")
@@ -732,12 +737,7 @@ async def test_an_open_form_survives_reload_and_language_and_says_when_it_was_no
     await ui.locator(".actions").get_by_role("button", name="Reject").click()
     await ui.get_by_label("Reason").fill("valor errado")
     await chat.shot("1-reason-typed")
-    await chat.h.decisions.resolve(
-        card.id,
-        Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
-        principal=chat.user,
-        channel="http",
-    )
+    await approve_elsewhere(chat, card)
     await expect(ui).to_have_attribute("data-status", "executed")
     await expect(ui.locator(".card-error")).to_have_text(
         "Your rejection was not sent: the card was decided (or replaced) elsewhere first."
@@ -919,12 +919,7 @@ async def test_a_refused_edit_then_decided_elsewhere_says_it_was_not_sent(chat: 
     await ui.get_by_role("button", name="Propose edited card").click()
     await expect(ui.locator(".card-error")).not_to_be_empty()  # refused: the form stays
     await expect(ui).to_have_attribute("data-status", "pending")
-    await chat.h.decisions.resolve(
-        card.id,
-        Resolution(decision=Decision.APPROVE, snapshot_hash=card.snapshot_hash),
-        principal=chat.user,
-        channel="http",
-    )
+    await approve_elsewhere(chat, card)
     await expect(ui).to_have_attribute("data-status", "executed")
     await expect(ui.locator(".card-error")).to_contain_text("was not sent")
 

@@ -22,12 +22,20 @@ from signoff.runtime.config import Settings
 from signoff.runtime.decisions import Resolution
 from signoff.runtime.keys import Keys
 from signoff.runtime.metrics import COUNTERS
-from signoff.testing import delivery, signed, text_message
+from signoff.testing import FakeGraphAPI, delivery, signed, text_message
 from signoff.testing.servers import EmbeddedServer
 from tests.faults.conftest import Invariants
 from tests.faults.proxy import Proxy
 from tests.harness import harness
 from tests.integration.test_decisions import Scripted, one_card, pix
+from tests.integration.test_whatsapp_delivery import post as wa_post
+from tests.integration.test_whatsapp_sim_scope import (
+    TOKEN,
+    approvals,
+    channel,
+    effect_of,
+    one_card_shown,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -306,3 +314,29 @@ async def test_a_worker_stopping_while_redis_is_down_drains_and_hands_its_runs_o
             await h.settle()
             assert await h.charges() == 2
             await invariants.check()
+
+
+async def test_a_sim_after_a_request_refused_while_redis_was_down_is_a_message(
+    database_url: str, valkey: EmbeddedServer, invariants: Invariants
+) -> None:
+    """Text confirmation with Redis down under the write path: a new request written
+    after card A was shown is refused (503: the inbox is unreachable; Meta sends it again
+    later), yet it was written, so a "sim" written after it, once Redis is back, is not
+    about A: a message, and A is not approved."""
+    keys = Keys(f"wa-sim-{secrets.token_hex(3)}:")
+    with FakeGraphAPI(token=TOKEN) as graph, Proxy(valkey.port) as proxy:
+        bus = RedisBus.from_url(proxy.url_for(valkey.url), keys)
+        async with channel(database_url, graph, bus=bus) as h:
+            invariants.watch(database_url, h.tenant)
+            wa_id, _, first = await one_card_shown(h)
+            await asyncio.sleep(1.1)
+            proxy.refuse(True)
+            proxy.reset()
+            newer = text_message(wa_id, "cobre 90 do João")
+            assert (await wa_post(h, delivery(newer))).status_code == 503
+            proxy.heal()
+            await asyncio.sleep(1.1)
+            sim = text_message(wa_id, "sim")
+            assert (await wa_post(h, delivery(sim))).status_code == 200
+            assert await effect_of(h, sim["id"]) == "message"
+            assert await approvals(h, first) == 0

@@ -21,6 +21,7 @@ import msgspec
 import pytest
 
 from signoff.demo.offline_model import OfflineDemoModel
+from signoff.runtime.bus import Bus
 from signoff.runtime.cards import Card, Decision, Status
 from signoff.runtime.decisions import Resolution
 from signoff.runtime.errors import Unavailable
@@ -51,15 +52,16 @@ def settings_for(graph: FakeGraphAPI) -> Any:
 
 @contextlib.asynccontextmanager
 async def channel(
-    database_url: str, graph: FakeGraphAPI, settle: float = 0.2
+    database_url: str, graph: FakeGraphAPI, settle: float = 0.2, bus: Bus | None = None
 ) -> AsyncIterator[Harness]:
     """The demo with the WhatsApp channel, and its courier (which a process runs beside its
-    server; the harness does not). ``settle``: how long a "sim" about to approve waits."""
+    server; the harness does not). ``settle``: how long a "sim" about to approve waits;
+    ``bus``: default an in-process one."""
     settings = msgspec.structs.replace(
         settings_for(graph), whatsapp_text_confirm_settle_seconds=settle
     )
     async with harness(
-        database_url, model=OfflineDemoModel(), gateway=True, settings=settings
+        database_url, model=OfflineDemoModel(), gateway=True, settings=settings, bus=bus
     ) as h:
         task = asyncio.create_task(channel_of(h.asgi).courier.run())
         try:
